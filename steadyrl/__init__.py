@@ -1,0 +1,21 @@
+"""steadyrl: on-policy RL trainers for language models that never lose or silently corrupt progress."""
+
+__version__ = "0.1.0"
+
+from .callbacks import CheckpointCallback, GlobalStepCallback, GlobalStepError
+from .checkpoint import CheckpointError
+from .rewards import RewardFunctionError
+from .trainers import OnPolicyConfig, OnPolicyTrainer, RLOOConfig, RLOOTrainer
+
+__all__ = [
+    "CheckpointCallback",
+    "CheckpointError",
+    "GlobalStepCallback",
+    "GlobalStepError",
+    "OnPolicyConfig",
+    "OnPolicyTrainer",
+    "RLOOConfig",
+    "RLOOTrainer",
+    "RewardFunctionError",
+    "__version__",
+]

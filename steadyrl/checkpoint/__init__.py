@@ -1,0 +1,28 @@
+"""Checkpoint files: atomic directories with manifests, discovery, rotation, RNG state."""
+
+from .files import (
+    CheckpointError,
+    begin_checkpoint,
+    checkpoint_name,
+    commit_checkpoint,
+    find_resumable_checkpoint,
+    rotate_checkpoints,
+    scan_checkpoints,
+    verify_checkpoint,
+    write_manifest,
+)
+from .rng import load_rng_state, save_rng_state
+
+__all__ = [
+    "CheckpointError",
+    "begin_checkpoint",
+    "checkpoint_name",
+    "commit_checkpoint",
+    "find_resumable_checkpoint",
+    "load_rng_state",
+    "rotate_checkpoints",
+    "save_rng_state",
+    "scan_checkpoints",
+    "verify_checkpoint",
+    "write_manifest",
+]

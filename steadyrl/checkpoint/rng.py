@@ -1,0 +1,47 @@
+"""Python, NumPy and torch RNG state as plain JSON, so restoring it unpickles nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def capture_rng_state() -> dict:
+    version, internal, gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [np_kind, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_gauss)],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
+    np.random.set_state((np_kind, np.array(np_keys, dtype=np.uint32), np_pos, np_has_gauss, np_gauss))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def rng_file(directory: str | os.PathLike, rank: int) -> str:
+    return os.path.join(directory, f"rng_state_{rank}.json")
+
+
+def save_rng_state(directory: str | os.PathLike, rank: int) -> None:
+    with open(rng_file(directory, rank), "w") as f:
+        json.dump(capture_rng_state(), f)
+
+
+def load_rng_state(directory: str | os.PathLike, rank: int) -> None:
+    with open(rng_file(directory, rank)) as f:
+        restore_rng_state(json.load(f))

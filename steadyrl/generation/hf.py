@@ -1,0 +1,44 @@
+"""Rollout generation with ``model.generate`` from transformers."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from .base import GenerationBackend, trim_completion
+
+
+class HFGenerationBackend(GenerationBackend):
+    """Samples with the training model itself, in batches of ``settings.batch_size`` left-padded prompts."""
+
+    def generation_config(self) -> GenerationConfig:
+        s, tok = self.settings, self.tokenizer
+        return GenerationConfig(
+            do_sample=True,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k or None,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+
+    @torch.no_grad()
+    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]]) -> list[list[int]]:
+        config, tok = self.generation_config(), self.tokenizer
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        completions = []
+        try:
+            for start in range(0, len(prompt_ids), self.settings.batch_size):
+                batch = prompt_ids[start : start + self.settings.batch_size]
+                width = max(len(p) for p in batch)
+                input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in batch], device=device)
+                attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+                for row in output[:, width:].tolist():
+                    completions.append(trim_completion(row, tok.eos_token_id, tok.pad_token_id))
+        finally:
+            model.train(was_training)
+        return completions

@@ -1,0 +1,72 @@
+"""Reward functions with TRL's calling convention, checked so a bad one fails loudly and early."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+RewardFunc = Callable[..., Sequence[float]]
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised, returned the wrong number of values, or returned a non-finite value."""
+
+
+def reward_func_name(func: RewardFunc) -> str:
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def check_reward_funcs(reward_funcs, reward_weights: Sequence[float] | None) -> tuple[list[RewardFunc], torch.Tensor]:
+    """Normalise ``reward_funcs`` to a list of callables and return it with one weight per function."""
+    if reward_funcs is None:
+        raise ValueError("reward_funcs is required: pass a callable or a list of callables returning one float per completion.")
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError("reward_funcs is empty: pass at least one reward function.")
+    for i, func in enumerate(funcs):
+        if not callable(func):
+            raise TypeError(f"reward_funcs[{i}]={func!r} is not callable; reward functions are called as "
+                            "func(prompts=..., completions=..., completion_ids=..., **dataset_columns).")
+    if reward_weights is None:
+        weights = [1.0] * len(funcs)
+    else:
+        weights = [float(w) for w in reward_weights]
+        if len(weights) != len(funcs):
+            raise ValueError(f"reward_weights has {len(weights)} values but there are {len(funcs)} reward functions.")
+    return funcs, torch.tensor(weights, dtype=torch.float32)
+
+
+def score_completions(
+    funcs: list[RewardFunc],
+    prompts: list[str],
+    completions: list[str],
+    completion_ids: list[list[int]],
+    columns: dict[str, list],
+) -> torch.Tensor:
+    """Call every reward function; return scores of shape [num_completions, num_funcs]."""
+    n = len(completions)
+    scores = torch.empty(n, len(funcs), dtype=torch.float32)
+    for j, func in enumerate(funcs):
+        name = reward_func_name(func)
+        try:
+            values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        except Exception as err:
+            raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
+        try:
+            values = [float(v) for v in values]
+        except (TypeError, ValueError) as err:
+            raise RewardFunctionError(
+                f"reward function {name!r} must return a list of {n} floats, got {type(values).__name__}: {err}"
+            ) from err
+        if len(values) != n:
+            raise RewardFunctionError(f"reward function {name!r} returned {len(values)} values for {n} completions.")
+        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        if bad:
+            raise RewardFunctionError(
+                f"reward function {name!r} returned a non-finite value ({values[bad[0]]}) for completion {bad[0]} "
+                f"({completions[bad[0]]!r}); {len(bad)} of {n} values are not finite."
+            )
+        scores[:, j] = torch.tensor(values, dtype=torch.float32)
+    return scores

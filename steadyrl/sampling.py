@@ -1,0 +1,98 @@
+"""A resumable prompt sampler and the rollout buffer: the two pieces of loop state that a checkpoint carries."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from safetensors.torch import load_file, save_file
+
+BUFFER_TENSORS = "rollout_buffer.safetensors"
+BUFFER_META = "rollout_buffer.json"
+
+
+class PromptSampler:
+    """Walks an endless sequence of seeded per-epoch permutations of ``num_prompts`` indices.
+
+    Its whole state is the number of prompts consumed, so resuming is exact.
+    """
+
+    def __init__(self, num_prompts: int, seed: int) -> None:
+        self.num_prompts = num_prompts
+        self.seed = seed
+        self.consumed = 0
+        self._epoch, self._perm = -1, None
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            self._epoch, self._perm = epoch, torch.randperm(self.num_prompts, generator=generator).tolist()
+        return self._perm
+
+    def next(self, count: int) -> list[int]:
+        indices = []
+        for k in range(self.consumed, self.consumed + count):
+            indices.append(self._permutation(k // self.num_prompts)[k % self.num_prompts])
+        self.consumed += count
+        return indices
+
+    @property
+    def epoch(self) -> float:
+        return self.consumed / self.num_prompts
+
+    def state_dict(self) -> dict:
+        return {"consumed": self.consumed, "num_prompts": self.num_prompts, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_prompts"] != self.num_prompts:
+            raise ValueError(
+                f"the checkpoint's prompt sampler covered {state['num_prompts']} prompts, "
+                f"but train_dataset has {self.num_prompts}."
+            )
+        self.consumed, self.seed = state["consumed"], state["seed"]
+
+
+@dataclass
+class RolloutBuffer:
+    """One rollout's experience (tensors with a leading sample dimension N) and its mini-batch schedule.
+
+    ``schedule`` lists the sample indices of every mini-batch of every PPO epoch, fixed when the
+    rollout is made; ``cursor`` is the next one to train on.
+    """
+
+    experience: dict[str, torch.Tensor]
+    schedule: list[list[int]]
+    metrics: dict[str, float] = field(default_factory=dict)
+    cursor: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.cursor >= len(self.schedule)
+
+    def next_minibatch(self) -> dict[str, torch.Tensor]:
+        index = torch.tensor(self.schedule[self.cursor])
+        self.cursor += 1
+        return {key: value[index] for key, value in self.experience.items()}
+
+    def save(self, directory: str | os.PathLike) -> None:
+        save_file({k: v.contiguous() for k, v in self.experience.items()}, os.path.join(directory, BUFFER_TENSORS))
+        with open(os.path.join(directory, BUFFER_META), "w") as f:
+            json.dump({"schedule": self.schedule, "cursor": self.cursor, "metrics": self.metrics}, f)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> RolloutBuffer:
+        with open(os.path.join(directory, BUFFER_META)) as f:
+            meta = json.load(f)
+        experience = load_file(os.path.join(directory, BUFFER_TENSORS))
+        return cls(experience=experience, schedule=meta["schedule"], metrics=meta["metrics"], cursor=meta["cursor"])
+
+
+def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int) -> list[list[int]]:
+    """Shuffled mini-batches for each epoch (drawn from torch's global RNG, which checkpoints restore)."""
+    schedule = []
+    for _ in range(num_epochs):
+        perm = torch.randperm(num_samples).tolist()
+        schedule += [perm[i : i + minibatch_size] for i in range(0, num_samples, minibatch_size)]
+    return schedule

@@ -1,0 +1,141 @@
+"""OnPolicyConfig: TrainingArguments plus the on-policy batch hierarchy, generation and KL settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _closest(values: list[int], target: int, k: int = 3) -> str:
+    picked = sorted(sorted(values, key=lambda v: (abs(v - target), v))[:k])
+    return ", ".join(str(v) for v in picked)
+
+
+@dataclass
+class OnPolicyConfig(TrainingArguments):
+    r"""Configuration shared by steadyrl's on-policy trainers.
+
+    Batch hierarchy (global unless marked *per device*)::
+
+        rollout_batch_size          prompts generated per rollout
+        n_samples_per_prompt        completions per prompt
+        micro_rollout_batch_size    per device: samples per generation / scoring forward pass
+        train_batch_size            samples per optimizer step (one global step)
+        micro_train_batch_size      per device: samples per forward/backward (= per_device_train_batch_size)
+        gradient_accumulation_steps derived: train_batch_size / (micro_train_batch_size x world size)
+
+    One rollout yields ``rollout_batch_size * n_samples_per_prompt / train_batch_size * num_ppo_epochs``
+    optimizer steps. Every division must be exact; a configuration that does not divide is refused
+    here, with the numbers and valid alternatives.
+    """
+
+    rollout_batch_size: int = field(default=8, metadata={"help": "Prompts per rollout (global)."})
+    n_samples_per_prompt: int = field(default=4, metadata={"help": "Completions generated per prompt."})
+    micro_rollout_batch_size: int = field(
+        default=8, metadata={"help": "Samples per device in one generation or scoring forward pass."}
+    )
+    train_batch_size: int = field(default=16, metadata={"help": "Samples per optimizer step (global)."})
+    micro_train_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Samples per device per forward/backward; overrides per_device_train_batch_size."},
+    )
+    num_ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout."})
+    max_prompt_length: int = field(default=512, metadata={"help": "Prompts are truncated on the left to this."})
+    max_completion_length: int = field(default=64, metadata={"help": "Maximum generated tokens per completion."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (> 0)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass, in (0, 1]."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
+    beta: float = field(default=0.05, metadata={"help": "KL penalty coefficient against the reference model."})
+    cliprange: float = field(default=0.2, metadata={"help": "Clipping range of the importance ratio."})
+    reward_weights: list[float] | None = field(
+        default=None, metadata={"help": "One weight per reward function; all 1.0 if unset."}
+    )
+    save_final_checkpoint: bool = field(
+        default=False, metadata={"help": "Also save a checkpoint at the last step when it is not a multiple of save_steps."}
+    )
+    learning_rate: float = field(default=1e-6, metadata={"help": "Initial learning rate of the actor."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
+
+    def __post_init__(self):
+        if self.micro_train_batch_size is not None:
+            self.per_device_train_batch_size = self.micro_train_batch_size
+        super().__post_init__()
+        self.micro_train_batch_size = self.per_device_train_batch_size
+        self._check_ranges()
+        self._check_batch_hierarchy()
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.samples_per_rollout // self.train_batch_size * self.num_ppo_epochs
+
+    def _check_ranges(self) -> None:
+        for name in (
+            "rollout_batch_size",
+            "n_samples_per_prompt",
+            "micro_rollout_batch_size",
+            "train_batch_size",
+            "micro_train_batch_size",
+            "num_ppo_epochs",
+            "max_prompt_length",
+            "max_completion_length",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: it must be a positive integer.")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature} is invalid: it must be > 0.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} is invalid: it must be in (0, 1].")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} is invalid: use 0 to disable, or a positive integer.")
+        if self.beta < 0:
+            raise ValueError(f"beta={self.beta} is invalid: the KL coefficient must be >= 0.")
+        if not self.cliprange > 0:
+            raise ValueError(f"cliprange={self.cliprange} is invalid: it must be > 0.")
+
+    def _check_batch_hierarchy(self) -> None:
+        world = self.world_size
+        samples = self.samples_per_rollout
+        if samples % self.train_batch_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} does not divide the {samples} samples of a rollout "
+                f"(rollout_batch_size={self.rollout_batch_size} x n_samples_per_prompt={self.n_samples_per_prompt}). "
+                f"Use a train_batch_size that divides {samples}, e.g. {_closest(_divisors(samples), self.train_batch_size)}."
+            )
+        per_step = self.micro_train_batch_size * world
+        if self.train_batch_size % per_step:
+            valid = [m for m in range(per_step, samples + 1, per_step) if samples % m == 0]
+            batch_hint = f"a train_batch_size in {_closest(valid, self.train_batch_size)}, or " if valid else ""
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} is not a multiple of micro_train_batch_size="
+                f"{self.micro_train_batch_size} x {world} process(es) = {per_step}, so gradient accumulation "
+                f"would not be whole. Use {batch_hint}a micro_train_batch_size in {_closest(_divisors(max(1, self.train_batch_size // world)), self.micro_train_batch_size)}."
+            )
+        if self.rollout_batch_size % world:
+            raise ValueError(
+                f"rollout_batch_size={self.rollout_batch_size} cannot be split over {world} processes. "
+                f"Use a multiple of {world}, e.g. {world * max(1, self.rollout_batch_size // world)}."
+            )
+        per_device = samples // world
+        if per_device % self.micro_rollout_batch_size:
+            raise ValueError(
+                f"micro_rollout_batch_size={self.micro_rollout_batch_size} does not divide the {per_device} samples "
+                f"each process generates per rollout. Use one of {_closest(_divisors(per_device), self.micro_rollout_batch_size)}."
+            )
+        accumulation = self.train_batch_size // per_step
+        if self.gradient_accumulation_steps not in (1, accumulation):
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} contradicts the batch hierarchy, which "
+                f"derives {accumulation} (train_batch_size={self.train_batch_size} / (micro_train_batch_size="
+                f"{self.micro_train_batch_size} x {world} processes)). Leave it unset."
+            )
+        self.gradient_accumulation_steps = accumulation

@@ -1,0 +1,310 @@
+"""OnPolicyTrainer: the one training loop that PPO, RLOO and online DPO share.
+
+One iteration::
+
+    prompts <- sampler                          (position saved in checkpoints)
+    completions <- generation backend           (HF generate; vLLM later)
+    scores <- reward functions
+    experience <- old / reference log-probs, then the algorithm's advantages
+    buffer <- experience + a fixed schedule of num_ppo_epochs x mini-batches
+    for each mini-batch: micro-batches -> loss -> backward; optimizer step; global_step += 1;
+        callbacks decide logging and checkpointing
+
+Algorithms subclass it and implement ``compute_advantages`` and ``compute_loss_on_batch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerState
+from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import TrainOutput
+from transformers.utils import logging
+
+from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
+from ..generation import HFGenerationBackend, SamplingSettings
+from ..ops import completion_logprobs
+from ..rewards import check_reward_funcs, reward_func_name, score_completions
+from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
+from .config import OnPolicyConfig
+from .resume import ResumeMixin
+
+logger = logging.get_logger(__name__)
+
+DETERMINISTIC_METRICS = ("reward", "reward_std", "kl", "loss", "entropy", "clip_ratio", "completion_length")
+
+
+def _check_dataset(dataset) -> None:
+    if dataset is None:
+        raise ValueError("train_dataset is required: a datasets.Dataset with a 'prompt' column.")
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or "prompt" not in columns:
+        raise ValueError(f"train_dataset needs a 'prompt' column of strings; its columns are {columns}.")
+    if len(dataset) == 0:
+        raise ValueError("train_dataset is empty: it needs at least one prompt.")
+    first = dataset[0]["prompt"]
+    if not isinstance(first, str):
+        raise ValueError(
+            f"train_dataset['prompt'] must hold strings; row 0 is {type(first).__name__}. "
+            "Conversational prompts are not supported yet: apply the chat template first."
+        )
+
+
+class OnPolicyTrainer(ResumeMixin, Trainer):
+    """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop."""
+
+    algorithm_name = "on-policy"
+    config_class = OnPolicyConfig
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: OnPolicyConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        reward_funcs=None,
+        callbacks=None,
+        peft_config=None,
+        optimizers=(None, None),
+    ):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        _check_dataset(train_dataset)
+        self.reward_funcs, self.reward_weights = check_reward_funcs(reward_funcs, args.reward_weights)
+        if isinstance(model, str):
+            model = AutoModelForCausalLM.from_pretrained(model)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
+        if processing_class.pad_token_id is None:
+            processing_class.pad_token = processing_class.eos_token
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+            self.ref_model = None  # the base model with adapters disabled is the reference
+        else:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        if self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(RLProgressCallback)
+        if self.ref_model is not None:
+            self.ref_model.to(self.accelerator.device)
+        self.backend = HFGenerationBackend(
+            processing_class,
+            SamplingSettings(
+                max_new_tokens=args.max_completion_length,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                batch_size=args.micro_rollout_batch_size,
+            ),
+        )
+        self.sampler = PromptSampler(len(train_dataset), seed=args.seed)
+        self.buffer: RolloutBuffer | None = None
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+        self._rollouts = 0
+
+    # ---- what each algorithm defines -------------------------------------------------------
+
+    def compute_advantages(self, experience: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Add ``advantages`` (and whatever the loss needs) to ``experience``; return metrics to log."""
+        raise NotImplementedError
+
+    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch and its metrics."""
+        raise NotImplementedError
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def total_steps(self) -> int:
+        args = self.args
+        if args.max_steps > 0:
+            return args.max_steps
+        rollouts = math.ceil(args.num_train_epochs * len(self.train_dataset) / args.rollout_batch_size)
+        return rollouts * args.steps_per_rollout
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
+        args = self.args
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
+        checkpoint = self.resolve_checkpoint(resume_from_checkpoint)
+        max_steps = self.total_steps()
+        self.is_in_train = True
+        self.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
+            self.model, self.optimizer, self.lr_scheduler
+        )
+        self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
+        )
+        self.state.train_batch_size, self.state.max_steps = args.train_batch_size, max_steps
+        self.state.compute_steps(args, max_steps)
+        if checkpoint is not None:
+            self._load_checkpoint(checkpoint)
+        start_step, start_time = self.state.global_step, time.time()
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if checkpoint is not None:
+            self._restore_rng(checkpoint)
+
+        while self.state.global_step < max_steps and not self.control.should_training_stop:
+            if self.buffer is None or self.buffer.exhausted:
+                self.buffer = self.make_rollout()
+            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+            self.optimizer_step(self.buffer.next_minibatch())
+            self.state.global_step += 1
+            self.state.epoch = self.sampler.epoch
+            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            self._log_and_save()
+
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        self.is_in_train = False
+        losses = [log["loss"] for log in self.state.log_history if "loss" in log]
+        runtime = time.time() - start_time
+        metrics = {"train_runtime": runtime, "train_steps_per_second": (self.state.global_step - start_step) / runtime}
+        return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), metrics)
+
+    def _log_and_save(self) -> None:
+        if self.control.should_log:
+            logs = {key: sum(values) / len(values) for key, values in self._metrics.items() if values}
+            self._metrics = defaultdict(list)
+            self.log(logs)
+            self.control.should_log = False
+        if self.control.should_save:
+            self._save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            self.control.should_save = False
+
+    def _record(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self._metrics.setdefault(key, []).append(float(value))
+
+    # ---- rollout -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def make_rollout(self) -> RolloutBuffer:
+        """Generate, score and turn one rollout into experience with a fixed mini-batch schedule."""
+        args, tok, device = self.args, self.processing_class, self.accelerator.device
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        indices = self.sampler.next(args.rollout_batch_size)
+        per_rank = args.rollout_batch_size // world
+        rows = self.train_dataset.select(indices[rank * per_rank : (rank + 1) * per_rank]).to_dict()
+        k = args.n_samples_per_prompt
+        prompts = [p for p in rows.pop("prompt") for _ in range(k)]
+        columns = {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
+        prompt_ids = [ids[-args.max_prompt_length :] for ids in tok(prompts)["input_ids"]]
+
+        actor = self.accelerator.unwrap_model(self.model)
+        self.backend.sync_weights(actor)
+        start = time.time()
+        completion_ids = self.backend.generate(actor, prompt_ids)
+        generation_time = time.time() - start
+        completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
+        scores = score_completions(self.reward_funcs, prompts, completions, completion_ids, columns)
+
+        experience = self._pad_rollout(prompt_ids, completion_ids, device)
+        experience["scores"] = (scores * self.reward_weights).sum(1).to(device)
+        experience["old_logprobs"] = self._batched_logprobs(self.model, experience)
+        experience["ref_logprobs"] = self._reference_logprobs(experience)
+        metrics = self._rollout_metrics(experience, scores, generation_time)
+        metrics.update(self.compute_advantages(experience))
+        minibatch = args.train_batch_size // world
+        schedule = minibatch_schedule(len(completion_ids), minibatch, args.num_ppo_epochs)
+        self._rollouts += 1
+        return RolloutBuffer(experience={k: v.cpu() for k, v in experience.items()}, schedule=schedule, metrics=metrics)
+
+    def _pad_rollout(self, prompt_ids, completion_ids, device) -> dict[str, torch.Tensor]:
+        pad = self.processing_class.pad_token_id
+        p_width = max(len(p) for p in prompt_ids)
+        c_width = max(1, max(len(c) for c in completion_ids))
+        return {
+            "prompt_ids": torch.tensor([[pad] * (p_width - len(p)) + p for p in prompt_ids], device=device),
+            "prompt_mask": torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompt_ids], device=device),
+            "completion_ids": torch.tensor([c + [pad] * (c_width - len(c)) for c in completion_ids], device=device),
+            "completion_mask": torch.tensor([[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids], device=device),
+        }
+
+    def _batched_logprobs(self, model, experience: dict[str, torch.Tensor]) -> torch.Tensor:
+        step = self.args.micro_rollout_batch_size
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+        was_training = model.training
+        model.eval()
+        chunks = []
+        for i in range(0, experience["prompt_ids"].shape[0], step):
+            tensors = [experience[key][i : i + step] for key in keys]
+            chunks.append(completion_logprobs(model, *tensors, temperature=self.args.temperature)[0])
+        model.train(was_training)
+        return torch.cat(chunks)
+
+    def _reference_logprobs(self, experience: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._batched_logprobs(self.ref_model, experience)
+        actor = self.accelerator.unwrap_model(self.model)
+        with actor.disable_adapter():
+            return self._batched_logprobs(self.model, experience)
+
+    def _rollout_metrics(self, experience, scores: torch.Tensor, generation_time: float) -> dict[str, float]:
+        mask = experience["completion_mask"]
+        kl = ((experience["old_logprobs"] - experience["ref_logprobs"]) * mask).sum(1)
+        total = experience["scores"]
+        metrics = {
+            "reward": total.mean().item(),
+            "reward_std": total.std().item() if len(total) > 1 else 0.0,
+            "kl": kl.mean().item(),
+            "completion_length": mask.sum(1).float().mean().item(),
+            "tokens_per_second": mask.sum().item() / max(generation_time, 1e-9),
+        }
+        if len(self.reward_funcs) > 1:
+            for j, func in enumerate(self.reward_funcs):
+                metrics[f"rewards/{reward_func_name(func)}"] = scores[:, j].mean().item()
+        return metrics
+
+    # ---- optimisation ---------------------------------------------------------------------------
+
+    def optimizer_step(self, minibatch: dict[str, torch.Tensor]) -> None:
+        """One global step: gradient accumulation over micro-batches, clipping, optimizer and scheduler step."""
+        args, model = self.args, self.model_wrapped
+        model.train()
+        device = self.accelerator.device
+        size = args.micro_train_batch_size
+        num_micro = minibatch["prompt_ids"].shape[0] // size
+        step_metrics: dict[str, float] = defaultdict(float)
+        for i in range(num_micro):
+            batch = {key: value[i * size : (i + 1) * size].to(device) for key, value in minibatch.items()}
+            with self.accelerator.no_sync(model) if i < num_micro - 1 else contextlib.nullcontext():
+                loss, metrics = self.compute_loss_on_batch(model, batch)
+                self.accelerator.backward(loss / num_micro)
+            step_metrics["loss"] += loss.item() / num_micro
+            for key, value in metrics.items():
+                step_metrics[key] += float(value) / num_micro
+        if args.max_grad_norm and args.max_grad_norm > 0:
+            step_metrics["grad_norm"] = float(self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+        step_metrics["learning_rate"] = self.lr_scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._record({**self.buffer.metrics, **step_metrics})
+
+    # ---- export -----------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""
+        self.save_actor(Path(output_dir or self.args.output_dir))

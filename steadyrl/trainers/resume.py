@@ -1,0 +1,200 @@
+"""Saving and restoring everything an on-policy run needs to continue exactly (invariants 3-6, 8).
+
+A checkpoint directory holds::
+
+    actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
+    optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True)
+    scheduler.pt              LR scheduler state_dict (same)
+    trainer_state.json        transformers TrainerState: global_step, log_history, ...
+    steadyrl_state.json       prompt sampler position, metrics not yet logged, run fingerprint
+    rollout_buffer.*          the rollout being trained on, if the save fell in the middle of one
+    rng_state_<rank>.json     Python / NumPy / torch RNG of every process
+    manifest.json             size and sha256 of every file above; written last
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerState
+from transformers.utils import logging
+
+from ..checkpoint import (
+    CheckpointError,
+    begin_checkpoint,
+    commit_checkpoint,
+    find_resumable_checkpoint,
+    load_rng_state,
+    rotate_checkpoints,
+    save_rng_state,
+    verify_checkpoint,
+)
+from ..sampling import BUFFER_META, RolloutBuffer
+
+logger = logging.get_logger(__name__)
+
+STATE_NAME = "steadyrl_state.json"
+STATE_FORMAT = 1
+TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
+
+
+def _is_peft(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _tied_parameter_names(model: torch.nn.Module) -> set[str]:
+    seen, tied = set(), set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied
+
+
+def load_actor_weights(model: torch.nn.Module, actor_dir: Path) -> None:
+    """Load exactly the weights saved in ``actor_dir``; any missing or unexpected tensor is an error."""
+    if _is_peft(model):
+        from peft import set_peft_model_state_dict
+
+        state = load_file(actor_dir / "adapter_model.safetensors")
+        result = set_peft_model_state_dict(model, state)
+        if result.unexpected_keys:
+            raise CheckpointError(f"{actor_dir}: adapter tensors not in the model: {result.unexpected_keys[:5]}")
+        return
+    files = sorted(actor_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{actor_dir} holds no .safetensors weights")
+    state = {}
+    for file in files:
+        state.update(load_file(file))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - _tied_parameter_names(model)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{actor_dir} does not match the actor: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+
+
+class ResumeMixin:
+    """Checkpoint writing and resuming for ``OnPolicyTrainer``."""
+
+    def run_fingerprint(self) -> dict:
+        """Settings a resumed run must share with the run that wrote the checkpoint (invariant 6)."""
+        args = self.args
+        config = self.accelerator.unwrap_model(self.model).config
+        return {
+            "algorithm": self.algorithm_name,
+            "rollout_batch_size": args.rollout_batch_size,
+            "n_samples_per_prompt": args.n_samples_per_prompt,
+            "micro_rollout_batch_size": args.micro_rollout_batch_size,
+            "train_batch_size": args.train_batch_size,
+            "micro_train_batch_size": args.micro_train_batch_size,
+            "num_ppo_epochs": args.num_ppo_epochs,
+            "world_size": self.accelerator.num_processes,
+            "model_type": config.model_type,
+            "vocab_size": config.vocab_size,
+            "hidden_size": getattr(config, "hidden_size", None),
+            "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+            "peft": _is_peft(self.model),
+            "num_prompts": len(self.train_dataset),
+        }
+
+    # ---- choosing a checkpoint -------------------------------------------------------------
+
+    def resolve_checkpoint(self, value) -> Path | None:
+        """Turn ``resume_from_checkpoint`` (bool, "true"/"false", or a path) into a verified directory or None."""
+        if value is None or value is False or (isinstance(value, str) and value.strip().lower() in FALSE_VALUES):
+            return None
+        if value is True or (isinstance(value, str) and value.strip().lower() in TRUE_VALUES):
+            found = find_resumable_checkpoint(self.args.output_dir)
+            if found is None:
+                logger.warning(f"No complete checkpoint in {self.args.output_dir}: starting from step 0.")
+            else:
+                logger.warning(f"Resuming from {found}.")
+            return found
+        path = Path(value)
+        if not path.is_dir():
+            raise CheckpointError(f"resume_from_checkpoint={value!r} is not a directory.")
+        verify_checkpoint(path)
+        return path
+
+    # ---- saving ------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model=None, trial=None) -> Path:
+        args, step = self.args, self.state.global_step
+        main = self.accelerator.is_main_process
+        tmp = Path(args.output_dir) / f"tmp-checkpoint-{step}"
+        if main:
+            begin_checkpoint(args.output_dir, step)
+        self.accelerator.wait_for_everyone()
+        if main:
+            self.save_actor(tmp / "actor")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.lr_scheduler.state_dict(), tmp / "scheduler.pt")
+            self.state.save_to_json(str(tmp / "trainer_state.json"))
+            loop_state = {
+                "format": STATE_FORMAT,
+                "fingerprint": self.run_fingerprint(),
+                "sampler": self.sampler.state_dict(),
+                "pending_metrics": self._metrics,
+                "rollouts": self._rollouts,
+                "has_buffer": self.buffer is not None and not self.buffer.exhausted,
+            }
+            (tmp / STATE_NAME).write_text(json.dumps(loop_state))
+            if loop_state["has_buffer"]:
+                self.buffer.save(tmp)
+        save_rng_state(tmp, self.accelerator.process_index)
+        self.accelerator.wait_for_everyone()
+        final = Path(args.output_dir) / f"checkpoint-{step}"
+        if main:
+            final = commit_checkpoint(tmp, step)
+            for deleted in rotate_checkpoints(args.output_dir, args.save_total_limit):
+                logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={args.save_total_limit}).")
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def save_actor(self, directory: Path) -> None:
+        """The actor alone, in plain Hugging Face format, with its tokenizer."""
+        actor = self.accelerator.unwrap_model(self.model)
+        actor.save_pretrained(directory, safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(directory)
+
+    # ---- loading -----------------------------------------------------------------------------
+
+    def _load_checkpoint(self, directory: Path) -> None:
+        """Restore weights, optimizer, scheduler, TrainerState, sampler and buffer; RNG comes last, in ``train``."""
+        loop_state = json.loads((directory / STATE_NAME).read_text())
+        saved, current = loop_state["fingerprint"], self.run_fingerprint()
+        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        if changed:
+            details = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}" for k, (old, new) in changed.items())
+            raise CheckpointError(f"cannot resume from {directory}: the run's configuration changed ({details}).")
+        load_actor_weights(self.accelerator.unwrap_model(self.model), directory / "actor")
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+        self.lr_scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        max_steps = self.state.max_steps
+        restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
+        for name in ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen"):
+            setattr(self.state, name, getattr(restored, name))
+        if restored.max_steps != max_steps:
+            logger.warning(f"max_steps changed from {restored.max_steps} to {max_steps} since the checkpoint.")
+        self.sampler.load_state_dict(loop_state["sampler"])
+        self._metrics = {k: list(v) for k, v in loop_state["pending_metrics"].items()}
+        self._rollouts = loop_state["rollouts"]
+        if loop_state["has_buffer"]:
+            if not (directory / BUFFER_META).is_file():
+                raise CheckpointError(f"{directory} says it holds a rollout buffer, but {BUFFER_META} is missing.")
+            self.buffer = RolloutBuffer.load(directory)
+        else:
+            self.buffer = None
+
+    def _restore_rng(self, directory: Path) -> None:
+        rank = self.accelerator.process_index
+        if not os.path.isfile(os.path.join(directory, f"rng_state_{rank}.json")):
+            raise CheckpointError(f"{directory} has no RNG state for process {rank} (rng_state_{rank}.json).")
+        load_rng_state(directory, rank)
