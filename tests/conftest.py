@@ -1,0 +1,36 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY_RUN = ROOT / "tests" / "toy_run.py"
+
+
+@pytest.fixture(scope="session")
+def toy_path():
+    from steadyrl.toy import toy_model_path
+
+    return toy_model_path()
+
+
+def run_toy(output_dir, *flags, expect_kill=False, overrides=()):
+    """Run tests/toy_run.py in a subprocess; return (returncode, combined output)."""
+    cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags]
+    if overrides:
+        cmd += ["--set", *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    output = proc.stdout + proc.stderr
+    if expect_kill:
+        assert proc.returncode == -9, f"expected SIGKILL, got {proc.returncode}:\n{output[-3000:]}"
+    else:
+        assert proc.returncode == 0, f"training subprocess failed ({proc.returncode}):\n{output[-3000:]}"
+    return proc.returncode, output
+
+
+def read_logs(output_dir):
+    return {entry["step"]: entry for entry in json.loads((Path(output_dir) / "log_history.json").read_text())}

@@ -1,0 +1,113 @@
+"""Build small RLOO runs on the toy task, in-process or as a subprocess that can be killed at chosen moments.
+
+As a script::
+
+    python tests/toy_run.py OUTPUT_DIR [--resume] [--kill-after-save N] [--kill-during-save N] [--set key=value ...]
+
+writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transformers import TrainerCallback  # noqa: E402
+
+from steadyrl import RLOOConfig, RLOOTrainer  # noqa: E402
+from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
+
+# 4 prompts x 2 samples = 8 samples per rollout; train_batch_size 4 -> 2 mini-batches; 2 epochs -> 4 steps.
+DEFAULTS = dict(
+    rollout_batch_size=4,
+    n_samples_per_prompt=2,
+    micro_rollout_batch_size=8,
+    train_batch_size=4,
+    micro_train_batch_size=2,
+    num_ppo_epochs=2,
+    max_completion_length=8,
+    learning_rate=1e-3,
+    lr_scheduler_type="linear",
+    warmup_steps=2,
+    beta=0.05,
+    max_steps=12,
+    save_steps=3,
+    seed=0,
+    logging_steps=1,
+    report_to="none",
+    disable_tqdm=True,
+)
+
+
+def make_config(output_dir, **overrides) -> RLOOConfig:
+    return RLOOConfig(output_dir=str(output_dir), **{**DEFAULTS, **overrides})
+
+
+def make_trainer(output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=RLOOTrainer, **overrides):
+    return trainer_cls(
+        model=toy_model_path(),
+        args=make_config(output_dir, **overrides),
+        train_dataset=toy_dataset() if train_dataset is None else train_dataset,
+        reward_funcs=[letters_reward] if reward_funcs is None else reward_funcs,
+        callbacks=callbacks,
+    )
+
+
+class KillAfterSave(TrainerCallback):
+    """SIGKILL this process right after checkpoint-<step> is complete."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_during_save(trainer, step: int) -> None:
+    """SIGKILL this process in the middle of writing checkpoint-<step> (after its actor weights, before the rest)."""
+    save_actor = trainer.save_actor
+
+    def dying_save_actor(directory):
+        save_actor(directory)
+        if trainer.state.global_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.save_actor = dying_save_actor
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("output_dir")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--kill-after-save", type=int)
+    parser.add_argument("--kill-during-save", type=int)
+    parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
+    opts = parser.parse_args()
+    overrides = dict(item.split("=", 1) for item in opts.set)
+    overrides = {key: _parse_value(value) for key, value in overrides.items()}
+    callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
+    trainer = make_trainer(opts.output_dir, callbacks=callbacks, **overrides)
+    if opts.kill_during_save:
+        kill_during_save(trainer, opts.kill_during_save)
+    trainer.train(resume_from_checkpoint=True if opts.resume else None)
+    trainer.save_model(os.path.join(opts.output_dir, "final-actor"))
+    with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
+        json.dump(trainer.state.log_history, f)
+
+
+if __name__ == "__main__":
+    main()
