@@ -26,7 +26,9 @@ def completion_logprobs(
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits
     logits = logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature  # [B, C, V]: token t predicts t+1
     logp = F.log_softmax(logits, dim=-1)
     token_logp = logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)

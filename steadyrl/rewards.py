@@ -21,14 +21,18 @@ def reward_func_name(func: RewardFunc) -> str:
 def check_reward_funcs(reward_funcs, reward_weights: Sequence[float] | None) -> tuple[list[RewardFunc], torch.Tensor]:
     """Normalise ``reward_funcs`` to a list of callables and return it with one weight per function."""
     if reward_funcs is None:
-        raise ValueError("reward_funcs is required: pass a callable or a list of callables returning one float per completion.")
+        raise ValueError(
+            "reward_funcs is required: pass a callable or a list of callables returning one float per completion."
+        )
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
         raise ValueError("reward_funcs is empty: pass at least one reward function.")
     for i, func in enumerate(funcs):
         if not callable(func):
-            raise TypeError(f"reward_funcs[{i}]={func!r} is not callable; reward functions are called as "
-                            "func(prompts=..., completions=..., completion_ids=..., **dataset_columns).")
+            raise TypeError(
+                f"reward_funcs[{i}]={func!r} is not callable; reward functions are called as "
+                "func(prompts=..., completions=..., completion_ids=..., **dataset_columns)."
+            )
     if reward_weights is None:
         weights = [1.0] * len(funcs)
     else:

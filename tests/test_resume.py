@@ -56,7 +56,9 @@ def checkpoint_files(checkpoint: Path) -> list[str]:
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_any_damaged_file_is_refused(uninterrupted, tmp_path, damage):
     files = checkpoint_files(uninterrupted / "checkpoint-12")
-    assert {"manifest.json", "optimizer.pt", "scheduler.pt", "actor/model.safetensors", "rng_state_0.json"} <= set(files)
+    assert {"manifest.json", "optimizer.pt", "scheduler.pt", "actor/model.safetensors", "rng_state_0.json"} <= set(
+        files
+    )
     for name in files:
         run = tmp_path / name.replace("/", "_")
         for step in (9, 12):

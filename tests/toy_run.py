@@ -49,7 +49,9 @@ def make_config(output_dir, **overrides) -> RLOOConfig:
     return RLOOConfig(output_dir=str(output_dir), **{**DEFAULTS, **overrides})
 
 
-def make_trainer(output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=RLOOTrainer, **overrides):
+def make_trainer(
+    output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=RLOOTrainer, **overrides
+):
     return trainer_cls(
         model=toy_model_path(),
         args=make_config(output_dir, **overrides),

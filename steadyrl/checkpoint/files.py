@@ -166,7 +166,7 @@ def find_resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond ``save_total_limit``; never the newest. Returns what was deleted."""
+    """Delete the oldest complete checkpoints beyond ``save_total_limit`` (never the newest); return them."""
     if not save_total_limit or save_total_limit < 1:
         return []
     complete = scan_checkpoints(output_dir, verify=False).complete

@@ -24,7 +24,7 @@ class GenerationBackend(ABC):
         self.tokenizer = tokenizer
         self.settings = settings
 
-    def sync_weights(self, model: torch.nn.Module) -> None:
+    def sync_weights(self, model: torch.nn.Module) -> None:  # noqa: B027 - optional hook, no-op by default
         """Make the engine generate with ``model``'s current weights (no-op when it uses the model directly)."""
 
     @abstractmethod

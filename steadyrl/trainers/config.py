@@ -56,7 +56,8 @@ class OnPolicyConfig(TrainingArguments):
         default=None, metadata={"help": "One weight per reward function; all 1.0 if unset."}
     )
     save_final_checkpoint: bool = field(
-        default=False, metadata={"help": "Also save a checkpoint at the last step when it is not a multiple of save_steps."}
+        default=False,
+        metadata={"help": "Also save a checkpoint at the last step when it is not a multiple of save_steps."},
     )
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial learning rate of the actor."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
@@ -105,20 +106,22 @@ class OnPolicyConfig(TrainingArguments):
     def _check_batch_hierarchy(self) -> None:
         world = self.world_size
         samples = self.samples_per_rollout
+        per_step = self.micro_train_batch_size * world
         if samples % self.train_batch_size:
+            valid = [d for d in _divisors(samples) if d % per_step == 0] or _divisors(samples)
             raise ValueError(
                 f"train_batch_size={self.train_batch_size} does not divide the {samples} samples of a rollout "
                 f"(rollout_batch_size={self.rollout_batch_size} x n_samples_per_prompt={self.n_samples_per_prompt}). "
-                f"Use a train_batch_size that divides {samples}, e.g. {_closest(_divisors(samples), self.train_batch_size)}."
+                f"Use a train_batch_size that divides {samples}, e.g. {_closest(valid, self.train_batch_size)}."
             )
-        per_step = self.micro_train_batch_size * world
         if self.train_batch_size % per_step:
             valid = [m for m in range(per_step, samples + 1, per_step) if samples % m == 0]
             batch_hint = f"a train_batch_size in {_closest(valid, self.train_batch_size)}, or " if valid else ""
+            micro = _closest(_divisors(max(1, self.train_batch_size // world)), self.micro_train_batch_size)
             raise ValueError(
                 f"train_batch_size={self.train_batch_size} is not a multiple of micro_train_batch_size="
                 f"{self.micro_train_batch_size} x {world} process(es) = {per_step}, so gradient accumulation "
-                f"would not be whole. Use {batch_hint}a micro_train_batch_size in {_closest(_divisors(max(1, self.train_batch_size // world)), self.micro_train_batch_size)}."
+                f"would not be whole. Use {batch_hint}a micro_train_batch_size in {micro}."
             )
         if self.rollout_batch_size % world:
             raise ValueError(
@@ -127,15 +130,16 @@ class OnPolicyConfig(TrainingArguments):
             )
         per_device = samples // world
         if per_device % self.micro_rollout_batch_size:
+            valid = _closest(_divisors(per_device), self.micro_rollout_batch_size)
             raise ValueError(
                 f"micro_rollout_batch_size={self.micro_rollout_batch_size} does not divide the {per_device} samples "
-                f"each process generates per rollout. Use one of {_closest(_divisors(per_device), self.micro_rollout_batch_size)}."
+                f"each process generates per rollout. Use one of {valid}."
             )
         accumulation = self.train_batch_size // per_step
         if self.gradient_accumulation_steps not in (1, accumulation):
             raise ValueError(
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps} contradicts the batch hierarchy, which "
-                f"derives {accumulation} (train_batch_size={self.train_batch_size} / (micro_train_batch_size="
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} contradicts the batch hierarchy, "
+                f"which derives {accumulation} (train_batch_size={self.train_batch_size} / (micro_train_batch_size="
                 f"{self.micro_train_batch_size} x {world} processes)). Leave it unset."
             )
         self.gradient_accumulation_steps = accumulation

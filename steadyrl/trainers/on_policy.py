@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerState
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerState, set_seed
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
@@ -89,6 +89,8 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             processing_class.pad_token = processing_class.eos_token
         if peft_config is not None:
             from peft import get_peft_model
+
+            set_seed(args.seed)  # adapter initialisation must be reproducible; Trainer seeds only later
 
             model = get_peft_model(model, peft_config)
             self.ref_model = None  # the base model with adapters disabled is the reference
@@ -239,7 +241,9 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             "prompt_ids": torch.tensor([[pad] * (p_width - len(p)) + p for p in prompt_ids], device=device),
             "prompt_mask": torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompt_ids], device=device),
             "completion_ids": torch.tensor([c + [pad] * (c_width - len(c)) for c in completion_ids], device=device),
-            "completion_mask": torch.tensor([[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids], device=device),
+            "completion_mask": torch.tensor(
+                [[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids], device=device
+            ),
         }
 
     def _batched_logprobs(self, model, experience: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -21,12 +21,12 @@ class RLOOConfig(OnPolicyConfig):
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
 
     def __post_init__(self):
-        super().__post_init__()
         if self.n_samples_per_prompt < 2:
             raise ValueError(
                 f"n_samples_per_prompt={self.n_samples_per_prompt} is invalid for RLOO: the leave-one-out "
                 "baseline needs at least 2 completions per prompt."
             )
+        super().__post_init__()
 
 
 class RLOOTrainer(OnPolicyTrainer):
@@ -49,8 +49,13 @@ class RLOOTrainer(OnPolicyTrainer):
     def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch["completion_mask"]  # [B, C]
         logprobs, entropy = completion_logprobs(
-            model, batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask,
-            temperature=self.args.temperature, with_entropy=True,
+            model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["completion_ids"],
+            mask,
+            temperature=self.args.temperature,
+            with_entropy=True,
         )
         ratio = torch.exp(logprobs - batch["old_logprobs"])  # [B, C]
         advantages = batch["advantages"].unsqueeze(1)  # [B, 1]

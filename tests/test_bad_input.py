@@ -1,0 +1,96 @@
+"""Bad input fails with a specific error before training starts, or before any checkpoint is harmed."""
+
+import math
+
+import pytest
+from datasets import Dataset
+from toy_run import make_config, make_trainer
+
+from steadyrl import RewardFunctionError
+from steadyrl.checkpoint import scan_checkpoints, verify_checkpoint
+
+
+def test_dataset_without_prompt_column(tmp_path):
+    data = Dataset.from_dict({"text": ["abc:"]})
+    with pytest.raises(ValueError, match=r"needs a 'prompt' column.*\['text'\]"):
+        make_trainer(tmp_path, train_dataset=data)
+
+
+def test_empty_dataset(tmp_path):
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        make_trainer(tmp_path, train_dataset=Dataset.from_dict({"prompt": []}))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(train_batch_size=3), r"train_batch_size=3 does not divide the 8 samples of a rollout.*e\.g\. 2, 4"),
+        (dict(train_batch_size=4, micro_train_batch_size=3), r"not a multiple of micro_train_batch_size=3"),
+        (dict(micro_rollout_batch_size=3), r"micro_rollout_batch_size=3 does not divide the 8 samples"),
+        (dict(n_samples_per_prompt=1, train_batch_size=2), r"n_samples_per_prompt=1 is invalid for RLOO"),
+        (dict(gradient_accumulation_steps=3), r"gradient_accumulation_steps=3 contradicts the batch hierarchy"),
+        (dict(rollout_batch_size=0), r"rollout_batch_size=0 is invalid"),
+        (dict(top_p=1.5), r"top_p=1.5 is invalid"),
+    ],
+)
+def test_batch_hierarchy_and_ranges_refused_at_construction(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_config(tmp_path, **overrides)
+
+
+def raises(prompts, completions, **kwargs):
+    raise KeyError("score")
+
+
+def wrong_length(prompts, completions, **kwargs):
+    return [0.0] * (len(completions) - 1)
+
+
+def returns_nan(prompts, completions, **kwargs):
+    return [math.nan] + [0.0] * (len(completions) - 1)
+
+
+@pytest.mark.parametrize(
+    "func, message",
+    [
+        (raises, r"reward function 'raises' raised KeyError"),
+        (wrong_length, r"reward function 'wrong_length' returned 7 values for 8 completions"),
+        (returns_nan, r"reward function 'returns_nan' returned a non-finite value \(nan\) for completion 0"),
+    ],
+)
+def test_bad_reward_function_stops_before_the_first_step(tmp_path, func, message):
+    trainer = make_trainer(tmp_path, reward_funcs=[func])
+    with pytest.raises(RewardFunctionError, match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("*checkpoint-*"))
+
+
+def test_reward_function_failing_mid_run_leaves_checkpoints_intact(tmp_path):
+    from steadyrl.toy import letters_reward
+
+    calls = []
+
+    def flaky(prompts, completions, letters, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:  # third rollout: after checkpoints 3 and 6 (4 steps per rollout)
+            return [float("inf")] * len(completions)
+        return letters_reward(completions=completions, letters=letters)
+
+    trainer = make_trainer(tmp_path, reward_funcs=[flaky])
+    with pytest.raises(RewardFunctionError, match="'flaky' returned a non-finite value"):
+        trainer.train()
+    assert trainer.state.global_step == 8
+    assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [3, 6]
+    verify_checkpoint(tmp_path / "checkpoint-6")
+
+
+def test_reward_weights_must_match_functions(tmp_path):
+    from steadyrl.toy import letters_reward
+
+    with pytest.raises(ValueError, match="reward_weights has 2 values but there are 1 reward functions"):
+        make_trainer(tmp_path, reward_funcs=[letters_reward], reward_weights=[1.0, 2.0])
+
+
+def test_non_callable_reward(tmp_path):
+    with pytest.raises(TypeError, match=r"reward_funcs\[0\]='letters' is not callable"):
+        make_trainer(tmp_path, reward_funcs=["letters"])

@@ -1,0 +1,93 @@
+"""Invariants 1, 2 and 4: one global step per optimizer update; checkpoints exactly at multiples of save_steps."""
+
+import pytest
+from toy_run import make_trainer
+from transformers import TrainerCallback
+
+from steadyrl import GlobalStepError, RLOOTrainer
+from steadyrl.checkpoint import scan_checkpoints
+
+
+class RecordSteps(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2, 4])
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_checkpoints_exactly_at_multiples_of_save_steps(tmp_path, accumulation, epochs):
+    recorder = RecordSteps()
+    trainer = make_trainer(
+        tmp_path,
+        callbacks=[recorder],
+        train_batch_size=4,
+        micro_train_batch_size=4 // accumulation,
+        num_ppo_epochs=epochs,
+        max_steps=11,
+        save_steps=3,
+        max_completion_length=4,
+    )
+    assert trainer.args.gradient_accumulation_steps == accumulation
+    trainer.train()
+    assert recorder.steps == list(range(1, 12))
+    assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [3, 6, 9]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-6", "checkpoint-9"]
+
+
+def test_save_total_limit_keeps_the_newest(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=8, save_steps=2, save_total_limit=2, max_completion_length=4)
+    trainer.train()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-6", "checkpoint-8"]
+
+
+def test_save_final_checkpoint_adds_the_last_step_only(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=5, save_steps=2, save_final_checkpoint=True, max_completion_length=4)
+    trainer.train()
+    assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [2, 4, 5]
+
+
+class DoubleStepRLOO(RLOOTrainer):
+    """Deliberately broken: advances global_step a second time inside the optimizer step."""
+
+    def optimizer_step(self, minibatch):
+        super().optimizer_step(minibatch)
+        if self.state.global_step == 4:
+            self.state.global_step += 1
+
+
+def test_global_step_callback_stops_a_double_advance(tmp_path):
+    trainer = make_trainer(tmp_path, trainer_cls=DoubleStepRLOO, max_steps=8, save_steps=5, max_completion_length=4)
+    with pytest.raises(GlobalStepError, match="global_step went from 4 to 6 in one optimizer update; expected 5"):
+        trainer.train()
+    assert not list(tmp_path.glob("checkpoint-*")), "no checkpoint may be written for a skipped step"
+
+
+def test_callbacks_work_with_a_plain_transformers_trainer(tmp_path, toy_path):
+    """Plain Trainer would also save at the final step (7); CheckpointCallback keeps only multiples of save_steps."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from steadyrl import CheckpointCallback, GlobalStepCallback
+
+    data = Dataset.from_dict({"input_ids": [[3, 4, 5, 6]] * 16, "labels": [[3, 4, 5, 6]] * 16})
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=7,
+        save_steps=3,
+        per_device_train_batch_size=2,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    trainer = Trainer(
+        model=AutoModelForCausalLM.from_pretrained(toy_path),
+        args=args,
+        train_dataset=data,
+        callbacks=[GlobalStepCallback(), CheckpointCallback()],
+    )
+    trainer.train()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [3, 6], "each has a valid manifest"
