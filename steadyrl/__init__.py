@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 from .callbacks import CheckpointCallback, GlobalStepCallback, GlobalStepError
 from .checkpoint import CheckpointError
 from .rewards import RewardFunctionError
-from .trainers import OnPolicyConfig, OnPolicyTrainer, RLOOConfig, RLOOTrainer
+from .trainers import OnPolicyConfig, OnPolicyTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
 
 __all__ = [
     "CheckpointCallback",
@@ -14,6 +14,8 @@ __all__ = [
     "GlobalStepError",
     "OnPolicyConfig",
     "OnPolicyTrainer",
+    "PPOConfig",
+    "PPOTrainer",
     "RLOOConfig",
     "RLOOTrainer",
     "RewardFunctionError",

@@ -18,15 +18,19 @@ def reward_func_name(func: RewardFunc) -> str:
     return getattr(func, "__name__", type(func).__name__)
 
 
-def check_reward_funcs(reward_funcs, reward_weights: Sequence[float] | None) -> tuple[list[RewardFunc], torch.Tensor]:
-    """Normalise ``reward_funcs`` to a list of callables and return it with one weight per function."""
+def as_list(reward_funcs) -> list:
+    """``None``, one reward function, or a sequence of them, as a new list."""
     if reward_funcs is None:
-        raise ValueError(
-            "reward_funcs is required: pass a callable or a list of callables returning one float per completion."
-        )
-    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        return []
+    return list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+
+
+def check_reward_funcs(funcs: list, reward_weights: Sequence[float] | None) -> tuple[list[RewardFunc], torch.Tensor]:
+    """Check the reward functions (a ``reward_model`` comes last) and return them with one weight each."""
     if not funcs:
-        raise ValueError("reward_funcs is empty: pass at least one reward function.")
+        raise ValueError(
+            "No reward: pass reward_funcs (callables returning one float per completion) and/or reward_model."
+        )
     for i, func in enumerate(funcs):
         if not callable(func):
             raise TypeError(
@@ -38,7 +42,11 @@ def check_reward_funcs(reward_funcs, reward_weights: Sequence[float] | None) -> 
     else:
         weights = [float(w) for w in reward_weights]
         if len(weights) != len(funcs):
-            raise ValueError(f"reward_weights has {len(weights)} values but there are {len(funcs)} reward functions.")
+            names = [reward_func_name(f) for f in funcs]
+            raise ValueError(
+                f"reward_weights has {len(weights)} values but there are {len(funcs)} rewards {names} "
+                "(reward_funcs, then reward_model if given): give one weight each."
+            )
     return funcs, torch.tensor(weights, dtype=torch.float32)
 
 

@@ -83,17 +83,15 @@ def _fingerprint() -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
-def toy_model_path() -> str:
-    """Build the toy model and tokenizer once (atomically, safe under parallel callers); return its directory."""
-    target = cache_dir() / f"toy-model-{_fingerprint()}"
+def build_cached(name: str, build) -> str:
+    """``build(staging_dir)`` once into ``cache_dir()/name`` (atomically, safe under parallel callers); its path."""
+    target = cache_dir() / name
     if (target / "config.json").exists():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".toy-build-", dir=target.parent))
     try:
-        tokenizer = build_tokenizer()
-        build_model(tokenizer).save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        build(staging)
         try:
             os.rename(staging, target)
         except OSError:  # another process finished first
@@ -102,6 +100,17 @@ def toy_model_path() -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+def toy_model_path() -> str:
+    """Build the toy model and tokenizer once; return its directory."""
+
+    def build(directory: Path) -> None:
+        tokenizer = build_tokenizer()
+        build_model(tokenizer).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    return build_cached(f"toy-model-{_fingerprint()}", build)
 
 
 def toy_dataset(num_prompts: int = NUM_PROMPTS, seed: int = 0):

@@ -87,7 +87,7 @@ def test_reward_function_failing_mid_run_leaves_checkpoints_intact(tmp_path):
 def test_reward_weights_must_match_functions(tmp_path):
     from steadyrl.toy import letters_reward
 
-    with pytest.raises(ValueError, match="reward_weights has 2 values but there are 1 reward functions"):
+    with pytest.raises(ValueError, match="reward_weights has 2 values but there are 1 rewards"):
         make_trainer(tmp_path, reward_funcs=[letters_reward], reward_weights=[1.0, 2.0])
 
 

@@ -47,8 +47,10 @@ def test_reference_logprobs_come_from_the_base_model(tmp_path):
     base = toy_model_path()
     from transformers import AutoModelForCausalLM
 
+    from steadyrl.ops import pad_prompts_and_completions
+
     plain = AutoModelForCausalLM.from_pretrained(base)
-    experience = trainer._pad_rollout([[3, 4, 40]], [[5, 6, 1]], torch.device("cpu"))
+    experience = pad_prompts_and_completions([[3, 4, 40]], [[5, 6, 1]], trainer.processing_class.pad_token_id)
     with torch.no_grad():
         ref = trainer._reference_logprobs(experience)
         expected = trainer._batched_logprobs(plain, experience)

@@ -1,4 +1,5 @@
-"""Invariants 3 and 5: a run SIGKILLed at any point resumes to the byte-identical result of an uninterrupted run."""
+"""Invariants 3, 5 and 6 for RLOO and PPO: a run SIGKILLed at any point resumes to the byte-identical result
+of an uninterrupted run; damaged checkpoints and changed configurations are refused."""
 
 import shutil
 from pathlib import Path
@@ -10,13 +11,18 @@ from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint, scan
 
 # toy_run defaults: 4 optimizer steps per rollout (2 PPO epochs x 2 mini-batches), save_steps=3, max_steps=12,
 # gradient accumulation 2: checkpoints 3, 6 and 9 all fall in the middle of a rollout.
-COMPARED = ("reward", "loss", "kl", "entropy", "clip_ratio", "grad_norm", "learning_rate")
+TIMINGS = {"tokens_per_second"}
+
+
+@pytest.fixture(scope="module", params=["rloo", "ppo"])
+def algorithm(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, toy_path):
-    out = tmp_path_factory.mktemp("uninterrupted")
-    run_toy(out)
+def uninterrupted(tmp_path_factory, toy_path, algorithm):
+    out = tmp_path_factory.mktemp(f"uninterrupted-{algorithm}")
+    run_toy(out, "--algorithm", algorithm)
     return out
 
 
@@ -26,23 +32,24 @@ def assert_same_result(reference: Path, resumed: Path, after_step: int) -> None:
     ref_logs, new_logs = read_logs(reference), read_logs(resumed)
     assert sorted(new_logs) == sorted(ref_logs) == list(range(1, 13))
     for step in range(after_step + 1, 13):
-        for key in COMPARED:
+        assert set(new_logs[step]) == set(ref_logs[step])
+        for key in set(ref_logs[step]) - TIMINGS:
             assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
 
 
-def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted, tmp_path):
-    run_toy(tmp_path, "--kill-after-save", "6", expect_kill=True)
+def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted, tmp_path, algorithm):
+    run_toy(tmp_path, "--algorithm", algorithm, "--kill-after-save", "6", expect_kill=True)
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
     assert (tmp_path / "checkpoint-6" / "rollout_buffer.safetensors").is_file(), "save at 6 is mid-rollout"
-    _, output = run_toy(tmp_path, "--resume")
+    _, output = run_toy(tmp_path, "--algorithm", algorithm, "--resume")
     assert "Resuming from" in output and "checkpoint-6" in output
     assert_same_result(uninterrupted, tmp_path, after_step=6)
 
 
-def test_sigkill_during_checkpoint_write_falls_back_and_resumes_identically(uninterrupted, tmp_path):
-    run_toy(tmp_path, "--kill-during-save", "9", expect_kill=True)
+def test_sigkill_during_checkpoint_write_falls_back_and_resumes_identically(uninterrupted, tmp_path, algorithm):
+    run_toy(tmp_path, "--algorithm", algorithm, "--kill-during-save", "9", expect_kill=True)
     assert (tmp_path / "tmp-checkpoint-9").is_dir() and not (tmp_path / "checkpoint-9").exists()
-    _, output = run_toy(tmp_path, "--resume")
+    _, output = run_toy(tmp_path, "--algorithm", algorithm, "--resume")
     assert "tmp-checkpoint-9" in output and "incomplete" in output, output[-2000:]
     assert "Resuming from" in output and "checkpoint-6" in output
     assert not (tmp_path / "tmp-checkpoint-9").exists()
@@ -54,11 +61,12 @@ def checkpoint_files(checkpoint: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
-def test_any_damaged_file_is_refused(uninterrupted, tmp_path, damage):
+def test_any_damaged_file_is_refused(uninterrupted, tmp_path, damage, algorithm):
     files = checkpoint_files(uninterrupted / "checkpoint-12")
-    assert {"manifest.json", "optimizer.pt", "scheduler.pt", "actor/model.safetensors", "rng_state_0.json"} <= set(
-        files
-    )
+    expected = {"manifest.json", "optimizer.pt", "scheduler.pt", "actor/model.safetensors", "rng_state_0.json"}
+    if algorithm == "ppo":
+        expected |= {"critic/model.safetensors", "critic/config.json", "critic_optimizer.pt", "critic_scheduler.pt"}
+    assert expected <= set(files)
     for name in files:
         run = tmp_path / name.replace("/", "_")
         for step in (9, 12):
@@ -76,37 +84,38 @@ def test_any_damaged_file_is_refused(uninterrupted, tmp_path, damage):
         assert "manifest" in str(err.value) and (name in str(err.value) or name == "manifest.json")
 
 
-def test_explicit_damaged_checkpoint_stops_with_error_naming_file(uninterrupted, tmp_path):
+def test_explicit_damaged_checkpoint_stops_with_error_naming_file(uninterrupted, tmp_path, algorithm):
     from toy_run import make_trainer
 
+    damaged = "critic_optimizer.pt" if algorithm == "ppo" else "optimizer.pt"
     shutil.copytree(uninterrupted / "checkpoint-9", tmp_path / "checkpoint-9")
-    (tmp_path / "checkpoint-9" / "optimizer.pt").write_bytes(b"")
-    trainer = make_trainer(tmp_path)
-    with pytest.raises(CheckpointError, match="optimizer.pt"):
+    (tmp_path / "checkpoint-9" / damaged).write_bytes(b"")
+    trainer = make_trainer(tmp_path, algorithm=algorithm)
+    with pytest.raises(CheckpointError, match=damaged):
         trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-9"))
     assert trainer.state.global_step == 0
 
 
-def test_resume_with_changed_batch_hierarchy_is_refused_before_any_step(uninterrupted, tmp_path):
+def test_resume_with_changed_batch_hierarchy_is_refused_before_any_step(uninterrupted, tmp_path, algorithm):
     from toy_run import make_trainer
 
     shutil.copytree(uninterrupted / "checkpoint-6", tmp_path / "checkpoint-6")
-    trainer = make_trainer(tmp_path, train_batch_size=8, micro_train_batch_size=4)
+    trainer = make_trainer(tmp_path, algorithm=algorithm, train_batch_size=8, micro_train_batch_size=4)
     with pytest.raises(CheckpointError, match="train_batch_size: checkpoint 4, now 8"):
         trainer.train(resume_from_checkpoint=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-6"]
 
 
-def test_resume_from_config_field_and_fresh_start(uninterrupted, tmp_path, caplog):
+def test_resume_from_config_field_and_fresh_start(uninterrupted, tmp_path, caplog, algorithm):
     from toy_run import make_trainer
 
-    fresh = make_trainer(tmp_path / "empty", resume_from_checkpoint="true", max_steps=1)
+    fresh = make_trainer(tmp_path / "empty", algorithm=algorithm, resume_from_checkpoint="true", max_steps=1)
     fresh.train()
     assert fresh.state.global_step == 1
     assert "No complete checkpoint" in caplog.text and "starting from step 0" in caplog.text
 
     shutil.copytree(uninterrupted / "checkpoint-9", tmp_path / "run" / "checkpoint-9")
-    trainer = make_trainer(tmp_path / "run", resume_from_checkpoint="true", max_steps=10)
+    trainer = make_trainer(tmp_path / "run", algorithm=algorithm, resume_from_checkpoint="true", max_steps=10)
     trainer.train()
     steps = [entry["step"] for entry in trainer.state.log_history]
     assert steps == list(range(1, 11)), "the config field resume_from_checkpoint was not honoured"

@@ -1,8 +1,9 @@
-"""Build small RLOO runs on the toy task, in-process or as a subprocess that can be killed at chosen moments.
+"""Build small RLOO or PPO runs on the toy task, in-process or as a subprocess that can be killed at chosen moments.
 
 As a script::
 
-    python tests/toy_run.py OUTPUT_DIR [--resume] [--kill-after-save N] [--kill-during-save N] [--set key=value ...]
+    python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo] [--resume] [--kill-after-save N] [--kill-during-save N]
+                            [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import TrainerCallback  # noqa: E402
 
-from steadyrl import RLOOConfig, RLOOTrainer  # noqa: E402
+from steadyrl import PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer  # noqa: E402
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
 # 4 prompts x 2 samples = 8 samples per rollout; train_batch_size 4 -> 2 mini-batches; 2 epochs -> 4 steps.
@@ -45,16 +46,26 @@ DEFAULTS = dict(
 )
 
 
-def make_config(output_dir, **overrides) -> RLOOConfig:
-    return RLOOConfig(output_dir=str(output_dir), **{**DEFAULTS, **overrides})
+ALGORITHMS = {"rloo": (RLOOConfig, RLOOTrainer), "ppo": (PPOConfig, PPOTrainer)}
+# PPO runs also carry state between rollouts (adaptive kl_coef, running score moments) through checkpoints.
+ALGORITHM_DEFAULTS = {
+    "rloo": {},
+    "ppo": dict(target_kl=0.5, kl_horizon=100, normalize_reward=True, kl_estimator="k3", missing_eos_penalty=0.1),
+}
+
+
+def make_config(output_dir, algorithm="rloo", **overrides):
+    settings = {**DEFAULTS, **ALGORITHM_DEFAULTS[algorithm], **overrides}
+    return ALGORITHMS[algorithm][0](output_dir=str(output_dir), **settings)
 
 
 def make_trainer(
-    output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=RLOOTrainer, **overrides
+    output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", **overrides
 ):
+    trainer_cls = trainer_cls or ALGORITHMS[algorithm][1]
     return trainer_cls(
         model=toy_model_path(),
-        args=make_config(output_dir, **overrides),
+        args=make_config(output_dir, algorithm, **overrides),
         train_dataset=toy_dataset() if train_dataset is None else train_dataset,
         reward_funcs=[letters_reward] if reward_funcs is None else reward_funcs,
         callbacks=callbacks,
@@ -94,6 +105,7 @@ def _parse_value(text: str):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("output_dir")
+    parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="rloo")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-save", type=int)
     parser.add_argument("--kill-during-save", type=int)
@@ -102,7 +114,7 @@ def main() -> None:
     overrides = dict(item.split("=", 1) for item in opts.set)
     overrides = {key: _parse_value(value) for key, value in overrides.items()}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
-    trainer = make_trainer(opts.output_dir, callbacks=callbacks, **overrides)
+    trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)
     trainer.train(resume_from_checkpoint=True if opts.resume else None)

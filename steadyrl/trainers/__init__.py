@@ -2,6 +2,7 @@
 
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
+from .ppo import PPOConfig, PPOTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 
-__all__ = ["OnPolicyConfig", "OnPolicyTrainer", "RLOOConfig", "RLOOTrainer"]
+__all__ = ["OnPolicyConfig", "OnPolicyTrainer", "PPOConfig", "PPOTrainer", "RLOOConfig", "RLOOTrainer"]

@@ -55,6 +55,16 @@ class OnPolicyConfig(TrainingArguments):
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "One weight per reward function; all 1.0 if unset."}
     )
+    missing_eos_penalty: float | None = field(
+        default=None, metadata={"help": "Subtracted from the score of a completion that ends without EOS."}
+    )
+    ref_reward_offload: bool = field(
+        default=False,
+        metadata={
+            "help": "Keep the reference and reward models in CPU memory and move them to the device only to score "
+            "a rollout: frees their weights' device memory during training, at the cost of two copies per rollout."
+        },
+    )
     save_final_checkpoint: bool = field(
         default=False,
         metadata={"help": "Also save a checkpoint at the last step when it is not a multiple of save_steps."},

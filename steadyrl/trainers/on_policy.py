@@ -10,7 +10,8 @@ One iteration::
     for each mini-batch: micro-batches -> loss -> backward; optimizer step; global_step += 1;
         callbacks decide logging and checkpointing
 
-Algorithms subclass it and implement ``compute_advantages`` and ``compute_loss_on_batch``.
+Algorithms subclass it and implement ``compute_advantages`` and ``compute_loss_on_batch``; one that trains
+more than the actor (PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ..generation import HFGenerationBackend, SamplingSettings
-from ..ops import completion_logprobs
-from ..rewards import check_reward_funcs, reward_func_name, score_completions
+from ..ops import completion_logprobs, last_token_index, pad_prompts_and_completions
+from ..rewards import as_list, check_reward_funcs, reward_func_name, score_completions
 from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
+from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
 from .config import OnPolicyConfig
 from .resume import ResumeMixin
 
 logger = logging.get_logger(__name__)
-
-DETERMINISTIC_METRICS = ("reward", "reward_std", "kl", "loss", "entropy", "clip_ratio", "completion_length")
 
 
 def _check_dataset(dataset) -> None:
@@ -73,6 +73,8 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         callbacks=None,
         peft_config=None,
         optimizers=(None, None),
+        reward_model: str | PreTrainedModel | None = None,
+        reward_processing_class=None,
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -80,13 +82,27 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         _check_dataset(train_dataset)
-        self.reward_funcs, self.reward_weights = check_reward_funcs(reward_funcs, args.reward_weights)
         if isinstance(model, str):
             model = AutoModelForCausalLM.from_pretrained(model)
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
+        reward_funcs, self.reward_model = as_list(reward_funcs), None
+        if reward_model is not None:
+            if isinstance(reward_model, str) and reward_processing_class is None:
+                reward_processing_class = AutoTokenizer.from_pretrained(reward_model)
+            self.reward_model = load_scalar_model(reward_model, "reward_model")
+            check_same_vocabulary(self.reward_model, "reward_model", model, processing_class, reward_processing_class)
+            scorer = RewardModelFunction(
+                self.reward_model,
+                processing_class,
+                args.max_prompt_length,
+                args.micro_rollout_batch_size,
+                offload=args.ref_reward_offload,
+            )
+            reward_funcs.append(scorer)
+        self.reward_funcs, self.reward_weights = check_reward_funcs(reward_funcs, args.reward_weights)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -107,8 +123,11 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         )
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
-        if self.ref_model is not None:
+        if self.ref_model is not None and not args.ref_reward_offload:
             self.ref_model.to(self.accelerator.device)
+        for func in self.reward_funcs:
+            if isinstance(func, RewardModelFunction):
+                func.to(self.accelerator.device)
         self.backend = HFGenerationBackend(
             processing_class,
             SamplingSettings(
@@ -134,6 +153,18 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         """The loss of one micro-batch and its metrics."""
         raise NotImplementedError
 
+    def trained_modules(self) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer, object]]:
+        """``(name, prepared model, optimizer, LR scheduler)`` of every model the run trains, the actor first."""
+        return [("actor", self.model_wrapped, self.optimizer, self.lr_scheduler)]
+
+    def prepare_for_training(self, max_steps: int) -> None:
+        """Create the optimizers and schedulers and let accelerate prepare them with their models."""
+        self.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        if self.args.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model, self.args)
+        # Schedulers stay unprepared: accelerate would step them once per process for every optimizer step.
+        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+
     # ---- the loop -----------------------------------------------------------------------------
 
     def total_steps(self) -> int:
@@ -150,10 +181,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         checkpoint = self.resolve_checkpoint(resume_from_checkpoint)
         max_steps = self.total_steps()
         self.is_in_train = True
-        self.create_optimizer_and_scheduler(num_training_steps=max_steps)
-        self.model_wrapped, self.optimizer, self.lr_scheduler = self.accelerator.prepare(
-            self.model, self.optimizer, self.lr_scheduler
-        )
+        self.prepare_for_training(max_steps)
         self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
@@ -222,8 +250,11 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
         scores = score_completions(self.reward_funcs, prompts, completions, completion_ids, columns)
 
-        experience = self._pad_rollout(prompt_ids, completion_ids, device)
+        experience = pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device)
         experience["scores"] = (scores * self.reward_weights).sum(1).to(device)
+        if args.missing_eos_penalty is not None:
+            last = experience["completion_ids"].gather(1, last_token_index(experience["completion_mask"])[:, None])
+            experience["scores"] -= args.missing_eos_penalty * (last.squeeze(1) != tok.eos_token_id).float()
         experience["old_logprobs"] = self._batched_logprobs(self.model, experience)
         experience["ref_logprobs"] = self._reference_logprobs(experience)
         metrics = self._rollout_metrics(experience, scores, generation_time)
@@ -233,34 +264,29 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         self._rollouts += 1
         return RolloutBuffer(experience={k: v.cpu() for k, v in experience.items()}, schedule=schedule, metrics=metrics)
 
-    def _pad_rollout(self, prompt_ids, completion_ids, device) -> dict[str, torch.Tensor]:
-        pad = self.processing_class.pad_token_id
-        p_width = max(len(p) for p in prompt_ids)
-        c_width = max(1, max(len(c) for c in completion_ids))
-        return {
-            "prompt_ids": torch.tensor([[pad] * (p_width - len(p)) + p for p in prompt_ids], device=device),
-            "prompt_mask": torch.tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompt_ids], device=device),
-            "completion_ids": torch.tensor([c + [pad] * (c_width - len(c)) for c in completion_ids], device=device),
-            "completion_mask": torch.tensor(
-                [[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids], device=device
-            ),
-        }
-
-    def _batched_logprobs(self, model, experience: dict[str, torch.Tensor]) -> torch.Tensor:
+    def micro_batched(self, model, forward, experience: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask)`` in eval mode over
+        micro-batches of ``micro_rollout_batch_size`` samples, concatenated."""
         step = self.args.micro_rollout_batch_size
         keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
         was_training = model.training
         model.eval()
         chunks = []
         for i in range(0, experience["prompt_ids"].shape[0], step):
-            tensors = [experience[key][i : i + step] for key in keys]
-            chunks.append(completion_logprobs(model, *tensors, temperature=self.args.temperature)[0])
+            chunks.append(forward(model, *(experience[key][i : i + step] for key in keys)))
         model.train(was_training)
         return torch.cat(chunks)
 
+    def _batched_logprobs(self, model, experience: dict[str, torch.Tensor]) -> torch.Tensor:
+        def logprobs(model, *tensors):
+            return completion_logprobs(model, *tensors, temperature=self.args.temperature)[0]
+
+        return self.micro_batched(model, logprobs, experience)
+
     def _reference_logprobs(self, experience: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.ref_model is not None:
-            return self._batched_logprobs(self.ref_model, experience)
+            with offloaded(self.ref_model, self.accelerator.device, self.args.ref_reward_offload):
+                return self._batched_logprobs(self.ref_model, experience)
         actor = self.accelerator.unwrap_model(self.model)
         with actor.disable_adapter():
             return self._batched_logprobs(self.model, experience)
@@ -284,31 +310,65 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
     # ---- optimisation ---------------------------------------------------------------------------
 
     def optimizer_step(self, minibatch: dict[str, torch.Tensor]) -> None:
-        """One global step: gradient accumulation over micro-batches, clipping, optimizer and scheduler step."""
-        args, model = self.args, self.model_wrapped
-        model.train()
-        device = self.accelerator.device
+        """One global step: gradient accumulation over micro-batches, then ``step_optimizers``."""
+        args, device = self.args, self.accelerator.device
+        models = [model for _, model, _, _ in self.trained_modules()]
+        for model in models:
+            model.train()
         size = args.micro_train_batch_size
         num_micro = minibatch["prompt_ids"].shape[0] // size
         step_metrics: dict[str, float] = defaultdict(float)
         for i in range(num_micro):
             batch = {key: value[i * size : (i + 1) * size].to(device) for key, value in minibatch.items()}
-            with self.accelerator.no_sync(model) if i < num_micro - 1 else contextlib.nullcontext():
-                loss, metrics = self.compute_loss_on_batch(model, batch)
+            with contextlib.ExitStack() as stack:
+                if i < num_micro - 1:  # gradients are all-reduced on the last micro-batch only
+                    for model in models:
+                        stack.enter_context(self.accelerator.no_sync(model))
+                loss, metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
                 self.accelerator.backward(loss / num_micro)
             step_metrics["loss"] += loss.item() / num_micro
             for key, value in metrics.items():
                 step_metrics[key] += float(value) / num_micro
-        if args.max_grad_norm and args.max_grad_norm > 0:
-            step_metrics["grad_norm"] = float(self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
-        step_metrics["learning_rate"] = self.lr_scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        step_metrics.update(self.step_optimizers())
         self._record({**self.buffer.metrics, **step_metrics})
+
+    def step_optimizers(self) -> dict[str, float]:
+        """Clip gradients, step every optimizer and scheduler, zero the gradients; return their metrics."""
+        metrics = {}
+        for name, model, optimizer, scheduler in self.trained_modules():
+            prefix = "" if name == "actor" else f"{name}_"
+            if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                norm = self.accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+                metrics[f"{prefix}grad_norm"] = float(norm)
+            metrics[f"{prefix}learning_rate"] = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        return metrics
 
     # ---- export -----------------------------------------------------------------------------------
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""
         self.save_actor(Path(output_dir or self.args.output_dir))
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel, args: OnPolicyConfig) -> None:
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs or {"use_reentrant": False}
+    )
+    if hasattr(model, "enable_input_require_grads"):  # PEFT: frozen embeddings must still pass gradients on
+        model.enable_input_require_grads()
+
+
+@contextlib.contextmanager
+def offloaded(model: torch.nn.Module, device, offload: bool):
+    """With ``offload``, move ``model`` to ``device`` for the block and back to CPU memory after it."""
+    if offload:
+        model.to(device)
+    try:
+        yield model
+    finally:
+        if offload:
+            model.to("cpu")

@@ -5,6 +5,7 @@ A checkpoint directory holds::
     actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
     optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True)
     scheduler.pt              LR scheduler state_dict (same)
+    critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
     steadyrl_state.json       prompt sampler position, metrics not yet logged, run fingerprint
     rollout_buffer.*          the rollout being trained on, if the save fell in the middle of one
@@ -34,6 +35,7 @@ from ..checkpoint import (
     verify_checkpoint,
 )
 from ..sampling import BUFFER_META, RolloutBuffer
+from ..scalar_head import Critic
 
 logger = logging.get_logger(__name__)
 
@@ -55,7 +57,13 @@ def _tied_parameter_names(model: torch.nn.Module) -> set[str]:
     return tied
 
 
-def load_actor_weights(model: torch.nn.Module, actor_dir: Path) -> None:
+def state_files(name: str) -> tuple[str, str]:
+    """Checkpoint file names of a trained module's optimizer and scheduler (the actor's keep Trainer's names)."""
+    prefix = "" if name == "actor" else f"{name}_"
+    return f"{prefix}optimizer.pt", f"{prefix}scheduler.pt"
+
+
+def load_model_weights(model: torch.nn.Module, actor_dir: Path) -> None:
     """Load exactly the weights saved in ``actor_dir``; any missing or unexpected tensor is an error."""
     if _is_peft(model):
         from peft import set_peft_model_state_dict
@@ -101,7 +109,20 @@ class ResumeMixin:
             "num_hidden_layers": getattr(config, "num_hidden_layers", None),
             "peft": _is_peft(self.model),
             "num_prompts": len(self.train_dataset),
+            "trained_modules": [name for name, *_ in self.trained_modules()],
         }
+
+    def _hf_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The Hugging Face model inside a prepared (DDP / DeepSpeed) module or a ``Critic``."""
+        model = self.accelerator.unwrap_model(model)
+        return model.model if isinstance(model, Critic) else model
+
+    def algorithm_state(self) -> dict:
+        """JSON-serialisable state an algorithm keeps between rollouts (e.g. an adaptive KL coefficient)."""
+        return {}
+
+    def load_algorithm_state(self, state: dict) -> None:
+        """Restore what ``algorithm_state`` returned."""
 
     # ---- choosing a checkpoint -------------------------------------------------------------
 
@@ -132,9 +153,14 @@ class ResumeMixin:
             begin_checkpoint(args.output_dir, step)
         self.accelerator.wait_for_everyone()
         if main:
-            self.save_actor(tmp / "actor")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(self.lr_scheduler.state_dict(), tmp / "scheduler.pt")
+            for name, model, optimizer, scheduler in self.trained_modules():
+                if name == "actor":
+                    self.save_actor(tmp / "actor")
+                else:
+                    self._hf_model(model).save_pretrained(tmp / name, safe_serialization=True)
+                optimizer_file, scheduler_file = state_files(name)
+                torch.save(optimizer.state_dict(), tmp / optimizer_file)
+                torch.save(scheduler.state_dict(), tmp / scheduler_file)
             self.state.save_to_json(str(tmp / "trainer_state.json"))
             loop_state = {
                 "format": STATE_FORMAT,
@@ -142,6 +168,7 @@ class ResumeMixin:
                 "sampler": self.sampler.state_dict(),
                 "pending_metrics": self._metrics,
                 "rollouts": self._rollouts,
+                "algorithm": self.algorithm_state(),
                 "has_buffer": self.buffer is not None and not self.buffer.exhausted,
             }
             (tmp / STATE_NAME).write_text(json.dumps(loop_state))
@@ -174,9 +201,12 @@ class ResumeMixin:
         if changed:
             details = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}" for k, (old, new) in changed.items())
             raise CheckpointError(f"cannot resume from {directory}: the run's configuration changed ({details}).")
-        load_actor_weights(self.accelerator.unwrap_model(self.model), directory / "actor")
-        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
-        self.lr_scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
+        for name, model, optimizer, scheduler in self.trained_modules():
+            load_model_weights(self._hf_model(model), directory / name)
+            optimizer_file, scheduler_file = state_files(name)
+            optimizer.load_state_dict(torch.load(directory / optimizer_file, weights_only=True))
+            scheduler.load_state_dict(torch.load(directory / scheduler_file, weights_only=True))
+        self.load_algorithm_state(loop_state["algorithm"])
         max_steps = self.state.max_steps
         restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         for name in ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops import completion_logprobs, masked_mean
+from ..ops import clipped_policy_loss, completion_logprobs, masked_mean
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
 
@@ -57,15 +57,7 @@ class RLOOTrainer(OnPolicyTrainer):
             temperature=self.args.temperature,
             with_entropy=True,
         )
-        ratio = torch.exp(logprobs - batch["old_logprobs"])  # [B, C]
-        advantages = batch["advantages"].unsqueeze(1)  # [B, 1]
-        eps = self.args.cliprange
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1 - eps, 1 + eps)
-        loss = masked_mean(torch.max(unclipped, clipped), mask)
-        metrics = {
-            "clip_ratio": masked_mean((clipped > unclipped).float(), mask).item(),
-            "entropy": masked_mean(entropy, mask).item(),
-            "approx_kl": masked_mean(0.5 * (logprobs - batch["old_logprobs"]).detach() ** 2, mask).item(),
-        }
-        return loss, metrics
+        loss, metrics = clipped_policy_loss(
+            logprobs, batch["old_logprobs"], batch["advantages"].unsqueeze(1), mask, self.args.cliprange
+        )
+        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}

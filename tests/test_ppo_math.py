@@ -1,0 +1,70 @@
+"""PPO's math against small examples worked out by hand: GAE, the clipped policy and value losses, KL estimators."""
+
+import math
+
+import pytest
+import torch
+
+from steadyrl.ops import clipped_policy_loss, clipped_value_loss, generalized_advantage_estimation, kl_penalty
+
+
+def test_gae_matches_hand_computed_example():
+    # Row 0: two real tokens then padding whose reward and value must be ignored. Row 1: three real tokens.
+    rewards = torch.tensor([[0.0, 1.0, 5.0], [0.0, 0.0, 2.0]])
+    values = torch.tensor([[0.5, 0.25, 7.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    advantages, returns = generalized_advantage_estimation(rewards, values, mask, gamma=0.9, lam=0.8)
+    # Row 0: delta_1 = 1 - 0.25 = 0.75; delta_0 = 0.9 * 0.25 - 0.5 = -0.275; A_0 = -0.275 + 0.72 * 0.75 = 0.265.
+    # Row 1: A_2 = 2 - 1 = 1; A_1 = (0.9 - 1) + 0.72 * 1 = 0.62; A_0 = -0.1 + 0.72 * 0.62 = 0.3464.
+    expected = torch.tensor([[0.265, 0.75, 0.0], [0.3464, 0.62, 1.0]])
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, torch.tensor([[0.765, 1.0, 0.0], [1.3464, 1.62, 2.0]]))
+
+
+def test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value():
+    rewards = torch.tensor([[0.1, -0.2, 0.3, 1.0]])
+    values = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    advantages, returns = generalized_advantage_estimation(rewards, values, torch.ones(1, 4), gamma=1.0, lam=1.0)
+    reward_to_go = torch.tensor([[1.2, 1.1, 1.3, 1.0]])
+    torch.testing.assert_close(returns, reward_to_go)
+    torch.testing.assert_close(advantages, reward_to_go - values)
+
+
+def test_clipped_policy_loss_matches_hand_computed_example():
+    # Ratios 1.5 (A=+1: clip binds, -1.2), 0.5 (A=+1: unclipped -0.5 is larger), 0.5 (A=-2: clip binds, +1.6);
+    # the fourth token is padding.
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[1.5, 0.5, 0.5, 9.0]]))
+    advantages = torch.tensor([[1.0, 1.0, -2.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, metrics = clipped_policy_loss(new, old, advantages, mask, cliprange=0.2)
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 1.6) / 3)
+    assert metrics["clip_ratio"] == pytest.approx(2 / 3)
+
+
+def test_clipped_policy_loss_gradient_vanishes_where_clipped():
+    new = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_(True)
+    loss, _ = clipped_policy_loss(new, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), cliprange=0.2)
+    loss.backward()
+    assert new.grad[0, 0] == 0  # ratio 1.5 > 1.2: no push further
+    assert new.grad[0, 1] == pytest.approx(-1.1 / 2)  # d(-r)/dlogp = -r, averaged over 2 tokens
+
+
+def test_clipped_value_loss_matches_hand_computed_example():
+    # Token 0: V moves 0 -> 1.0, clipped to 0.2; target 1.5: max((1 - 1.5)^2, (0.2 - 1.5)^2) = 1.69 (clip binds).
+    # Token 1: V moves 0 -> -0.1 (inside the range); target 1.0: 1.21. Token 2 is padding.
+    values = torch.tensor([[1.0, -0.1, 50.0]])
+    old_values = torch.zeros(1, 3)
+    returns = torch.tensor([[1.5, 1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, metrics = clipped_value_loss(values, old_values, returns, mask, cliprange_value=0.2)
+    assert loss.item() == pytest.approx(0.5 * (1.69 + 1.21) / 2)
+    assert metrics["value_clip_ratio"] == pytest.approx(0.5)
+
+
+def test_kl_estimators():
+    logprobs, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -2.0])
+    torch.testing.assert_close(kl_penalty(logprobs, ref, "k1"), torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(kl_penalty(logprobs, ref, "k3"), torch.tensor([math.exp(-1) - 1 + 1, 0.0]))
+    with pytest.raises(ValueError, match="kl_estimator='k2'"):
+        kl_penalty(logprobs, ref, "k2")
