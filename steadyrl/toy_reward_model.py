@@ -1,8 +1,10 @@
-"""A small reward model for the toy task, trained here (offline, ~20 s on 2 cores) and cached on disk.
+"""A small reward model for the toy task, trained here (offline, ~2.5 min on 2 cores, once) and cached on disk.
 
 It is a Qwen2 sequence classifier (``num_labels=1``) on the toy tokenizer, regressed onto
-``letters_reward`` over synthetic completions that range from random characters to pure prompt
-letters, so it ranks the policy's completions like the rule does without being the rule.
+``letters_reward`` over synthetic completions that range from noise to pure prompt letters, so it
+ranks the policy's completions like the rule does without being the rule. Like any learned reward
+model it can be over-optimised: PPO against it finds completions it over-scores (runs of one common
+letter), which is what the KL penalty and the held-out rule reward in the tests keep in check.
 """
 
 from __future__ import annotations
@@ -14,29 +16,48 @@ from pathlib import Path
 from .toy import CHARACTERS, COMPLETION_LENGTH, _fingerprint, build_cached, build_tokenizer, letters_reward
 
 REWARD_MODEL_CONFIG = dict(
-    hidden_size=128,
-    intermediate_size=384,
+    hidden_size=256,
+    intermediate_size=512,
     num_hidden_layers=2,
-    num_attention_heads=4,  # head_dim 32
-    num_key_value_heads=2,
+    num_attention_heads=8,  # head_dim 32
+    num_key_value_heads=4,
     max_position_embeddings=256,
 )
-TRAIN_STEPS = 600
+TRAIN_STEPS = 1500
+RECIPE_VERSION = 5  # bump when the data or training changes, so caches rebuild
 BATCH_SIZE = 64
 
 
-def synthetic_examples(count: int, seed: int) -> tuple[list[str], list[str]]:
-    """(prompt, completion) pairs whose share of prompt letters is uniform in [0, 1]."""
+def synthetic_examples(tokenizer, count: int, seed: int) -> tuple[list[str], list[list[int]], list[float]]:
+    """Prompts, completion token ids and their ``letters_reward``.
+
+    The share of prompt letters in a completion is uniform in [0, 1]; the other tokens are random, special
+    tokens such as ``<unk>`` included (the rule reward drops them when decoding, so they earn nothing), drawn
+    from letters not in the prompt, the whole vocabulary, or a small per-example alphabet.
+    Half the completions end with EOS.
+    """
     rng = random.Random(seed)
-    prompts, completions = [], []
-    for _ in range(count):
+    characters = [tokenizer.convert_tokens_to_ids(c) for c in CHARACTERS]
+    specials = [i for i in tokenizer.all_special_ids if i not in (tokenizer.pad_token_id, tokenizer.eos_token_id)]
+    prompts, completion_ids, targets = [], [], []
+    for i in range(count):
         word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6)))
+        letters = [tokenizer.convert_tokens_to_ids(c) for c in word]
+        others = [tokenizer.convert_tokens_to_ids(c) for c in string.ascii_lowercase if c not in word]
+        noise = rng.choice(
+            [
+                others,  # hard negatives: letters, but not the prompt's
+                characters + specials * 8,
+                rng.sample(characters + specials, rng.randint(1, 3)),  # runs such as "jjjj" or "<unk><unk>"
+            ]
+        )
         share = rng.random()
         length = rng.randint(1, COMPLETION_LENGTH)
-        chars = [rng.choice(word) if rng.random() < share else rng.choice(CHARACTERS) for _ in range(length)]
+        ids = [rng.choice(letters) if rng.random() < share else rng.choice(noise) for _ in range(length)]
+        targets += letters_reward([tokenizer.decode(ids, skip_special_tokens=True)], [word])
         prompts.append(f"{word}:")
-        completions.append("".join(chars))
-    return prompts, completions
+        completion_ids.append(ids + [tokenizer.eos_token_id] * (i % 2))
+    return prompts, completion_ids, targets
 
 
 def train_reward_model(tokenizer, steps: int = TRAIN_STEPS, seed: int = 0):
@@ -55,11 +76,8 @@ def train_reward_model(tokenizer, steps: int = TRAIN_STEPS, seed: int = 0):
         model = Qwen2ForSequenceClassification(config)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
-        prompts, completions = synthetic_examples(steps * BATCH_SIZE, seed)
-        targets = torch.tensor(letters_reward(completions, [p[:-1] for p in prompts]))
-        prompt_ids = tokenizer(prompts)["input_ids"]
-        eos = [tokenizer.eos_token_id]
-        completion_ids = [ids + eos * (i % 2) for i, ids in enumerate(tokenizer(completions)["input_ids"])]
+        prompts, completion_ids, targets = synthetic_examples(tokenizer, steps * BATCH_SIZE, seed)
+        prompt_ids, targets = tokenizer(prompts)["input_ids"], torch.tensor(targets)
         for step in range(steps):
             rows = slice(step * BATCH_SIZE, (step + 1) * BATCH_SIZE)
             batch = pad_prompts_and_completions(prompt_ids[rows], completion_ids[rows], tokenizer.pad_token_id)
@@ -79,4 +97,4 @@ def toy_reward_model_path() -> str:
         train_reward_model(tokenizer).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
-    return build_cached(f"toy-reward-model-{_fingerprint()}-{TRAIN_STEPS}", build)
+    return build_cached(f"toy-reward-model-{_fingerprint()}-{RECIPE_VERSION}", build)

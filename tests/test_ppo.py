@@ -123,3 +123,17 @@ def test_bad_ppo_settings_are_refused_at_construction(tmp_path, setting, message
 def test_no_reward_at_all_is_refused(tmp_path, toy_path):
     with pytest.raises(ValueError, match="No reward: pass reward_funcs"):
         ppo_trainer(tmp_path, toy_path, reward_funcs=None)
+
+
+def test_memory_options_change_no_result(tmp_path, toy_path, reward_model_path):
+    """Gradient checkpointing and offloading the reference / reward models trade memory, not results."""
+    logs = []
+    for name, options in [("plain", {}), ("saving", {"gradient_checkpointing": True, "ref_reward_offload": True})]:
+        trainer = ppo_trainer(
+            tmp_path / name, toy_path, reward_model=reward_model_path, overrides={"max_steps": 3, **options}
+        )
+        trainer.train()
+        logs.append(trainer.state.log_history)
+    for plain, saving in zip(*logs):
+        for key in ("loss", "policy_loss", "value_loss", "reward", "kl", "grad_norm", "critic_grad_norm"):
+            assert saving[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-6), key
