@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -154,3 +156,15 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k3":  # unbiased and always >= 0: r - 1 - log r with r = pi_ref / pi
         return torch.expm1(-log_ratio) + log_ratio
     raise ValueError(f"kl_estimator={estimator!r} is invalid: use 'k1' or 'k3'.")
+
+
+@contextlib.contextmanager
+def offloaded(model: torch.nn.Module, device, offload: bool):
+    """With ``offload``, move ``model`` to ``device`` for the block and back to CPU memory after it."""
+    if offload:
+        model.to(device)
+    try:
+        yield model
+    finally:
+        if offload:
+            model.to("cpu")

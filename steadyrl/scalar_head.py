@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from .ops import joined_inputs, pad_prompts_and_completions
+from .ops import joined_inputs, offloaded, pad_prompts_and_completions
 
 
 def load_scalar_model(model: str | PreTrainedModel, role: str) -> PreTrainedModel:
@@ -126,16 +126,14 @@ class RewardModelFunction:
     @torch.no_grad()
     def __call__(self, prompts: list[str], completion_ids: list[list[int]], **kwargs) -> list[float]:
         prompt_ids = [ids[-self.max_prompt_length :] for ids in self.tokenizer(prompts)["input_ids"]]
-        self.model.to(self.device)
         scores = []
-        for i in range(0, len(prompt_ids), self.batch_size):
-            batch = pad_prompts_and_completions(
-                prompt_ids[i : i + self.batch_size],
-                completion_ids[i : i + self.batch_size],
-                self.tokenizer.pad_token_id,
-                self.device,
-            )
-            scores += sequence_scores(self.model, *batch.values()).tolist()
-        if self.offload:
-            self.model.to("cpu")
+        with offloaded(self.model, self.device, self.offload):
+            for i in range(0, len(prompt_ids), self.batch_size):
+                batch = pad_prompts_and_completions(
+                    prompt_ids[i : i + self.batch_size],
+                    completion_ids[i : i + self.batch_size],
+                    self.tokenizer.pad_token_id,
+                    self.device,
+                )
+                scores += sequence_scores(self.model, *batch.values()).tolist()
         return scores

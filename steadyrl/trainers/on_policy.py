@@ -31,7 +31,7 @@ from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ..generation import HFGenerationBackend, SamplingSettings
-from ..ops import completion_logprobs, last_token_index, pad_prompts_and_completions
+from ..ops import completion_logprobs, last_token_index, offloaded, pad_prompts_and_completions
 from ..rewards import as_list, check_reward_funcs, reward_func_name, score_completions
 from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
@@ -360,15 +360,3 @@ def enable_gradient_checkpointing(model: PreTrainedModel, args: OnPolicyConfig) 
     )
     if hasattr(model, "enable_input_require_grads"):  # PEFT: frozen embeddings must still pass gradients on
         model.enable_input_require_grads()
-
-
-@contextlib.contextmanager
-def offloaded(model: torch.nn.Module, device, offload: bool):
-    """With ``offload``, move ``model`` to ``device`` for the block and back to CPU memory after it."""
-    if offload:
-        model.to(device)
-    try:
-        yield model
-    finally:
-        if offload:
-            model.to("cpu")
