@@ -4,14 +4,27 @@ __version__ = "0.1.0"
 
 from .callbacks import CheckpointCallback, GlobalStepCallback, GlobalStepError
 from .checkpoint import CheckpointError
+from .judges import JudgeError
 from .rewards import RewardFunctionError
-from .trainers import OnPolicyConfig, OnPolicyTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+from .trainers import (
+    OnlineDPOConfig,
+    OnlineDPOTrainer,
+    OnPolicyConfig,
+    OnPolicyTrainer,
+    PPOConfig,
+    PPOTrainer,
+    RLOOConfig,
+    RLOOTrainer,
+)
 
 __all__ = [
     "CheckpointCallback",
     "CheckpointError",
     "GlobalStepCallback",
     "GlobalStepError",
+    "JudgeError",
+    "OnlineDPOConfig",
+    "OnlineDPOTrainer",
     "OnPolicyConfig",
     "OnPolicyTrainer",
     "PPOConfig",

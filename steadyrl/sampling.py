@@ -89,10 +89,14 @@ class RolloutBuffer:
         return cls(experience=experience, schedule=meta["schedule"], metrics=meta["metrics"], cursor=meta["cursor"])
 
 
-def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int) -> list[list[int]]:
-    """Shuffled mini-batches for each epoch (drawn from torch's global RNG, which checkpoints restore)."""
+def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1) -> list[list[int]]:
+    """Shuffled mini-batches for each epoch (drawn from torch's global RNG, which checkpoints restore).
+
+    Groups of ``group_size`` consecutive samples are shuffled as units and stay together, in order.
+    """
     schedule = []
     for _ in range(num_epochs):
-        perm = torch.randperm(num_samples).tolist()
+        groups = torch.randperm(num_samples // group_size).tolist()
+        perm = [g * group_size + j for g in groups for j in range(group_size)]
         schedule += [perm[i : i + minibatch_size] for i in range(0, num_samples, minibatch_size)]
     return schedule

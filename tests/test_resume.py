@@ -1,4 +1,4 @@
-"""Invariants 3, 5 and 6 for RLOO and PPO: a run SIGKILLed at any point resumes to the byte-identical result
+"""Invariants 3, 5 and 6 for RLOO, PPO and online DPO: a run SIGKILLed at any point resumes to the byte-identical result
 of an uninterrupted run; damaged checkpoints and changed configurations are refused."""
 
 import shutil
@@ -14,7 +14,7 @@ from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint, scan
 TIMINGS = {"tokens_per_second"}
 
 
-@pytest.fixture(scope="module", params=["rloo", "ppo"])
+@pytest.fixture(scope="module", params=["rloo", "ppo", "online-dpo"])
 def algorithm(request):
     return request.param
 

@@ -1,9 +1,10 @@
-"""Build small RLOO or PPO runs on the toy task, in-process or as a subprocess that can be killed at chosen moments.
+"""Build small RLOO, PPO or online-DPO runs on the toy task, in-process or as a subprocess that can be killed at
+chosen moments.
 
 As a script::
 
-    python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo] [--resume] [--kill-after-save N] [--kill-during-save N]
-                            [--set key=value ...]
+    python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo] [--resume]
+                            [--kill-after-save N] [--kill-during-save N] [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
@@ -21,7 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import TrainerCallback  # noqa: E402
 
-from steadyrl import PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer  # noqa: E402
+from steadyrl import (  # noqa: E402
+    OnlineDPOConfig,
+    OnlineDPOTrainer,
+    PPOConfig,
+    PPOTrainer,
+    RLOOConfig,
+    RLOOTrainer,
+)
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
 # 4 prompts x 2 samples = 8 samples per rollout; train_batch_size 4 -> 2 mini-batches; 2 epochs -> 4 steps.
@@ -46,12 +54,19 @@ DEFAULTS = dict(
 )
 
 
-ALGORITHMS = {"rloo": (RLOOConfig, RLOOTrainer), "ppo": (PPOConfig, PPOTrainer)}
+ALGORITHMS = {
+    "rloo": (RLOOConfig, RLOOTrainer),
+    "ppo": (PPOConfig, PPOTrainer),
+    "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
+}
 # PPO runs also carry state between rollouts (adaptive kl_coef, running score moments) through checkpoints.
 ALGORITHM_DEFAULTS = {
     "rloo": {},
     "ppo": dict(target_kl=0.5, kl_horizon=100, normalize_reward=True, kl_estimator="k3", missing_eos_penalty=0.1),
+    # online DPO: a beta schedule over epochs; with 8 prompts the third rollout (steps 9-12) starts epoch 1.
+    "online-dpo": dict(beta=[0.1, 0.2], missing_eos_penalty=0.1),
 }
+DATASETS = {"online-dpo": dict(num_prompts=8)}
 
 
 def make_config(output_dir, algorithm="rloo", **overrides):
@@ -66,7 +81,7 @@ def make_trainer(
     return trainer_cls(
         model=toy_model_path(),
         args=make_config(output_dir, algorithm, **overrides),
-        train_dataset=toy_dataset() if train_dataset is None else train_dataset,
+        train_dataset=toy_dataset(**DATASETS.get(algorithm, {})) if train_dataset is None else train_dataset,
         reward_funcs=[letters_reward] if reward_funcs is None else reward_funcs,
         callbacks=callbacks,
     )

@@ -2,7 +2,17 @@
 
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
+from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from .ppo import PPOConfig, PPOTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 
-__all__ = ["OnPolicyConfig", "OnPolicyTrainer", "PPOConfig", "PPOTrainer", "RLOOConfig", "RLOOTrainer"]
+__all__ = [
+    "OnPolicyConfig",
+    "OnPolicyTrainer",
+    "OnlineDPOConfig",
+    "OnlineDPOTrainer",
+    "PPOConfig",
+    "PPOTrainer",
+    "RLOOConfig",
+    "RLOOTrainer",
+]

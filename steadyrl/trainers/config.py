@@ -108,10 +108,13 @@ class OnPolicyConfig(TrainingArguments):
             raise ValueError(f"top_p={self.top_p} is invalid: it must be in (0, 1].")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} is invalid: use 0 to disable, or a positive integer.")
-        if self.beta < 0:
-            raise ValueError(f"beta={self.beta} is invalid: the KL coefficient must be >= 0.")
+        self._check_beta()
         if not self.cliprange > 0:
             raise ValueError(f"cliprange={self.cliprange} is invalid: it must be > 0.")
+
+    def _check_beta(self) -> None:
+        if not self.beta >= 0:
+            raise ValueError(f"beta={self.beta} is invalid: the KL coefficient must be >= 0.")
 
     def _check_batch_hierarchy(self) -> None:
         world = self.world_size

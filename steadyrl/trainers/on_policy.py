@@ -102,7 +102,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
                 offload=args.ref_reward_offload,
             )
             reward_funcs.append(scorer)
-        self.reward_funcs, self.reward_weights = check_reward_funcs(reward_funcs, args.reward_weights)
+        self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
         if peft_config is not None:
             from peft import get_peft_model
 
@@ -145,8 +145,24 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
 
     # ---- what each algorithm defines -------------------------------------------------------
 
+    samples_per_group = 1  # mini-batches never split a group of this many consecutive samples (DPO: a pair)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature of the log-probs the loss uses: the sampling temperature, the distribution samples came from."""
+        return self.args.temperature
+
+    def checked_rewards(self, reward_funcs: list, reward_weights) -> tuple[list, torch.Tensor]:
+        """The reward functions (a reward model last) and one weight each, checked."""
+        return check_reward_funcs(reward_funcs, reward_weights)
+
+    def score(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]], columns: dict):
+        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them."""
+        return score_completions(self.reward_funcs, prompts, completions, completion_ids, columns)
+
     def compute_advantages(self, experience: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Add ``advantages`` (and whatever the loss needs) to ``experience``; return metrics to log."""
+        """Add what the loss needs (``advantages``; DPO: the chosen/rejected order) to ``experience``; return
+        metrics to log."""
         raise NotImplementedError
 
     def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -248,7 +264,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         completion_ids = self.backend.generate(actor, prompt_ids)
         generation_time = time.time() - start
         completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
-        scores = score_completions(self.reward_funcs, prompts, completions, completion_ids, columns)
+        scores = self.score(prompts, completions, completion_ids, columns)
 
         experience = pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device)
         experience["scores"] = (scores * self.reward_weights).sum(1).to(device)
@@ -260,7 +276,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         metrics = self._rollout_metrics(experience, scores, generation_time)
         metrics.update(self.compute_advantages(experience))
         minibatch = args.train_batch_size // world
-        schedule = minibatch_schedule(len(completion_ids), minibatch, args.num_ppo_epochs)
+        schedule = minibatch_schedule(len(completion_ids), minibatch, args.num_ppo_epochs, self.samples_per_group)
         self._rollouts += 1
         return RolloutBuffer(experience={k: v.cpu() for k, v in experience.items()}, schedule=schedule, metrics=metrics)
 
@@ -279,7 +295,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
 
     def _batched_logprobs(self, model, experience: dict[str, torch.Tensor]) -> torch.Tensor:
         def logprobs(model, *tensors):
-            return completion_logprobs(model, *tensors, temperature=self.args.temperature)[0]
+            return completion_logprobs(model, *tensors, temperature=self.logprob_temperature)[0]
 
         return self.micro_batched(model, logprobs, experience)
 

@@ -1,0 +1,193 @@
+"""Online DPO (Guo et al., 2024): DPO on pairs the current policy samples, labelled by a judge as they are made.
+
+Shapes: P prompts x 2 samples = N sequences. After labelling, row 2i is pair i's chosen completion and row
+2i+1 its rejected one; mini-batches keep pairs whole, so a micro-batch of B rows holds B/2 pairs.
+
+Per pair, with sequence log-probs (summed over completion tokens) of the policy and the frozen reference::
+
+    logits = (log pi(y_w) - log pi(y_l)) - (log ref(y_w) - log ref(y_l))
+    sigmoid (DPO):  loss = -log sigmoid(beta * logits)
+    ipo:            loss = (logits - 1 / (2 * beta))^2
+
+Log-probs are the policy's own (temperature 1), as in TRL: ``temperature`` shapes sampling only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from ..judges import call_judge, check_judge
+from ..ops import completion_logprobs, masked_mean
+from .config import OnPolicyConfig
+from .on_policy import OnPolicyTrainer
+
+LOSS_TYPES = ("sigmoid", "ipo")
+TIE_RULES = ("skip", "first")
+
+
+@dataclass
+class OnlineDPOConfig(OnPolicyConfig):
+    """OnPolicyConfig plus online DPO's options. Two completions per prompt; batch sizes count completions,
+    so ``train_batch_size`` and ``micro_train_batch_size`` must be even (whole pairs)."""
+
+    n_samples_per_prompt: int = field(default=2, metadata={"help": "Completions per prompt: must be 2 (a pair)."})
+    beta: list[float] = field(
+        default_factory=lambda: [0.1],
+        metadata={
+            "help": "Strength of the pull towards the reference (IPO: its tau). A float, or one value per epoch "
+            "over the dataset; the last value holds for the remaining epochs."
+        },
+    )
+    loss_type: str = field(default="sigmoid", metadata={"help": "'sigmoid' (DPO) or 'ipo'."})
+    tie_rule: str = field(
+        default="skip",
+        metadata={
+            "help": "Pairs whose two completions score the same: 'skip' leaves them out of the loss (weight 0); "
+            "'first' makes the first sampled completion the chosen one, as TRL does."
+        },
+    )
+
+    def __post_init__(self):
+        if self.n_samples_per_prompt != 2:
+            raise ValueError(
+                f"n_samples_per_prompt={self.n_samples_per_prompt} is invalid for online DPO: it compares exactly "
+                "2 completions per prompt. Use n_samples_per_prompt=2."
+            )
+        super().__post_init__()
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type={self.loss_type!r} is invalid: use one of {', '.join(LOSS_TYPES)}.")
+        if self.tie_rule not in TIE_RULES:
+            raise ValueError(f"tie_rule={self.tie_rule!r} is invalid: use one of {', '.join(TIE_RULES)}.")
+        if self.micro_train_batch_size % 2:
+            raise ValueError(
+                f"micro_train_batch_size={self.micro_train_batch_size} is odd: online DPO trains on whole "
+                "(chosen, rejected) pairs, so it must be even."
+            )
+
+    def _check_beta(self) -> None:
+        values = self.beta if isinstance(self.beta, (list, tuple)) else [self.beta]
+        valid = bool(values) and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in values)
+        if not valid or not all(b > 0 for b in values):
+            raise ValueError(
+                f"beta={self.beta!r} is invalid: online DPO needs beta > 0 (a float, or a list with one float > 0 "
+                "per epoch)."
+            )
+        self.beta = float(values[0]) if len(values) == 1 else [float(b) for b in values]
+
+
+def preference_loss(logits: torch.Tensor, beta: float, loss_type: str) -> torch.Tensor:
+    """Per-pair loss [P] from the DPO logits [P] (policy log-ratio minus reference log-ratio)."""
+    if loss_type == "sigmoid":
+        return -F.logsigmoid(beta * logits)
+    return (logits - 1 / (2 * beta)) ** 2
+
+
+class OnlineDPOTrainer(OnPolicyTrainer):
+    """``OnlineDPOTrainer(model, args=OnlineDPOConfig(...), train_dataset, processing_class,
+    reward_funcs and/or reward_model, or judge, ...)``.
+
+    Who wins a pair: the completion with the higher weighted total of ``reward_funcs`` (and ``reward_model``),
+    minus ``missing_eos_penalty`` if it has no EOS; or, with ``judge``, the completion the judge prefers
+    (scored 1, the other 0, before the same penalty). Ties follow ``tie_rule``.
+    """
+
+    algorithm_name = "online-dpo"
+    config_class = OnlineDPOConfig
+    samples_per_group = 2
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        args: OnlineDPOConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        reward_funcs=None,
+        callbacks=None,
+        peft_config=None,
+        optimizers=(None, None),
+        reward_model: str | PreTrainedModel | None = None,
+        reward_processing_class=None,
+        judge=None,
+    ):
+        if judge is not None:
+            check_judge(judge)
+        self.judge = judge
+        super().__init__(
+            model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
+            reward_model=reward_model, reward_processing_class=reward_processing_class,
+        )  # fmt: skip
+
+    @property
+    def logprob_temperature(self) -> float:
+        return 1.0
+
+    @property
+    def beta(self) -> float:
+        """The current rollout's beta: ``args.beta``, or its entry for the epoch of the rollout's first prompt."""
+        if not isinstance(self.args.beta, list):
+            return self.args.beta
+        epoch = max(0, self.sampler.consumed - self.args.rollout_batch_size) // self.sampler.num_prompts
+        return self.args.beta[min(epoch, len(self.args.beta) - 1)]
+
+    # ---- who wins each pair ----------------------------------------------------------------------
+
+    def checked_rewards(self, reward_funcs: list, reward_weights) -> tuple[list, torch.Tensor]:
+        if self.judge is None:
+            return super().checked_rewards(reward_funcs, reward_weights)
+        if reward_funcs or reward_weights is not None:
+            raise ValueError(
+                "Both judge and reward_funcs/reward_model/reward_weights were given: online DPO ranks each pair "
+                "with one of them. Pass either judge, or reward_funcs and/or reward_model."
+            )
+        return [], torch.ones(1)
+
+    def score(self, prompts, completions, completion_ids, columns) -> torch.Tensor:
+        if self.judge is None:
+            return super().score(prompts, completions, completion_ids, columns)
+        pairs = [list(pair) for pair in zip(completions[0::2], completions[1::2])]
+        preferred = call_judge(self.judge, prompts[0::2], pairs)
+        scores = torch.zeros(len(completions), 1)
+        scores[[2 * i + p for i, p in enumerate(preferred)]] = 1.0
+        return scores
+
+    def compute_advantages(self, experience: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Reorder every pair to (chosen, rejected) and weight it by ``tie_rule``."""
+        scores = experience["scores"].view(-1, 2)  # [P, 2]
+        tie = scores[:, 0] == scores[:, 1]
+        chosen = 2 * torch.arange(len(scores), device=scores.device) + (scores[:, 1] > scores[:, 0]).long()
+        order = torch.stack([chosen, chosen ^ 1], dim=1).flatten()  # [N]: 2i+1 ^ 1 = 2i, its partner
+        for key, value in experience.items():
+            experience[key] = value[order]
+        weight = torch.ones_like(scores[:, 0]) if self.args.tie_rule == "first" else (~tie).float()
+        experience["pair_weight"] = weight.repeat_interleave(2)  # [N]
+        ordered = experience["scores"].view(-1, 2)
+        return {"scores_margin": (ordered[:, 0] - ordered[:, 1]).mean().item(), "ties": tie.float().mean().item()}
+
+    # ---- loss -------------------------------------------------------------------------------------
+
+    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        mask, beta = batch["completion_mask"], self.beta  # [B, C]
+        tensors = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask)
+        logprobs, _ = completion_logprobs(model, *tensors, temperature=self.logprob_temperature)
+        policy = (logprobs * mask).sum(1).view(-1, 2)  # [B/2, 2]: (chosen, rejected) sequence log-probs
+        reference = (batch["ref_logprobs"] * mask).sum(1).view(-1, 2)
+        logits = (policy[:, 0] - policy[:, 1]) - (reference[:, 0] - reference[:, 1])  # [B/2]
+        weight = batch["pair_weight"][0::2]  # [B/2]
+        loss = (preference_loss(logits, beta, self.args.loss_type) * weight).mean()
+        with torch.no_grad():
+            rewards = beta * (policy - reference)  # [B/2, 2] implicit rewards
+            margin = rewards[:, 0] - rewards[:, 1]
+            metrics = {
+                "rewards/chosen": masked_mean(rewards[:, 0], weight).item(),
+                "rewards/rejected": masked_mean(rewards[:, 1], weight).item(),
+                "rewards/margins": masked_mean(margin, weight).item(),
+                "rewards/accuracies": masked_mean((margin > 0).float(), weight).item(),
+                "logps/chosen": masked_mean(policy[:, 0], weight).item(),
+                "logps/rejected": masked_mean(policy[:, 1], weight).item(),
+                "beta": beta,
+            }
+        return loss, metrics
