@@ -1,4 +1,4 @@
-"""``make demo``: RLOO (or ``--algorithm ppo``) on the embedded toy task, on CPU, in a few minutes.
+"""``make demo``: RLOO (or ``--algorithm ppo|online-dpo``) on the embedded toy task, on CPU, in a few minutes.
 
 Prints the mean reward of the policy before and after training, keeps checkpoints, saves the
 actor, draws the reward curve, and prints the command that resumes the run.
@@ -19,10 +19,14 @@ from pathlib import Path
 
 import torch
 
-from . import PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+from . import OnlineDPOConfig, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
 from .toy import COMPLETION_LENGTH, letters_reward, toy_dataset, toy_model_path
 
-ALGORITHMS = {"rloo": (RLOOConfig, RLOOTrainer), "ppo": (PPOConfig, PPOTrainer)}
+ALGORITHMS = {
+    "rloo": (RLOOConfig, RLOOTrainer),
+    "ppo": (PPOConfig, PPOTrainer),
+    "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
+}
 _SHARED = dict(
     rollout_batch_size=16,
     n_samples_per_prompt=4,
@@ -36,7 +40,12 @@ _SHARED = dict(
     beta=0.01,
     seed=0,
 )
-TRAINING_SETTINGS = {"rloo": _SHARED, "ppo": {**_SHARED, "lam": 1.0, "critic_learning_rate": 1e-3}}
+TRAINING_SETTINGS = {
+    "rloo": _SHARED,
+    "ppo": {**_SHARED, "lam": 1.0, "critic_learning_rate": 1e-3},
+    # online DPO: 32 prompts x 1 pair = the same 64 samples per rollout
+    "online-dpo": {**_SHARED, "rollout_batch_size": 32, "n_samples_per_prompt": 2, "beta": 0.1},
+}
 
 
 def mean_reward(model, tokenizer, dataset, seed: int = 1234) -> float:
@@ -63,7 +72,7 @@ def plot_rewards(log_history: list[dict], path: Path, algorithm: str) -> None:
     ax.plot([s for s, _ in points], [r for _, r in points], marker=".")
     ax.set_xlabel("global step")
     ax.set_ylabel("mean reward of rollout")
-    ax.set_title(f"steadyrl {algorithm.upper()} on the toy task")
+    ax.set_title(f"steadyrl {algorithm} on the toy task")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -1,4 +1,5 @@
-"""On the toy task, RLOO and PPO clearly raise the (rule) reward of held-out prompts within the demo's budget."""
+"""On the toy task, RLOO, PPO and online DPO clearly raise the (rule) reward of held-out prompts within the demo's
+budget."""
 
 import pytest
 
@@ -16,13 +17,19 @@ def held_out_reward_gain(output_dir, algorithm, steps, reward_kwargs):
     before = mean_reward(trainer.model, trainer.processing_class, held_out)
     trainer.train()
     after = mean_reward(trainer.model, trainer.processing_class, held_out)
-    return before, after, [log["reward"] for log in trainer.state.log_history if "reward" in log]
+    return before, after, [log for log in trainer.state.log_history if "reward" in log]
+
+
+def early_and_late(logs, key, n=5):
+    values = [log[key] for log in logs]
+    return sum(values[:n]) / n, sum(values[-n:]) / n
 
 
 def test_rloo_raises_held_out_reward(tmp_path):
-    before, after, rewards = held_out_reward_gain(tmp_path, "rloo", 40, {"reward_funcs": [letters_reward]})
+    before, after, logs = held_out_reward_gain(tmp_path, "rloo", 40, {"reward_funcs": [letters_reward]})
     assert after > before + 0.2, f"mean held-out reward {before:.3f} -> {after:.3f}"
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.2
+    early, late = early_and_late(logs, "reward")
+    assert late > early + 0.2
 
 
 @pytest.mark.parametrize("reward", ["rule", "reward_model"])
@@ -36,3 +43,14 @@ def test_ppo_raises_held_out_rule_reward(tmp_path, reward):
     steps = 40 if reward == "rule" else 60
     before, after, _ = held_out_reward_gain(tmp_path, "ppo", steps, reward_kwargs)
     assert after > before + 0.1, f"mean held-out rule reward {before:.3f} -> {after:.3f} with PPO on the {reward}"
+
+
+def test_online_dpo_raises_preference_accuracy_and_judged_reward(tmp_path):
+    """The judge here is the rule reward (higher total wins); its score of the policy's samples must rise, and so
+    must the preference accuracy (share of pairs whose implicit reward margin favours the judge's choice)."""
+    before, after, logs = held_out_reward_gain(tmp_path, "online-dpo", 40, {"reward_funcs": [letters_reward]})
+    assert after > before + 0.1, f"mean held-out reward {before:.3f} -> {after:.3f}"
+    early, late = early_and_late(logs, "reward")
+    assert late > early + 0.1, f"judged reward of rollouts {early:.3f} -> {late:.3f}"
+    early, late = early_and_late(logs, "rewards/accuracies")
+    assert late > early + 0.1, f"preference accuracy {early:.3f} -> {late:.3f}"

@@ -75,15 +75,18 @@ def make_config(output_dir, algorithm="rloo", **overrides):
 
 
 def make_trainer(
-    output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", **overrides
-):
+    output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
+    **overrides,
+):  # fmt: skip
     trainer_cls = trainer_cls or ALGORITHMS[algorithm][1]
+    extra = {} if judge is None else {"judge": judge}
     return trainer_cls(
         model=toy_model_path(),
         args=make_config(output_dir, algorithm, **overrides),
         train_dataset=toy_dataset(**DATASETS.get(algorithm, {})) if train_dataset is None else train_dataset,
         reward_funcs=[letters_reward] if reward_funcs is None else reward_funcs,
         callbacks=callbacks,
+        **extra,
     )
 
 
