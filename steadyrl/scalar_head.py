@@ -96,8 +96,12 @@ def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         critic = AutoModelForSequenceClassification.from_config(config)
+    backbone = getattr(critic, critic.base_model_prefix)
+    expected = backbone.state_dict().keys()
+    # Under PEFT the wrapped layers hold the base weights as `<layer>.base_layer.*`, next to the adapter's tensors.
     source = getattr(policy, policy.base_model_prefix).state_dict()
-    getattr(critic, critic.base_model_prefix).load_state_dict(source)
+    source = {key.replace(".base_layer.", "."): value for key, value in source.items()}
+    backbone.load_state_dict({key: value for key, value in source.items() if key in expected})
     return critic.to(policy.dtype)
 
 

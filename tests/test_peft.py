@@ -1,21 +1,26 @@
 """PEFT: the reference is the base model with adapters disabled; checkpoints hold the adapter; resume is exact."""
 
+import pytest
 import torch
 from peft import LoraConfig
-from toy_run import make_config
+from toy_run import ALGORITHMS, DATASETS, make_config
 
-from steadyrl import RLOOTrainer
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 # Constant LR: the run is split by stopping at max_steps=2, and a linear schedule depends on max_steps.
 PEFT_RUN = dict(max_steps=4, save_steps=2, max_completion_length=6, lr_scheduler_type="constant", warmup_steps=0)
 
 
-def lora_trainer(output_dir, **overrides):
-    return RLOOTrainer(
+@pytest.fixture(params=["rloo", "ppo", "online-dpo"])
+def algorithm(request):
+    return request.param
+
+
+def lora_trainer(output_dir, algorithm, **overrides):
+    return ALGORITHMS[algorithm][1](
         model=toy_model_path(),
-        args=make_config(output_dir, **{**PEFT_RUN, **overrides}),
-        train_dataset=toy_dataset(),
+        args=make_config(output_dir, algorithm, **{**PEFT_RUN, **overrides}),
+        train_dataset=toy_dataset(**DATASETS.get(algorithm, {})),
         reward_funcs=[letters_reward],
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
     )
@@ -25,16 +30,16 @@ def adapter_state(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
 
 
-def test_lora_run_resumes_exactly_and_checkpoints_the_adapter(tmp_path):
-    full = lora_trainer(tmp_path / "full")
+def test_lora_run_resumes_exactly_and_checkpoints_the_adapter(tmp_path, algorithm):
+    full = lora_trainer(tmp_path / "full", algorithm)
     assert full.ref_model is None
     full.train()
     actor_dir = tmp_path / "full" / "checkpoint-4" / "actor"
     assert (actor_dir / "adapter_model.safetensors").is_file() and not (actor_dir / "model.safetensors").exists()
 
-    first = lora_trainer(tmp_path / "resumed", max_steps=2)
+    first = lora_trainer(tmp_path / "resumed", algorithm, max_steps=2)
     first.train()
-    resumed = lora_trainer(tmp_path / "resumed")
+    resumed = lora_trainer(tmp_path / "resumed", algorithm)
     resumed.train(resume_from_checkpoint=True)
     expected, actual = adapter_state(full), adapter_state(resumed)
     assert expected.keys() == actual.keys() and expected
@@ -42,8 +47,8 @@ def test_lora_run_resumes_exactly_and_checkpoints_the_adapter(tmp_path):
         assert torch.equal(expected[name], actual[name]), name
 
 
-def test_reference_logprobs_come_from_the_base_model(tmp_path):
-    trainer = lora_trainer(tmp_path)
+def test_reference_logprobs_come_from_the_base_model(tmp_path, algorithm):
+    trainer = lora_trainer(tmp_path, algorithm)
     base = toy_model_path()
     from transformers import AutoModelForCausalLM
 
@@ -57,3 +62,14 @@ def test_reference_logprobs_come_from_the_base_model(tmp_path):
         adapted = trainer._batched_logprobs(trainer.model, experience)
     torch.testing.assert_close(ref, expected)
     assert not torch.allclose(adapted, expected), "the LoRA adapter (non-zero init) changes the policy"
+
+
+def test_ppo_critic_starts_from_the_base_weights_without_the_adapter(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    trainer = lora_trainer(tmp_path, "ppo")
+    base = AutoModelForCausalLM.from_pretrained(toy_model_path()).model
+    critic_backbone = trainer.critic.model.model
+    for name, param in base.named_parameters():
+        assert torch.equal(param, critic_backbone.get_parameter(name)), name
+    assert not any("lora_" in name for name, _ in critic_backbone.named_parameters())
