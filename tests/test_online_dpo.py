@@ -239,3 +239,24 @@ def test_judge_and_reward_funcs_together_are_refused(tmp_path):
         make_trainer(tmp_path, algorithm="online-dpo", judge=lambda prompts, pairs: [0] * len(pairs))
     with pytest.raises(TypeError, match="judge=42 is neither callable"):
         make_trainer(tmp_path, algorithm="online-dpo", reward_funcs=[], judge=42)
+
+
+def test_missing_eos_penalty_decides_otherwise_equal_pairs(tmp_path):
+    """With a constant reward, a completion that ends without EOS loses to one with EOS; two alike tie."""
+
+    def constant(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    trainer = make_trainer(
+        tmp_path, algorithm="online-dpo", reward_funcs=[constant], missing_eos_penalty=1.0, rollout_batch_size=8,
+        micro_rollout_batch_size=16, train_batch_size=16, micro_train_batch_size=16, max_completion_length=6,
+    )  # fmt: skip
+    experience = trainer.make_rollout().experience
+    eos = trainer.processing_class.eos_token_id
+    mask, ids = experience["completion_mask"], experience["completion_ids"]
+    ends_with_eos = ids.gather(1, (mask.sum(1) - 1).clamp(min=0)[:, None]).squeeze(1) == eos  # [N]
+    chosen_eos, rejected_eos = ends_with_eos[0::2], ends_with_eos[1::2]
+    mixed = chosen_eos != rejected_eos
+    assert mixed.any() and (~mixed).any(), "the seeded rollout should hold both kinds of pairs"
+    assert chosen_eos[mixed].all(), "a completion without EOS was chosen over one with EOS"
+    assert experience["pair_weight"][0::2].tolist() == mixed.float().tolist()
