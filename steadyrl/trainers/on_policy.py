@@ -3,7 +3,7 @@
 One iteration::
 
     prompts <- sampler                          (position saved in checkpoints)
-    completions <- generation backend           (HF generate; vLLM later)
+    completions <- generation backend           (HF generate, or vLLM with the actor's weights pushed)
     scores <- reward functions
     experience <- old / reference log-probs, then the algorithm's advantages
     buffer <- experience + a fixed schedule of num_ppo_epochs x mini-batches
@@ -30,8 +30,8 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
-from ..generation import HFGenerationBackend, SamplingSettings
-from ..ops import completion_logprobs, last_token_index, offloaded, pad_prompts_and_completions
+from ..generation import make_backend, sampling_seed
+from ..ops import completion_logprobs, last_token_index, masked_mean, offloaded, pad_prompts_and_completions
 from ..rewards import as_list, check_reward_funcs, reward_func_name, score_completions
 from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
@@ -128,16 +128,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         for func in self.reward_funcs:
             if isinstance(func, RewardModelFunction):
                 func.to(self.accelerator.device)
-        self.backend = HFGenerationBackend(
-            processing_class,
-            SamplingSettings(
-                max_new_tokens=args.max_completion_length,
-                temperature=args.temperature,
-                top_p=args.top_p,
-                top_k=args.top_k,
-                batch_size=args.micro_rollout_batch_size,
-            ),
-        )
+        self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
         self.sampler = PromptSampler(len(train_dataset), seed=args.seed)
         self.buffer: RolloutBuffer | None = None
         self._metrics: dict[str, list[float]] = defaultdict(list)
@@ -211,15 +202,18 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         if checkpoint is not None:
             self._restore_rng(checkpoint)
 
-        while self.state.global_step < max_steps and not self.control.should_training_stop:
-            if self.buffer is None or self.buffer.exhausted:
-                self.buffer = self.make_rollout()
-            self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-            self.optimizer_step(self.buffer.next_minibatch())
-            self.state.global_step += 1
-            self.state.epoch = self.sampler.epoch
-            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-            self._log_and_save()
+        try:
+            while self.state.global_step < max_steps and not self.control.should_training_stop:
+                if self.buffer is None or self.buffer.exhausted:
+                    self.buffer = self.make_rollout()
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                self.optimizer_step(self.buffer.next_minibatch())
+                self.state.global_step += 1
+                self.state.epoch = self.sampler.epoch
+                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                self._log_and_save()
+        finally:
+            self.backend.close()
 
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
@@ -259,10 +253,13 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         prompt_ids = [ids[-args.max_prompt_length :] for ids in tok(prompts)["input_ids"]]
 
         actor = self.accelerator.unwrap_model(self.model)
-        self.backend.sync_weights(actor)
+        self.backend.sync_weights(actor, version=self.state.global_step)
+        first = rank * per_rank  # index of this process's first prompt in the rollout
+        seeds = [sampling_seed(args.seed, self._rollouts, first + i // k, i % k) for i in range(len(prompts))]
         start = time.time()
-        completion_ids = self.backend.generate(actor, prompt_ids)
+        generation = self.backend.generate(actor, prompt_ids, seeds)
         generation_time = time.time() - start
+        completion_ids = generation.completion_ids
         completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
         scores = self.score(prompts, completions, completion_ids, columns)
 
@@ -274,6 +271,12 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         experience["old_logprobs"] = self._batched_logprobs(self.model, experience)
         experience["ref_logprobs"] = self._reference_logprobs(experience)
         metrics = self._rollout_metrics(experience, scores, generation_time)
+        if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
+            engine_logprobs = torch.zeros_like(experience["old_logprobs"])
+            for row, values in enumerate(generation.logprobs):
+                engine_logprobs[row, : len(values)] = torch.tensor(values)
+            difference = (engine_logprobs - experience["old_logprobs"]).abs()
+            metrics["generation_logprob_diff"] = masked_mean(difference, experience["completion_mask"]).item()
         metrics.update(self.compute_advantages(experience))
         minibatch = args.train_batch_size // world
         schedule = minibatch_schedule(len(completion_ids), minibatch, args.num_ppo_epochs, self.samples_per_group)

