@@ -58,8 +58,8 @@ def build_tokenizer():
     )
 
 
-def build_model(tokenizer, seed: int = 0):
-    """A freshly initialised Qwen2 causal LM sized for the toy vocabulary (~3M parameters)."""
+def build_model(tokenizer, seed: int = 0, **config_overrides):
+    """A freshly initialised Qwen2 causal LM sized for the toy vocabulary (~3M parameters, or as overridden)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -68,7 +68,7 @@ def build_model(tokenizer, seed: int = 0):
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL_CONFIG,
+        **{**MODEL_CONFIG, **config_overrides},
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
