@@ -24,7 +24,7 @@ REWARD_MODEL_CONFIG = dict(
     max_position_embeddings=256,
 )
 TRAIN_STEPS = 1500
-RECIPE_VERSION = 5  # bump when the data or training changes, so caches rebuild
+RECIPE_VERSION = 6  # bump when the data or training changes, so caches rebuild
 BATCH_SIZE = 64
 
 
@@ -32,13 +32,13 @@ def synthetic_examples(tokenizer, count: int, seed: int) -> tuple[list[str], lis
     """Prompts, completion token ids and their ``letters_reward``.
 
     The share of prompt letters in a completion is uniform in [0, 1]; the other tokens are random, special
-    tokens such as ``<unk>`` included (the rule reward drops them when decoding, so they earn nothing), drawn
-    from letters not in the prompt, the whole vocabulary, or a small per-example alphabet.
+    tokens such as ``<unk>`` and ``<pad>`` included (the rule reward drops them when decoding, so they earn
+    nothing), drawn from letters not in the prompt, the whole vocabulary, or a small per-example alphabet.
     Half the completions end with EOS.
     """
     rng = random.Random(seed)
     characters = [tokenizer.convert_tokens_to_ids(c) for c in CHARACTERS]
-    specials = [i for i in tokenizer.all_special_ids if i not in (tokenizer.pad_token_id, tokenizer.eos_token_id)]
+    specials = [i for i in tokenizer.all_special_ids if i != tokenizer.eos_token_id]  # <pad> can be sampled too
     prompts, completion_ids, targets = [], [], []
     for i in range(count):
         word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 6)))
