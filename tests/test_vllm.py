@@ -145,3 +145,13 @@ def test_max_model_len_too_small_is_refused(tmp_path):
 def test_sleep_mode_on_cpu_warns_that_it_does_nothing(tmp_path, caplog):
     make_trainer(tmp_path, use_vllm=True, vllm_enable_sleep_mode=True)
     assert "vllm_enable_sleep_mode has no effect on cpu" in caplog.text
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "online-dpo"])
+def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorithm):
+    """RLOO's loss uses log-probs at the sampling temperature (vLLM's processed log-probs); online DPO's use the
+    policy's own distribution (vLLM's raw log-probs). Either way the health metric compares like with like."""
+    trainer = make_trainer(tmp_path, algorithm=algorithm, temperature=0.7, max_steps=8, **VLLM, **ONE_STEP_ROLLOUTS)
+    trainer.train()
+    diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
+    assert len(diffs) == 8 and max(diffs) < 1e-4, diffs
