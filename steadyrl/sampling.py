@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 import torch
 from safetensors.torch import load_file, save_file
 
-BUFFER_TENSORS = "rollout_buffer.safetensors"
-BUFFER_META = "rollout_buffer.json"
+
+def buffer_files(rank: int) -> tuple[str, str]:
+    """Tensor and metadata file names of process ``rank``'s share of the rollout buffer."""
+    return f"rollout_buffer_{rank}.safetensors", f"rollout_buffer_{rank}.json"
 
 
 class PromptSampler:
@@ -76,16 +78,18 @@ class RolloutBuffer:
         self.cursor += 1
         return {key: value[index] for key, value in self.experience.items()}
 
-    def save(self, directory: str | os.PathLike) -> None:
-        save_file({k: v.contiguous() for k, v in self.experience.items()}, os.path.join(directory, BUFFER_TENSORS))
-        with open(os.path.join(directory, BUFFER_META), "w") as f:
+    def save(self, directory: str | os.PathLike, rank: int) -> None:
+        tensors, meta = buffer_files(rank)
+        save_file({k: v.contiguous() for k, v in self.experience.items()}, os.path.join(directory, tensors))
+        with open(os.path.join(directory, meta), "w") as f:
             json.dump({"schedule": self.schedule, "cursor": self.cursor, "metrics": self.metrics}, f)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> RolloutBuffer:
-        with open(os.path.join(directory, BUFFER_META)) as f:
+    def load(cls, directory: str | os.PathLike, rank: int) -> RolloutBuffer:
+        tensors, meta = buffer_files(rank)
+        with open(os.path.join(directory, meta)) as f:
             meta = json.load(f)
-        experience = load_file(os.path.join(directory, BUFFER_TENSORS))
+        experience = load_file(os.path.join(directory, tensors))
         return cls(experience=experience, schedule=meta["schedule"], metrics=meta["metrics"], cursor=meta["cursor"])
 
 

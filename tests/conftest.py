@@ -17,15 +17,31 @@ def toy_path():
     return toy_model_path()
 
 
-def run_toy(output_dir, *flags, expect_kill=False, overrides=()):
-    """Run tests/toy_run.py in a subprocess; return (returncode, combined output)."""
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None):
+    """Run tests/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
+    given); return (returncode, combined output)."""
     cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags]
+    if accelerate_config is not None:
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
+        cmd = [*launcher, "--main_process_port", str(free_port()), *cmd[1:]]
     if overrides:
         cmd += ["--set", *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr
-    if expect_kill:
+    if expect_kill and accelerate_config is not None:  # the launcher reports its killed workers as a failure
+        assert proc.returncode != 0 and "Signal 9" in output, (
+            f"expected SIGKILL, got {proc.returncode}:\n{output[-3000:]}"
+        )
+    elif expect_kill:
         assert proc.returncode == -9, f"expected SIGKILL, got {proc.returncode}:\n{output[-3000:]}"
     else:
         assert proc.returncode == 0, f"training subprocess failed ({proc.returncode}):\n{output[-3000:]}"

@@ -40,7 +40,7 @@ def assert_same_result(reference: Path, resumed: Path, after_step: int) -> None:
 def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted, tmp_path, algorithm):
     run_toy(tmp_path, "--algorithm", algorithm, "--kill-after-save", "6", expect_kill=True)
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
-    assert (tmp_path / "checkpoint-6" / "rollout_buffer.safetensors").is_file(), "save at 6 is mid-rollout"
+    assert (tmp_path / "checkpoint-6" / "rollout_buffer_0.safetensors").is_file(), "save at 6 is mid-rollout"
     _, output = run_toy(tmp_path, "--algorithm", algorithm, "--resume")
     assert "Resuming from" in output and "checkpoint-6" in output
     assert_same_result(uninterrupted, tmp_path, after_step=6)

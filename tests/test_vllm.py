@@ -75,7 +75,7 @@ def test_sigkill_after_mid_rollout_checkpoint_resumes_identically_with_vllm(tmp_
     flags = ["--algorithm", algorithm, "--set", "use_vllm=true", "vllm_dtype=float32"]
     run_toy(tmp_path / "uninterrupted", *flags)
     run_toy(tmp_path / "resumed", *flags[:2], "--kill-after-save", "6", *flags[2:], expect_kill=True)
-    assert (tmp_path / "resumed" / "checkpoint-6" / "rollout_buffer.safetensors").is_file()
+    assert (tmp_path / "resumed" / "checkpoint-6" / "rollout_buffer_0.safetensors").is_file()
     _, output = run_toy(tmp_path / "resumed", *flags[:2], "--resume", *flags[2:])
     assert "Resuming from" in output and "checkpoint-6" in output
     assert_same_result(tmp_path / "uninterrupted", tmp_path / "resumed", after_step=6)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
 
@@ -99,6 +101,10 @@ class OnPolicyConfig(TrainingArguments):
     def __post_init__(self):
         if self.micro_train_batch_size is not None:
             self.per_device_train_batch_size = self.micro_train_batch_size
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available():
+            # Launched on several CPU processes: without use_cpu, TrainingArguments finds no backend and every
+            # process would train alone on the whole batch. CPU is the only device here, so say so.
+            self.use_cpu = True
         super().__post_init__()
         self.micro_train_batch_size = self.per_device_train_batch_size
         self._check_ranges()

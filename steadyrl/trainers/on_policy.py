@@ -224,7 +224,10 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
 
     def _log_and_save(self) -> None:
         if self.control.should_log:
-            logs = {key: sum(values) / len(values) for key, values in self._metrics.items() if values}
+            logs = {key: sum(values) / len(values) for key, values in sorted(self._metrics.items()) if values}
+            if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
+                means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
+                logs = dict(zip(logs, means.tolist()))
             self._metrics = defaultdict(list)
             self.log(logs)
             self.control.should_log = False

@@ -7,8 +7,10 @@ A checkpoint directory holds::
     scheduler.pt              LR scheduler state_dict (same)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
-    steadyrl_state.json       prompt sampler position, metrics not yet logged, run fingerprint
-    rollout_buffer.*          the rollout being trained on, if the save fell in the middle of one
+    steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
+    rank_state_<rank>.json    per process: metrics not yet logged, whether a rollout is under way
+    rollout_buffer_<rank>.*   per process: its share of the rollout being trained on, if the save fell
+                              in the middle of one
     rng_state_<rank>.json     Python / NumPy / torch RNG of every process
     manifest.json             size and sha256 of every file above; written last
 """
@@ -20,6 +22,7 @@ import os
 from pathlib import Path
 
 import torch
+from accelerate.utils import broadcast_object_list
 from safetensors.torch import load_file
 from transformers import TrainerState
 from transformers.utils import logging
@@ -34,13 +37,19 @@ from ..checkpoint import (
     save_rng_state,
     verify_checkpoint,
 )
-from ..sampling import BUFFER_META, RolloutBuffer
+from ..sampling import RolloutBuffer
 from ..scalar_head import Critic
 
 logger = logging.get_logger(__name__)
 
 STATE_NAME = "steadyrl_state.json"
-STATE_FORMAT = 1
+STATE_FORMAT = 2
+
+
+def rank_state_file(rank: int) -> str:
+    return f"rank_state_{rank}.json"
+
+
 TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
 
 
@@ -131,7 +140,10 @@ class ResumeMixin:
         if value is None or value is False or (isinstance(value, str) and value.strip().lower() in FALSE_VALUES):
             return None
         if value is True or (isinstance(value, str) and value.strip().lower() in TRUE_VALUES):
-            found = find_resumable_checkpoint(self.args.output_dir)
+            found = [find_resumable_checkpoint(self.args.output_dir) if self.accelerator.is_main_process else None]
+            if self.accelerator.num_processes > 1:  # every process resumes from the checkpoint the main one chose
+                found = broadcast_object_list(found)
+            found = found[0]
             if found is None:
                 logger.warning(f"No complete checkpoint in {self.args.output_dir}: starting from step 0.")
             else:
@@ -166,15 +178,19 @@ class ResumeMixin:
                 "format": STATE_FORMAT,
                 "fingerprint": self.run_fingerprint(),
                 "sampler": self.sampler.state_dict(),
-                "pending_metrics": self._metrics,
                 "rollouts": self._rollouts,
                 "algorithm": self.algorithm_state(),
-                "has_buffer": self.buffer is not None and not self.buffer.exhausted,
             }
             (tmp / STATE_NAME).write_text(json.dumps(loop_state))
-            if loop_state["has_buffer"]:
-                self.buffer.save(tmp)
-        save_rng_state(tmp, self.accelerator.process_index)
+        # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
+        rank = self.accelerator.process_index
+        has_buffer = self.buffer is not None and not self.buffer.exhausted
+        (tmp / rank_state_file(rank)).write_text(
+            json.dumps({"pending_metrics": self._metrics, "has_buffer": has_buffer})
+        )
+        if has_buffer:
+            self.buffer.save(tmp, rank)
+        save_rng_state(tmp, rank)
         self.accelerator.wait_for_everyone()
         final = Path(args.output_dir) / f"checkpoint-{step}"
         if main:
@@ -214,14 +230,13 @@ class ResumeMixin:
         if restored.max_steps != max_steps:
             logger.warning(f"max_steps changed from {restored.max_steps} to {max_steps} since the checkpoint.")
         self.sampler.load_state_dict(loop_state["sampler"])
-        self._metrics = {k: list(v) for k, v in loop_state["pending_metrics"].items()}
         self._rollouts = loop_state["rollouts"]
-        if loop_state["has_buffer"]:
-            if not (directory / BUFFER_META).is_file():
-                raise CheckpointError(f"{directory} says it holds a rollout buffer, but {BUFFER_META} is missing.")
-            self.buffer = RolloutBuffer.load(directory)
-        else:
-            self.buffer = None
+        rank = self.accelerator.process_index
+        if not (directory / rank_state_file(rank)).is_file():
+            raise CheckpointError(f"{directory} has no state for process {rank} ({rank_state_file(rank)}).")
+        rank_state = json.loads((directory / rank_state_file(rank)).read_text())
+        self._metrics = {k: list(v) for k, v in rank_state["pending_metrics"].items()}
+        self.buffer = RolloutBuffer.load(directory, rank) if rank_state["has_buffer"] else None
 
     def _restore_rng(self, directory: Path) -> None:
         rank = self.accelerator.process_index
