@@ -44,3 +44,22 @@ def test_resuming_with_another_number_of_processes_is_refused_before_any_step(un
     with pytest.raises(CheckpointError, match="world_size: checkpoint 2, now 1"):
         trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 0
+
+
+def test_deepspeed_launch_is_refused_before_any_work(tmp_path):
+    config = tmp_path / "zero2.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 2\n"
+        "num_machines: 1\nnum_processes: 2\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: true\n"
+    )
+    import subprocess
+    import sys
+
+    from conftest import TOY_RUN, free_port
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--main_process_port",
+           str(free_port()), str(TOY_RUN), str(tmp_path / "out"), *TWO_PROCESSES]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0
+    assert "DeepSpeed integration (distributed_type: DEEPSPEED) is not supported yet" in proc.stderr + proc.stdout
+    assert not list((tmp_path / "out").glob("checkpoint-*"))

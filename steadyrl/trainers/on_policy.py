@@ -121,6 +121,13 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if self.is_deepspeed_enabled:
+            raise ValueError(
+                "accelerate's DeepSpeed integration (distributed_type: DEEPSPEED) is not supported yet: a checkpoint "
+                "would hold only the main process's optimizer partition, and PPO's critic would not be stepped. "
+                "Launch with multi-process DDP instead (distributed_type: MULTI_GPU, e.g. "
+                "examples/accelerate_configs/multi_gpu.yaml, or multi_cpu.yaml on CPU)."
+            )
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
         if self.ref_model is not None and not args.ref_reward_offload:
