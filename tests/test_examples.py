@@ -1,42 +1,68 @@
-"""examples/rloo.py runs with command-line flags, resumes with --resume_from_checkpoint true, and saves the actor."""
+"""The example scripts run with command-line flags (with python or accelerate launch), resume with
+--resume_from_checkpoint true, and save the actor."""
 
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+from conftest import ROOT, free_port
 
 
-def run_example(*flags):
-    cmd = [sys.executable, str(ROOT / "examples" / "rloo.py"), *flags]
+def run_example(script, *flags, launch=False):
+    cmd = [sys.executable, str(ROOT / "examples" / script), *flags]
+    if launch:
+        config = ROOT / "examples" / "accelerate_configs" / "multi_cpu.yaml"
+        launcher = ["-m", "accelerate.commands.launch", "--config_file", str(config)]
+        cmd = [sys.executable, *launcher, "--main_process_port", str(free_port()), *cmd[1:]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return proc.stdout + proc.stderr
 
 
-def test_example_trains_and_resumes_from_the_command_line(tmp_path, toy_path):
-    common = [
-        "--output_dir",
-        str(tmp_path),
-        "--rollout_batch_size",
-        "4",
-        "--n_samples_per_prompt",
-        "2",
-        "--train_batch_size",
-        "8",
-        "--micro_rollout_batch_size",
-        "8",
-        "--max_completion_length",
-        "4",
-        "--save_steps",
-        "2",
-        "--report_to",
-        "none",
-        "--disable_tqdm",
-        "true",
-    ]
-    run_example(*common, "--max_steps", "2")
+COMMON = [
+    "--rollout_batch_size",
+    "4",
+    "--n_samples_per_prompt",
+    "2",
+    "--train_batch_size",
+    "8",
+    "--micro_rollout_batch_size",
+    "8",
+    "--max_completion_length",
+    "4",
+    "--save_steps",
+    "2",
+    "--report_to",
+    "none",
+    "--disable_tqdm",
+    "true",
+]
+
+
+@pytest.mark.parametrize("script", ["rloo.py", "ppo.py", "online_dpo.py"])
+def test_example_trains_and_resumes_from_the_command_line(tmp_path, toy_path, script):
+    common = ["--output_dir", str(tmp_path), *COMMON]
+    run_example(script, *common, "--max_steps", "2")
     assert (tmp_path / "checkpoint-2" / "manifest.json").is_file()
-    output = run_example(*common, "--max_steps", "4", "--resume_from_checkpoint", "true")
+    output = run_example(script, *common, "--max_steps", "4", "--resume_from_checkpoint", "true")
     assert "Resuming from" in output and "checkpoint-2" in output
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert (tmp_path / "actor" / "model.safetensors").is_file()
+
+
+def test_example_runs_unchanged_under_accelerate_launch_with_two_processes(tmp_path, toy_path):
+    common = ["--output_dir", str(tmp_path), *COMMON]
+    run_example(
+        "rloo.py",
+        *common,
+        "--max_steps",
+        "2",
+        "--micro_rollout_batch_size",
+        "4",
+        "--micro_train_batch_size",
+        "4",
+        launch=True,
+    )
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (tmp_path / "checkpoint-2").iterdir()}
     assert (tmp_path / "actor" / "model.safetensors").is_file()

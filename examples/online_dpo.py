@@ -1,0 +1,32 @@
+"""Train online DPO with steadyrl.
+
+    python examples/online_dpo.py --output_dir online-dpo-toy --max_steps 50            # the embedded toy task
+    python examples/online_dpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
+        --dataset_name my/prompts --output_dir online-dpo-qwen --learning_rate 1e-6   # your own model and data
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml examples/online_dpo.py ...
+    python examples/online_dpo.py cfg.yaml                                        # all fields from a YAML file
+
+Re-run the same command with ``--resume_from_checkpoint true`` after an interruption.
+The toy task's judge is ``steadyrl.toy.letters_reward`` (the higher score wins the pair); with your own
+data, edit ``reward_funcs`` below, or pass a pairwise ``judge=``.
+"""
+
+from common import model_and_dataset, parse
+
+from steadyrl import OnlineDPOConfig, OnlineDPOTrainer
+from steadyrl.toy import letters_reward
+
+
+def main() -> None:
+    script, config = parse(OnlineDPOConfig)
+    model, dataset = model_and_dataset(script)
+    trainer = OnlineDPOTrainer(
+        model=model, args=config, train_dataset=dataset, reward_funcs=[letters_reward],
+        reward_model=script.reward_model_name_or_path,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model(f"{config.output_dir}/actor")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Train PPO with steadyrl.
+
+    python examples/ppo.py --output_dir ppo-toy --max_steps 50            # the embedded toy task
+    python examples/ppo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
+        --dataset_name my/prompts --output_dir ppo-qwen --learning_rate 1e-6   # your own model and data
+    accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml examples/ppo.py ...
+    python examples/ppo.py cfg.yaml                                        # all fields from a YAML file
+
+Re-run the same command with ``--resume_from_checkpoint true`` after an interruption.
+The toy task's reward is ``steadyrl.toy.letters_reward``; with your own data, edit ``reward_funcs`` below
+(the critic starts from ``--reward_model_name_or_path`` if given, else from the policy).
+"""
+
+from common import model_and_dataset, parse
+
+from steadyrl import PPOConfig, PPOTrainer
+from steadyrl.toy import letters_reward
+
+
+def main() -> None:
+    script, config = parse(PPOConfig)
+    model, dataset = model_and_dataset(script)
+    trainer = PPOTrainer(
+        model=model, args=config, train_dataset=dataset, reward_funcs=[letters_reward],
+        reward_model=script.reward_model_name_or_path,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model(f"{config.output_dir}/actor")
+
+
+if __name__ == "__main__":
+    main()
