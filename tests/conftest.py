@@ -25,7 +25,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None):
+def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False):
     """Run tests/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
     given); return (returncode, combined output)."""
     cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags]
@@ -37,7 +37,9 @@ def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_conf
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr
-    if expect_kill and accelerate_config is not None:  # the launcher reports its killed workers as a failure
+    if expect_failure:
+        assert proc.returncode != 0, f"expected the run to fail:\n{output[-3000:]}"
+    elif expect_kill and accelerate_config is not None:  # the launcher reports its killed workers as a failure
         assert proc.returncode != 0 and "Signal 9" in output, (
             f"expected SIGKILL, got {proc.returncode}:\n{output[-3000:]}"
         )

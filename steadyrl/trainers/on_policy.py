@@ -122,12 +122,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             optimizers=optimizers,
         )
         if self.is_deepspeed_enabled:
-            raise ValueError(
-                "accelerate's DeepSpeed integration (distributed_type: DEEPSPEED) is not supported yet: a checkpoint "
-                "would hold only the main process's optimizer partition, and PPO's critic would not be stepped. "
-                "Launch with multi-process DDP instead (distributed_type: MULTI_GPU, e.g. "
-                "examples/accelerate_configs/multi_gpu.yaml, or multi_cpu.yaml on CPU)."
-            )
+            self.check_deepspeed_support()
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
         if self.ref_model is not None and not args.ref_reward_offload:
@@ -347,14 +342,19 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         size = args.micro_train_batch_size
         num_micro = minibatch["prompt_ids"].shape[0] // size
         step_metrics: dict[str, float] = defaultdict(float)
+        deepspeed = self.is_deepspeed_enabled
         for i in range(num_micro):
             batch = {key: value[i * size : (i + 1) * size].to(device) for key, value in minibatch.items()}
+            last = i == num_micro - 1
             with contextlib.ExitStack() as stack:
-                if i < num_micro - 1:  # gradients are all-reduced on the last micro-batch only
+                if not last:  # gradients are all-reduced on the last micro-batch only
                     for model in models:
                         stack.enter_context(self.accelerator.no_sync(model))
+                # DeepSpeed steps its engine at the boundary it is told of and divides the loss by its own
+                # gradient_accumulation_steps (= num_micro, from the batch hierarchy).
+                self.accelerator.gradient_state._set_sync_gradients(last or not deepspeed)
                 loss, metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
-                self.accelerator.backward(loss / num_micro)
+                self.accelerator.backward(loss if deepspeed else loss / num_micro)
             step_metrics["loss"] += loss.item() / num_micro
             for key, value in metrics.items():
                 step_metrics[key] += float(value) / num_micro
@@ -375,7 +375,26 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             optimizer.zero_grad(set_to_none=True)
         return metrics
 
+    def check_deepspeed_support(self) -> None:
+        """What runs under accelerate's DeepSpeed integration so far: ZeRO stage 1/2, without offload."""
+        config = self.accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+        stage = config.get("stage", 0)
+        offload = any(config.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+        if stage not in (1, 2) or offload:
+            raise ValueError(
+                f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported yet: steadyrl "
+                "checkpoints save and restore ZeRO stage 1/2 optimizer partitions without offload. Use zero_stage "
+                "1 or 2 without offload, or multi-process DDP (examples/accelerate_configs/multi_gpu.yaml)."
+            )
+
     # ---- export -----------------------------------------------------------------------------------
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if not self.is_deepspeed_enabled:
+            return super().save_model(output_dir, _internal_call)
+        if self.accelerator.is_main_process:  # ZeRO 1/2 keep whole parameters on every process
+            self.save_actor(Path(output_dir or self.args.output_dir))
+        self.accelerator.wait_for_everyone()
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""

@@ -162,6 +162,13 @@ class PPOTrainer(OnPolicyTrainer):
             enable_gradient_checkpointing(self.critic.model, args)
         self.critic_wrapped, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
 
+    def check_deepspeed_support(self) -> None:
+        raise ValueError(
+            "PPO under accelerate's DeepSpeed integration is not supported yet: the critic would be a second "
+            "DeepSpeed engine, which steadyrl does not step and checkpoint yet. Use multi-process DDP "
+            "(examples/accelerate_configs/multi_gpu.yaml), or RLOO / online DPO under ZeRO-2."
+        )
+
     def trained_modules(self):
         return [
             *super().trained_modules(),

@@ -3,7 +3,8 @@
 A checkpoint directory holds::
 
     actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
-    optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True)
+    optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True);
+                              under DeepSpeed ZeRO 1/2, optimizer_<rank>.pt: each process's partition
     scheduler.pt              LR scheduler state_dict (same)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
@@ -39,6 +40,7 @@ from ..checkpoint import (
 )
 from ..sampling import RolloutBuffer
 from ..scalar_head import Critic
+from .zero import load_zero_state, zero_optimizer, zero_state
 
 logger = logging.get_logger(__name__)
 
@@ -48,6 +50,12 @@ STATE_FORMAT = 2
 
 def rank_state_file(rank: int) -> str:
     return f"rank_state_{rank}.json"
+
+
+def per_process(file_name: str, rank: int) -> str:
+    """``optimizer.pt`` -> ``optimizer_<rank>.pt``: a file each process writes for itself."""
+    stem, suffix = os.path.splitext(file_name)
+    return f"{stem}_{rank}{suffix}"
 
 
 TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
@@ -164,15 +172,21 @@ class ResumeMixin:
         if main:
             begin_checkpoint(args.output_dir, step)
         self.accelerator.wait_for_everyone()
-        if main:
-            for name, model, optimizer, scheduler in self.trained_modules():
-                if name == "actor":
-                    self.save_actor(tmp / "actor")
-                else:
-                    self._hf_model(model).save_pretrained(tmp / name, safe_serialization=True)
-                optimizer_file, scheduler_file = state_files(name)
+        rank = self.accelerator.process_index
+        for name, model, optimizer, scheduler in self.trained_modules():
+            optimizer_file, scheduler_file = state_files(name)
+            if zero_optimizer(optimizer) is not None:  # each process holds its own partition
+                torch.save(zero_state(optimizer), tmp / per_process(optimizer_file, rank))
+            elif main:
                 torch.save(optimizer.state_dict(), tmp / optimizer_file)
-                torch.save(scheduler.state_dict(), tmp / scheduler_file)
+            if not main:
+                continue
+            if name == "actor":
+                self.save_actor(tmp / "actor")
+            else:
+                self._hf_model(model).save_pretrained(tmp / name, safe_serialization=True)
+            torch.save(scheduler.state_dict(), tmp / scheduler_file)
+        if main:
             self.state.save_to_json(str(tmp / "trainer_state.json"))
             loop_state = {
                 "format": STATE_FORMAT,
@@ -183,7 +197,6 @@ class ResumeMixin:
             }
             (tmp / STATE_NAME).write_text(json.dumps(loop_state))
         # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
-        rank = self.accelerator.process_index
         has_buffer = self.buffer is not None and not self.buffer.exhausted
         (tmp / rank_state_file(rank)).write_text(
             json.dumps({"pending_metrics": self._metrics, "has_buffer": has_buffer})
@@ -220,7 +233,11 @@ class ResumeMixin:
         for name, model, optimizer, scheduler in self.trained_modules():
             load_model_weights(self._hf_model(model), directory / name)
             optimizer_file, scheduler_file = state_files(name)
-            optimizer.load_state_dict(torch.load(directory / optimizer_file, weights_only=True))
+            if zero_optimizer(optimizer) is not None:
+                rank_file = directory / per_process(optimizer_file, self.accelerator.process_index)
+                load_zero_state(optimizer, torch.load(rank_file, weights_only=True))
+            else:
+                optimizer.load_state_dict(torch.load(directory / optimizer_file, weights_only=True))
             scheduler.load_state_dict(torch.load(directory / scheduler_file, weights_only=True))
         self.load_algorithm_state(loop_state["algorithm"])
         max_steps = self.state.max_steps
