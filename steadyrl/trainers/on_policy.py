@@ -159,7 +159,8 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         raise NotImplementedError
 
     def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of one micro-batch and its metrics."""
+        """The loss of one micro-batch and its metrics. An algorithm that trains several modules may return
+        ``{module name: loss}`` instead, one term per module (their parameters must be disjoint)."""
         raise NotImplementedError
 
     def trained_modules(self) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer, object]]:
@@ -342,7 +343,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         size = args.micro_train_batch_size
         num_micro = minibatch["prompt_ids"].shape[0] // size
         step_metrics: dict[str, float] = defaultdict(float)
-        deepspeed = self.is_deepspeed_enabled
+        modules = {name: module for name, module, _, _ in self.trained_modules()}
         for i in range(num_micro):
             batch = {key: value[i * size : (i + 1) * size].to(device) for key, value in minibatch.items()}
             last = i == num_micro - 1
@@ -350,12 +351,15 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
                 if not last:  # gradients are all-reduced on the last micro-batch only
                     for model in models:
                         stack.enter_context(self.accelerator.no_sync(model))
-                # DeepSpeed steps its engine at the boundary it is told of and divides the loss by its own
-                # gradient_accumulation_steps (= num_micro, from the batch hierarchy).
-                self.accelerator.gradient_state._set_sync_gradients(last or not deepspeed)
                 loss, metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
-                self.accelerator.backward(loss if deepspeed else loss / num_micro)
-            step_metrics["loss"] += loss.item() / num_micro
+                losses = loss if isinstance(loss, dict) else {"actor": loss}
+                total = sum(losses.values())
+                if self.is_deepspeed_enabled:
+                    for name, part in losses.items():
+                        deepspeed_backward(modules[name], part, last)
+                else:
+                    self.accelerator.backward(total / num_micro)
+            step_metrics["loss"] += total.item() / num_micro
             for key, value in metrics.items():
                 step_metrics[key] += float(value) / num_micro
         step_metrics.update(self.step_optimizers())
@@ -366,7 +370,10 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         metrics = {}
         for name, model, optimizer, scheduler in self.trained_modules():
             prefix = "" if name == "actor" else f"{name}_"
-            if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+            if self.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
+                norm = model.get_global_grad_norm()
+                metrics[f"{prefix}grad_norm"] = float(norm) if norm is not None else 0.0
+            elif self.args.max_grad_norm and self.args.max_grad_norm > 0:
                 norm = self.accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
                 metrics[f"{prefix}grad_norm"] = float(norm)
             metrics[f"{prefix}learning_rate"] = scheduler.get_last_lr()[0]
@@ -399,6 +406,16 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""
         self.save_actor(Path(output_dir or self.args.output_dir))
+
+
+def deepspeed_backward(engine, loss: torch.Tensor, boundary: bool) -> None:
+    """One module's backward under DeepSpeed: the engine divides ``loss`` by its gradient_accumulation_steps
+    and, at the accumulation boundary, reduces, clips and steps. Each engine gets its own loss, since
+    accelerate's ``backward`` drives only the last prepared engine."""
+    engine.set_gradient_accumulation_boundary(boundary)
+    engine.backward(loss)
+    if boundary:
+        engine.step()
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel, args: OnPolicyConfig) -> None:

@@ -162,13 +162,6 @@ class PPOTrainer(OnPolicyTrainer):
             enable_gradient_checkpointing(self.critic.model, args)
         self.critic_wrapped, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
 
-    def check_deepspeed_support(self) -> None:
-        raise ValueError(
-            "PPO under accelerate's DeepSpeed integration is not supported yet: the critic would be a second "
-            "DeepSpeed engine, which steadyrl does not step and checkpoint yet. Use multi-process DDP "
-            "(examples/accelerate_configs/multi_gpu.yaml), or RLOO / online DPO under ZeRO-2."
-        )
-
     def trained_modules(self):
         return [
             *super().trained_modules(),
@@ -237,7 +230,7 @@ class PPOTrainer(OnPolicyTrainer):
 
     # ---- loss -------------------------------------------------------------------------------------
 
-    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]):
         args, mask = self.args, batch["completion_mask"]  # [B, C]
         tensors = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask)
         actor_frozen = self.state.global_step < args.critic_warmup_steps
@@ -250,7 +243,9 @@ class PPOTrainer(OnPolicyTrainer):
         value_loss, value_metrics = clipped_value_loss(
             values, batch["values"], batch["returns"], mask, args.cliprange_value
         )
-        loss = args.vf_coef * value_loss + (0 if actor_frozen else policy_loss)
+        losses = {"critic": args.vf_coef * value_loss}  # one loss per trained module: their parameters are disjoint
+        if not actor_frozen:
+            losses["actor"] = policy_loss
         metrics = {
             "policy_loss": policy_loss.item(),
             "value_loss": value_loss.item(),
@@ -258,4 +253,4 @@ class PPOTrainer(OnPolicyTrainer):
             **policy_metrics,
             **value_metrics,
         }
-        return loss, metrics
+        return losses, metrics
