@@ -390,8 +390,10 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         if stage not in (1, 2) or offload:
             raise ValueError(
                 f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported yet: steadyrl "
-                "checkpoints save and restore ZeRO stage 1/2 optimizer partitions without offload. Use zero_stage "
-                "1 or 2 without offload, or multi-process DDP (examples/accelerate_configs/multi_gpu.yaml)."
+                "checkpoints save and restore ZeRO stage 1/2 optimizer partitions without offload (under stage 3 "
+                "transformers also loads the actor already partitioned, which the frozen reference copy cannot be "
+                "made from). Use zero_stage 1 or 2 without offload, or multi-process DDP "
+                "(examples/accelerate_configs/multi_gpu.yaml)."
             )
 
     # ---- export -----------------------------------------------------------------------------------
