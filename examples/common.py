@@ -34,3 +34,15 @@ def model_and_dataset(script: ScriptArguments):
     if script.dataset_name:
         return model, load_dataset(script.dataset_name, split=script.dataset_split)
     return model, toy_dataset()
+
+
+def train(config_class, trainer_class, **trainer_kwargs) -> None:
+    """Parse the arguments, build the trainer, train (resuming if asked), save the actor to OUTPUT_DIR/actor."""
+    script, config = parse(config_class)
+    model, dataset = model_and_dataset(script)
+    trainer = trainer_class(
+        model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
+        **trainer_kwargs,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model(f"{config.output_dir}/actor")

@@ -11,22 +11,10 @@ The toy task's judge is ``steadyrl.toy.letters_reward`` (the higher score wins t
 data, edit ``reward_funcs`` below, or pass a pairwise ``judge=``.
 """
 
-from common import model_and_dataset, parse
+from common import train
 
 from steadyrl import OnlineDPOConfig, OnlineDPOTrainer
 from steadyrl.toy import letters_reward
 
-
-def main() -> None:
-    script, config = parse(OnlineDPOConfig)
-    model, dataset = model_and_dataset(script)
-    trainer = OnlineDPOTrainer(
-        model=model, args=config, train_dataset=dataset, reward_funcs=[letters_reward],
-        reward_model=script.reward_model_name_or_path,
-    )  # fmt: skip
-    trainer.train()
-    trainer.save_model(f"{config.output_dir}/actor")
-
-
 if __name__ == "__main__":
-    main()
+    train(OnlineDPOConfig, OnlineDPOTrainer, reward_funcs=[letters_reward])

@@ -11,22 +11,10 @@ The toy task's reward is ``steadyrl.toy.letters_reward``; with your own data, ed
 (the critic starts from ``--reward_model_name_or_path`` if given, else from the policy).
 """
 
-from common import model_and_dataset, parse
+from common import train
 
 from steadyrl import PPOConfig, PPOTrainer
 from steadyrl.toy import letters_reward
 
-
-def main() -> None:
-    script, config = parse(PPOConfig)
-    model, dataset = model_and_dataset(script)
-    trainer = PPOTrainer(
-        model=model, args=config, train_dataset=dataset, reward_funcs=[letters_reward],
-        reward_model=script.reward_model_name_or_path,
-    )  # fmt: skip
-    trainer.train()
-    trainer.save_model(f"{config.output_dir}/actor")
-
-
 if __name__ == "__main__":
-    main()
+    train(PPOConfig, PPOTrainer, reward_funcs=[letters_reward])

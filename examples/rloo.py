@@ -10,22 +10,10 @@ Re-run the same command with ``--resume_from_checkpoint true`` after an interrup
 The toy task's reward is ``steadyrl.toy.letters_reward``; with your own data, edit ``reward_funcs`` below.
 """
 
-from common import model_and_dataset, parse
+from common import train
 
 from steadyrl import RLOOConfig, RLOOTrainer
 from steadyrl.toy import letters_reward
 
-
-def main() -> None:
-    script, config = parse(RLOOConfig)
-    model, dataset = model_and_dataset(script)
-    trainer = RLOOTrainer(
-        model=model, args=config, train_dataset=dataset, reward_funcs=[letters_reward],
-        reward_model=script.reward_model_name_or_path,
-    )  # fmt: skip
-    trainer.train()
-    trainer.save_model(f"{config.output_dir}/actor")
-
-
 if __name__ == "__main__":
-    main()
+    train(RLOOConfig, RLOOTrainer, reward_funcs=[letters_reward])
