@@ -38,6 +38,7 @@ from ..checkpoint import (
     save_rng_state,
     verify_checkpoint,
 )
+from ..generation.weights import is_peft
 from ..sampling import RolloutBuffer
 from ..scalar_head import Critic
 from .zero import load_zero_state, zero_optimizer, zero_state
@@ -61,10 +62,6 @@ def per_process(file_name: str, rank: int) -> str:
 TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
 
 
-def _is_peft(model) -> bool:
-    return hasattr(model, "peft_config")
-
-
 def _tied_parameter_names(model: torch.nn.Module) -> set[str]:
     seen, tied = set(), set()
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -82,7 +79,7 @@ def state_files(name: str) -> tuple[str, str]:
 
 def load_model_weights(model: torch.nn.Module, actor_dir: Path) -> None:
     """Load exactly the weights saved in ``actor_dir``; any missing or unexpected tensor is an error."""
-    if _is_peft(model):
+    if is_peft(model):
         from peft import set_peft_model_state_dict
 
         state = load_file(actor_dir / "adapter_model.safetensors")
@@ -124,7 +121,7 @@ class ResumeMixin:
             "vocab_size": config.vocab_size,
             "hidden_size": getattr(config, "hidden_size", None),
             "num_hidden_layers": getattr(config, "num_hidden_layers", None),
-            "peft": _is_peft(self.model),
+            "peft": is_peft(self.model),
             "num_prompts": len(self.train_dataset),
             "trained_modules": [name for name, *_ in self.trained_modules()],
         }
