@@ -7,7 +7,7 @@ import torch
 from .base import Generation, GenerationBackend, SamplingSettings, sampling_seed
 from .hf import HFGenerationBackend
 from .vllm import EngineSettings, VLLMGenerationBackend, check_servable, import_vllm
-from .weights import check_mergeable
+from .weights import base_config, check_mergeable
 
 __all__ = [
     "EngineSettings",
@@ -34,7 +34,7 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
         return HFGenerationBackend(tokenizer, settings)
     import_vllm()
     check_mergeable(model)
-    config = getattr(model, "get_base_model", lambda: model)().config
+    config = base_config(model)
     check_servable(config, device)
     needed = args.max_prompt_length + args.max_completion_length
     max_model_len = args.vllm_max_model_len or min(needed, getattr(config, "max_position_embeddings", needed))

@@ -18,7 +18,7 @@ import torch
 
 from ..checkpoint.rng import rng_untouched
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
-from .weights import gathered, plain_state_dict
+from .weights import base_config, gathered, plain_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class VLLMGenerationBackend(GenerationBackend):
 
     def _start(self, model: torch.nn.Module) -> None:
         vllm = import_vllm()
-        config = getattr(model, "get_base_model", lambda: model)().config
+        config = base_config(model)
         self._model_dir = tempfile.TemporaryDirectory(prefix="steadyrl-vllm-")
         config.save_pretrained(self._model_dir.name)
         self.tokenizer.save_pretrained(self._model_dir.name)

@@ -12,6 +12,11 @@ def is_peft(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config")
 
 
+def base_config(model: torch.nn.Module):
+    """The Hugging Face config of ``model``, or of the base model under a PEFT wrapper."""
+    return (model.get_base_model() if is_peft(model) else model).config
+
+
 def check_mergeable(model: torch.nn.Module) -> None:
     """Refuse PEFT methods whose adapters ``plain_state_dict`` cannot merge (all but LoRA)."""
     if not is_peft(model):
