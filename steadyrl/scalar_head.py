@@ -10,12 +10,15 @@ import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from .ops import joined_inputs, offloaded, pad_prompts_and_completions
+from .zero import check_whole, whole_at_load
 
 
 def load_scalar_model(model: str | PreTrainedModel, role: str) -> PreTrainedModel:
     """Load ``model`` (a path or a loaded model) as a one-output sequence classifier; ``role`` names it in errors."""
     if isinstance(model, str):
-        model = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1)
+        with whole_at_load():
+            model = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1)
+    check_whole(model, role)
     head = getattr(model, "score", None)
     if not isinstance(head, torch.nn.Linear) or not hasattr(model, "base_model_prefix"):
         raise ValueError(
@@ -95,7 +98,8 @@ def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:
     config = policy.config.__class__.from_dict({**settings, "num_labels": 1})
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        critic = AutoModelForSequenceClassification.from_config(config)
+        with whole_at_load():
+            critic = AutoModelForSequenceClassification.from_config(config)
     backbone = getattr(critic, critic.base_model_prefix)
     expected = backbone.state_dict().keys()
     # Under PEFT the wrapped layers hold the base weights as `<layer>.base_layer.*`, next to the adapter's tensors.

@@ -70,7 +70,8 @@ def test_in_place_sync_matches_hf_greedy_and_trainer_logprobs(tmp_path):
     assert len(diffs) == 4 and max(diffs) < 1e-4, diffs
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
+# PPO only: RLOO and online DPO share the same generation and checkpoint path (a minute of CI each).
+@pytest.mark.parametrize("algorithm", ["ppo"])
 def test_sigkill_after_mid_rollout_checkpoint_resumes_identically_with_vllm(tmp_path, algorithm):
     flags = ["--algorithm", algorithm, "--set", "use_vllm=true", "vllm_dtype=float32"]
     run_toy(tmp_path / "uninterrupted", *flags)

@@ -4,7 +4,8 @@ chosen moments.
 As a script::
 
     python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo] [--resume]
-                            [--kill-after-save N] [--kill-during-save N] [--set key=value ...]
+                            [--kill-after-save N] [--kill-during-save N] [--save-live-actor N]
+                            [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
@@ -12,6 +13,7 @@ writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it fi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -101,6 +103,29 @@ class KillAfterSave(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SaveLiveActor(TrainerCallback):
+    """After global step ``step``, write the actor's live parameters to OUTPUT_DIR/live-actor-<step>.safetensors,
+    gathered with DeepSpeed's own ``GatheredParameters`` under ZeRO-3 (independently of the checkpoint code)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step != self.step:
+            return
+        from safetensors.torch import save_file
+
+        params = dict(model.named_parameters())
+        with contextlib.ExitStack() as stack:
+            if any(hasattr(p, "ds_id") for p in params.values()):
+                import deepspeed
+
+                stack.enter_context(deepspeed.zero.GatheredParameters(list(params.values())))
+            if state.is_world_process_zero:
+                weights = {name: p.detach().clone().contiguous() for name, p in params.items()}
+                save_file(weights, os.path.join(args.output_dir, f"live-actor-{self.step}.safetensors"))
+
+
 def kill_during_save(trainer, step: int) -> None:
     """SIGKILL this process in the middle of writing checkpoint-<step> (after its actor weights, before the rest)."""
     save_actor = trainer.save_actor
@@ -127,11 +152,13 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-save", type=int)
     parser.add_argument("--kill-during-save", type=int)
+    parser.add_argument("--save-live-actor", type=int, help="write the live actor's weights after this step")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = dict(item.split("=", 1) for item in opts.set)
     overrides = {key: _parse_value(value) for key, value in overrides.items()}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
+    callbacks += [SaveLiveActor(opts.save_live_actor)] if opts.save_live_actor else []
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)

@@ -27,6 +27,8 @@ class Generation:
 class GenerationBackend(ABC):
     """Generates one completion per prompt row; rows that share a prompt are sampled independently."""
 
+    runs_training_model = True  # False for an engine with its own copy of the weights (vLLM)
+
     def __init__(self, tokenizer, settings: SamplingSettings) -> None:
         self.tokenizer = tokenizer
         self.settings = settings

@@ -68,6 +68,8 @@ def check_servable(config, device: torch.device) -> None:
 class VLLMGenerationBackend(GenerationBackend):
     """Samples with vLLM; ``sync_weights`` keeps the engine's weights equal to the actor's."""
 
+    runs_training_model = False
+
     def __init__(self, tokenizer, settings: SamplingSettings, engine: EngineSettings, device: torch.device) -> None:
         super().__init__(tokenizer, settings)
         self.engine, self.device = engine, device

@@ -31,10 +31,12 @@ from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ..generation import make_backend, sampling_seed
+from ..generation.weights import is_peft
 from ..ops import completion_logprobs, last_token_index, masked_mean, offloaded, pad_prompts_and_completions
 from ..rewards import as_list, check_reward_funcs, reward_func_name, score_completions
 from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
+from ..zero import bind_scheduler, check_whole, gathered_for_generation, inference_engine, whole_at_load
 from .config import OnPolicyConfig
 from .resume import ResumeMixin
 
@@ -83,7 +85,9 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         _check_dataset(train_dataset)
         if isinstance(model, str):
-            model = AutoModelForCausalLM.from_pretrained(model)
+            with whole_at_load():
+                model = AutoModelForCausalLM.from_pretrained(model)
+        check_whole(model, "model")
         if processing_class is None:
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         if processing_class.pad_token_id is None:
@@ -121,15 +125,11 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        if self.is_deepspeed_enabled:
-            self.check_deepspeed_support()
+        self.zero_stage = self.check_deepspeed_support() if self.is_deepspeed_enabled else None
+        self.zero3 = self.zero_stage == 3
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
-        if self.ref_model is not None and not args.ref_reward_offload:
-            self.ref_model.to(self.accelerator.device)
-        for func in self.reward_funcs:
-            if isinstance(func, RewardModelFunction):
-                func.to(self.accelerator.device)
+        self.place_frozen_models()
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
         self.sampler = PromptSampler(len(train_dataset), seed=args.seed)
         self.buffer: RolloutBuffer | None = None
@@ -167,6 +167,28 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         """``(name, prepared model, optimizer, LR scheduler)`` of every model the run trains, the actor first."""
         return [("actor", self.model_wrapped, self.optimizer, self.lr_scheduler)]
 
+    def place_frozen_models(self) -> None:
+        """The reference and reward models: under ZeRO-3, DeepSpeed inference engines partitioned like the trained
+        models (each process holds 1/N of their weights; with ``ref_reward_offload`` in CPU memory); otherwise whole
+        on the device, or in CPU memory between uses with ``ref_reward_offload``."""
+        args, device = self.args, self.accelerator.device
+        frozen = [func for func in self.reward_funcs if isinstance(func, RewardModelFunction)]
+        if self.zero3:
+            config = self.accelerator.state.deepspeed_plugin.deepspeed_config
+            if self.ref_model is not None:
+                self.ref_model = inference_engine(self.ref_model, config, args.ref_reward_offload)
+            for func in frozen:
+                func.model, func.offload, func.device = (
+                    inference_engine(func.model, config, func.offload),
+                    False,
+                    device,
+                )
+            return
+        if self.ref_model is not None and not args.ref_reward_offload:
+            self.ref_model.to(device)
+        for func in frozen:
+            func.to(device)
+
     def prepare_for_training(self, max_steps: int) -> None:
         """Create the optimizers and schedulers and let accelerate prepare them with their models."""
         self.create_optimizer_and_scheduler(num_training_steps=max_steps)
@@ -192,6 +214,8 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         max_steps = self.total_steps()
         self.is_in_train = True
         self.prepare_for_training(max_steps)
+        for _, _, optimizer, scheduler in self.trained_modules():
+            bind_scheduler(scheduler, optimizer)
         self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
@@ -263,7 +287,12 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         first = rank * per_rank  # index of this process's first prompt in the rollout
         seeds = [sampling_seed(args.seed, self._rollouts, first + i // k, i % k) for i in range(len(prompts))]
         start = time.time()
-        generation = self.backend.generate(actor, prompt_ids, seeds)
+        with (
+            gathered_for_generation(self.model_wrapped)
+            if self.backend.runs_training_model
+            else contextlib.nullcontext()
+        ):
+            generation = self.backend.generate(actor, prompt_ids, seeds)
         generation_time = time.time() - start
         completion_ids = generation.completion_ids
         completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
@@ -310,7 +339,8 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
 
     def _reference_logprobs(self, experience: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.ref_model is not None:
-            with offloaded(self.ref_model, self.accelerator.device, self.args.ref_reward_offload):
+            offload = self.args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
+            with offloaded(self.ref_model, self.accelerator.device, offload):
                 return self._batched_logprobs(self.ref_model, experience)
         actor = self.accelerator.unwrap_model(self.model)
         with actor.disable_adapter():
@@ -382,27 +412,30 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             optimizer.zero_grad(set_to_none=True)
         return metrics
 
-    def check_deepspeed_support(self) -> None:
-        """What runs under accelerate's DeepSpeed integration so far: ZeRO stage 1/2, without offload."""
+    def check_deepspeed_support(self) -> int:
+        """Refuse DeepSpeed settings the loop does not support; return the ZeRO stage."""
         config = self.accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
-        stage = config.get("stage", 0)
+        stage = int(config.get("stage", 0))
         offload = any(config.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
-        if stage not in (1, 2) or offload:
+        if stage == 0 or (offload and stage != 3):
             raise ValueError(
-                f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported yet: steadyrl "
-                "checkpoints save and restore ZeRO stage 1/2 optimizer partitions without offload (under stage 3 "
-                "transformers also loads the actor already partitioned, which the frozen reference copy cannot be "
-                "made from). Use zero_stage 1 or 2 without offload, or multi-process DDP "
-                "(examples/accelerate_configs/multi_gpu.yaml)."
+                f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported: use zero_stage "
+                "1 or 2 without offload, zero_stage 3 with or without offload (examples/accelerate_configs/), or "
+                "multi-process DDP (multi_gpu.yaml)."
             )
+        if stage == 3 and is_peft(self.model):
+            raise ValueError(
+                "peft_config under DeepSpeed ZeRO-3 is not supported: the adapters are small and the frozen base "
+                "gains little from partitioning; use zero_stage 2 (examples/accelerate_configs/zero2.yaml)."
+            )
+        return stage
 
     # ---- export -----------------------------------------------------------------------------------
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         if not self.is_deepspeed_enabled:
             return super().save_model(output_dir, _internal_call)
-        if self.accelerator.is_main_process:  # ZeRO 1/2 keep whole parameters on every process
-            self.save_actor(Path(output_dir or self.args.output_dir))
+        self.save_actor(Path(output_dir or self.args.output_dir))  # every process: ZeRO-3 gathers the weights
         self.accelerator.wait_for_everyone()
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:

@@ -41,7 +41,7 @@ from ..checkpoint import (
 from ..generation.weights import is_peft
 from ..sampling import RolloutBuffer
 from ..scalar_head import Critic
-from .zero import load_zero_state, zero_optimizer, zero_state
+from ..zero import consolidated_state_dict, load_zero_state, modifiable, zero_optimizer, zero_state
 
 logger = logging.get_logger(__name__)
 
@@ -124,6 +124,7 @@ class ResumeMixin:
             "peft": is_peft(self.model),
             "num_prompts": len(self.train_dataset),
             "trained_modules": [name for name, *_ in self.trained_modules()],
+            "zero_stage": self.zero_stage,
         }
 
     def _hf_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -176,13 +177,12 @@ class ResumeMixin:
                 torch.save(zero_state(optimizer), tmp / per_process(optimizer_file, rank))
             elif main:
                 torch.save(optimizer.state_dict(), tmp / optimizer_file)
-            if not main:
-                continue
             if name == "actor":
                 self.save_actor(tmp / "actor")
             else:
-                self._hf_model(model).save_pretrained(tmp / name, safe_serialization=True)
-            torch.save(scheduler.state_dict(), tmp / scheduler_file)
+                self.save_whole(self._hf_model(model), tmp / name)
+            if main:
+                torch.save(scheduler.state_dict(), tmp / scheduler_file)
         if main:
             self.state.save_to_json(str(tmp / "trainer_state.json"))
             loop_state = {
@@ -211,11 +211,18 @@ class ResumeMixin:
         return final
 
     def save_actor(self, directory: Path) -> None:
-        """The actor alone, in plain Hugging Face format, with its tokenizer."""
-        actor = self.accelerator.unwrap_model(self.model)
-        actor.save_pretrained(directory, safe_serialization=True)
-        if self.processing_class is not None:
+        """The actor alone, in plain Hugging Face format, with its tokenizer. Under ZeRO-3 every process must call
+        it (the weights are gathered); only the main process writes."""
+        self.save_whole(self.accelerator.unwrap_model(self.model), directory)
+        if self.processing_class is not None and self.accelerator.is_main_process:
             self.processing_class.save_pretrained(directory)
+
+    def save_whole(self, model, directory: Path) -> None:
+        """``model.save_pretrained`` on the main process; under ZeRO-3 with the weights gathered from every one."""
+        main = self.accelerator.is_main_process
+        state = consolidated_state_dict(model, main) if self.zero3 else None
+        if main:
+            model.save_pretrained(directory, state_dict=state, safe_serialization=True)
 
     # ---- loading -----------------------------------------------------------------------------
 
@@ -228,7 +235,8 @@ class ResumeMixin:
             details = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}" for k, (old, new) in changed.items())
             raise CheckpointError(f"cannot resume from {directory}: the run's configuration changed ({details}).")
         for name, model, optimizer, scheduler in self.trained_modules():
-            load_model_weights(self._hf_model(model), directory / name)
+            with modifiable(self._hf_model(model)):
+                load_model_weights(self._hf_model(model), directory / name)
             optimizer_file, scheduler_file = state_files(name)
             if zero_optimizer(optimizer) is not None:
                 rank_file = directory / per_process(optimizer_file, self.accelerator.process_index)
