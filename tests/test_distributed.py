@@ -128,16 +128,31 @@ def test_export_of_a_zero3_checkpoint_equals_the_live_actor(zero_run, tmp_path):
         assert torch.equal(exported[name], weights), name
 
 
-def test_offload_under_zero2_is_refused_before_any_work(tmp_path):
-    zero_config, message = (
-        "zero_stage: 2\n  offload_optimizer_device: cpu",
-        "ZeRO stage 2 with offload is not supported",
-    )
+def test_vllm_under_zero3_generates_with_the_gathered_actor_and_keeps_the_process_group(tmp_path):
+    vllm = ["use_vllm=true", "vllm_dtype=float32", "max_steps=6"]
+    run_toy(tmp_path, *TWO_PROCESSES, *vllm, accelerate_config=ZERO["zero3"])
+    logs = read_logs(tmp_path)
+    assert sorted(logs) == list(range(1, 7))
+    for step, entry in logs.items():  # vLLM's log-probs of its samples are the trainer's: the push was whole
+        assert entry["generation_logprob_diff"] < 1e-4, step
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert (tmp_path / "final-actor" / "model.safetensors").is_file()  # saved after train(), with the engine up
+
+
+@pytest.mark.parametrize(
+    "zero_config, flags, message",
+    [
+        ("zero_stage: 2\n  offload_optimizer_device: cpu", [], "ZeRO stage 2 with offload is not supported"),
+        ("zero_stage: 3", ["--lora"], "peft_config under DeepSpeed ZeRO-3 is not supported"),
+    ],
+    ids=["offload-under-zero2", "lora-under-zero3"],
+)
+def test_unsupported_deepspeed_settings_are_refused_before_any_work(tmp_path, zero_config, flags, message):
     config = tmp_path / "deepspeed.yaml"
     config.write_text(
         f"compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n  {zero_config}\n"
         "num_machines: 1\nnum_processes: 2\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: true\n"
     )
-    _, output = run_toy(tmp_path / "out", *TWO_PROCESSES, accelerate_config=config, expect_failure=True)
+    _, output = run_toy(tmp_path / "out", *flags, *TWO_PROCESSES, accelerate_config=config, expect_failure=True)
     assert message in output
     assert not list((tmp_path / "out").glob("checkpoint-*"))

@@ -4,7 +4,7 @@ chosen moments.
 As a script::
 
     python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo] [--resume]
-                            [--kill-after-save N] [--kill-during-save N] [--save-live-actor N]
+                            [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
@@ -78,10 +78,11 @@ def make_config(output_dir, algorithm="rloo", **overrides):
 
 def make_trainer(
     output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
-    **overrides,
+    peft_config=None, **overrides,
 ):  # fmt: skip
     trainer_cls = trainer_cls or ALGORITHMS[algorithm][1]
     extra = {} if judge is None else {"judge": judge}
+    extra.update({} if peft_config is None else {"peft_config": peft_config})
     return trainer_cls(
         model=toy_model_path(),
         args=make_config(output_dir, algorithm, **overrides),
@@ -152,6 +153,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-save", type=int)
     parser.add_argument("--kill-during-save", type=int)
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft_config)")
     parser.add_argument("--save-live-actor", type=int, help="write the live actor's weights after this step")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
@@ -159,6 +161,10 @@ def main() -> None:
     overrides = {key: _parse_value(value) for key, value in overrides.items()}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
     callbacks += [SaveLiveActor(opts.save_live_actor)] if opts.save_live_actor else []
+    if opts.lora:
+        from peft import LoraConfig
+
+        overrides["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)

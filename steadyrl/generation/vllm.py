@@ -157,6 +157,11 @@ class VLLMGenerationBackend(GenerationBackend):
     def close(self) -> None:
         if self.llm is None:
             return
+        if torch.distributed.is_initialized():
+            # The in-process engine joined the trainer's process group, and shutting it down (or dropping it, which
+            # shuts it down) destroys that group, which saving and barriers still need: it lives until the process
+            # exits, and a later train() reuses it.
+            return
         engine_core = getattr(self.llm.llm_engine, "engine_core", None)
         if hasattr(engine_core, "shutdown"):
             engine_core.shutdown()
