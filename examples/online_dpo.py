@@ -11,9 +11,8 @@ The toy task's judge is ``steadyrl.toy.letters_reward`` (the higher score wins t
 data, edit ``reward_funcs`` below, or pass a pairwise ``judge=``.
 """
 
-from common import train
-
 from steadyrl import OnlineDPOConfig, OnlineDPOTrainer
+from steadyrl.scripts import train
 from steadyrl.toy import letters_reward
 
 if __name__ == "__main__":

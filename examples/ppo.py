@@ -11,9 +11,8 @@ The toy task's reward is ``steadyrl.toy.letters_reward``; with your own data, ed
 (the critic starts from ``--reward_model_name_or_path`` if given, else from the policy).
 """
 
-from common import train
-
 from steadyrl import PPOConfig, PPOTrainer
+from steadyrl.scripts import train
 from steadyrl.toy import letters_reward
 
 if __name__ == "__main__":

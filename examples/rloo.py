@@ -10,9 +10,8 @@ Re-run the same command with ``--resume_from_checkpoint true`` after an interrup
 The toy task's reward is ``steadyrl.toy.letters_reward``; with your own data, edit ``reward_funcs`` below.
 """
 
-from common import train
-
 from steadyrl import RLOOConfig, RLOOTrainer
+from steadyrl.scripts import train
 from steadyrl.toy import letters_reward
 
 if __name__ == "__main__":

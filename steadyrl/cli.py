@@ -1,16 +1,29 @@
-"""The ``steadyrl`` command line (also ``python -m steadyrl``)."""
+"""The ``steadyrl`` command line (also ``python -m steadyrl`` and ``accelerate launch -m steadyrl``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from pathlib import Path
 
 from .checkpoint import CheckpointError
 
+TRAIN_COMMANDS = ("rloo", "ppo", "online-dpo")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="steadyrl", description="steadyrl: on-policy RL trainers for LLMs.")
+    parser = argparse.ArgumentParser(
+        prog="steadyrl",
+        description="steadyrl: on-policy RL trainers for LLMs. 'steadyrl COMMAND --help' describes each command.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in TRAIN_COMMANDS:
+        commands.add_parser(
+            name,
+            add_help=False,
+            help=f"train with {name.upper()}: --config cfg.yaml and/or --any_config_field value (see --help)",
+        )
     export = commands.add_parser(
         "export",
         help="write the actor of a checkpoint as a plain Hugging Face model",
@@ -20,10 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", metavar="CKPT_DIR", help="a checkpoint directory, e.g. out/checkpoint-500")
     export.add_argument("output_dir", metavar="OUT_DIR", help="a new (or empty) directory for the model")
+    checkpoints = commands.add_parser(
+        "checkpoints",
+        help="list the checkpoints of a run and which one a resume would pick",
+        description="Print a table of OUTPUT_DIR's checkpoints: step, size, time written, whether it is complete "
+        "and matches its manifest (every file's size and sha256), and which one resume_from_checkpoint=True "
+        "would pick. Exits with 1 if a checkpoint is damaged or incomplete.",
+    )
+    checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output_dir")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in TRAIN_COMMANDS:
+        from .scripts import train, trainers
+
+        config_class, trainer_class = trainers()[argv[0]]
+        train(config_class, trainer_class, argv[1:], prog=f"steadyrl {argv[0]}")
+        return 0
     args = build_parser().parse_args(argv)
     if args.command == "export":
         from .export import export_actor
@@ -34,7 +62,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steadyrl export: error: {err}", file=sys.stderr)
             return 2
         print(f"Wrote the actor of {args.checkpoint} to {out}")
+    elif args.command == "checkpoints":
+        return list_checkpoints(Path(args.output_dir))
     return 0
+
+
+def list_checkpoints(output_dir: Path) -> int:
+    from .checkpoint import scan_checkpoints
+
+    if not output_dir.is_dir():
+        print(f"steadyrl checkpoints: error: {output_dir} is not a directory", file=sys.stderr)
+        return 2
+    scan = scan_checkpoints(output_dir)
+    rows = [(path, "complete", "ok") for _, path in scan.complete]
+    rows += [
+        (path, "damaged" if path.name.startswith("checkpoint-") else "incomplete", why) for path, why in scan.rejected
+    ]
+    if not rows:
+        print(f"{output_dir}: no checkpoints")
+        return 0
+    rows.sort(key=lambda row: int(row[0].name.rsplit("-", 1)[1]))
+    print(f"{'step':>8}  {'size':>9}  {'written':19}  {'state':10}  manifest")
+    for path, state, check in rows:
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+        mark = "  <- resume_from_checkpoint=True" if path == scan.newest else ""
+        print(f"{path.name.rsplit('-', 1)[1]:>8}  {size / 2**20:>7.1f}MB  {written}  {state:10}  {check}{mark}")
+    if scan.newest is None:
+        print("No complete checkpoint: resume_from_checkpoint=True would start from step 0.")
+    return 1 if scan.rejected else 0
 
 
 if __name__ == "__main__":

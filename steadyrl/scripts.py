@@ -1,0 +1,120 @@
+"""Training from the command line: ``steadyrl rloo|ppo|online-dpo`` and the example scripts.
+
+Arguments are the fields of the algorithm's config class plus ``ScriptArguments``, as flags
+(``transformers.HfArgumentParser``), from a YAML file (``--config cfg.yaml``, or the YAML file as the only
+argument), or both: flags override the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from dataclasses import dataclass, field
+
+import yaml
+from transformers import HfArgumentParser
+
+from .toy import letters_reward, toy_dataset, toy_model_path
+
+
+@dataclass
+class ScriptArguments:
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Model path or Hub name; default: toy."})
+    dataset_name: str | None = field(default=None, metadata={"help": "Dataset with a 'prompt' column; default: toy."})
+    dataset_split: str = field(default="train")
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A sequence classifier (num_labels=1) scoring completions, if any."}
+    )
+    reward_funcs: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Reward functions as module:function (TRL's calling convention); default on the toy task: "
+                  "steadyrl.toy:letters_reward."},
+    )  # fmt: skip
+
+
+def trainers() -> dict[str, tuple[type, type]]:
+    from . import OnlineDPOConfig, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+
+    return {
+        "rloo": (RLOOConfig, RLOOTrainer),
+        "ppo": (PPOConfig, PPOTrainer),
+        "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
+    }
+
+
+def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[ScriptArguments, object]:
+    """``ScriptArguments`` and the config from ``argv``: flags, ``--config FILE.yaml`` plus flags, or ``FILE.yaml``."""
+    parser = HfArgumentParser((ScriptArguments, config_class), prog=prog)
+    parser.add_argument("--config", metavar="FILE.yaml", help="a YAML file of any fields below; flags override it")
+    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        argv = ["--config", argv[0]]
+    config_file = _option(argv, "--config")
+    if config_file is not None:
+        values = _read_yaml(config_file)
+        fields = {f.name for cls in (ScriptArguments, config_class) for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            parser.error(f"{config_file}: unknown field(s) {unknown}; the fields are the flags listed by --help")
+        parser.set_defaults(**values)
+        for action in parser._actions:  # a field the file sets is no longer required on the command line
+            if action.dest in values:
+                action.required = False
+    script, config, _, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:  # the third output holds the --config option
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (--help lists every field)")
+    return script, config
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _read_yaml(path: str) -> dict:
+    try:
+        with open(path) as f:
+            values = yaml.safe_load(f) or {}
+    except OSError as err:
+        raise SystemExit(f"--config {path}: cannot read it ({err.strerror})") from err
+    except yaml.YAMLError as err:
+        raise SystemExit(f"--config {path}: not valid YAML ({err})") from err
+    if not isinstance(values, dict):
+        raise SystemExit(f"--config {path}: expected a mapping of field: value, got {type(values).__name__}")
+    return values
+
+
+def load_reward_func(spec: str):
+    """``module:function`` (or ``module.function``) -> the function."""
+    module_name, _, name = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise SystemExit(f"--reward_funcs {spec!r}: cannot import it ({err}); use module:function") from err
+
+
+def train(config_class, trainer_class, argv: list[str] | None = None, prog: str | None = None, **trainer_kwargs):
+    """Parse the arguments, build the trainer, train (resuming if asked), save the actor to OUTPUT_DIR/actor."""
+    script, config = parse(config_class, sys.argv[1:] if argv is None else argv, prog)
+    model = script.model_name_or_path or toy_model_path()
+    if script.dataset_name:
+        from datasets import load_dataset
+
+        dataset = load_dataset(script.dataset_name, split=script.dataset_split)
+    else:
+        dataset = toy_dataset()
+    if script.reward_funcs:
+        trainer_kwargs["reward_funcs"] = [load_reward_func(spec) for spec in script.reward_funcs]
+    elif "reward_funcs" not in trainer_kwargs and not script.dataset_name:
+        trainer_kwargs["reward_funcs"] = [letters_reward]
+    trainer = trainer_class(
+        model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
+        **trainer_kwargs,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model(f"{config.output_dir}/actor")
+    return trainer
