@@ -68,7 +68,8 @@ def test_resuming_with_another_number_of_processes_is_refused_before_any_step(un
     assert trainer.state.global_step == 0
 
 
-ZERO_RUNS = [("zero2", "rloo"), ("zero2", "ppo"), ("zero3", "rloo"), ("zero3", "ppo"), ("zero3_offload", "ppo")]
+# ZeRO-2 with PPO only: its two engines cover RLOO's one, and ZeRO-3 runs both (each pair costs a minute of CI).
+ZERO_RUNS = [("zero2", "ppo"), ("zero3", "rloo"), ("zero3", "ppo"), ("zero3_offload", "ppo")]
 
 
 @pytest.fixture(scope="module", params=ZERO_RUNS, ids=[f"{stage}-{algo}" for stage, algo in ZERO_RUNS])
