@@ -33,6 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", metavar="CKPT_DIR", help="a checkpoint directory, e.g. out/checkpoint-500")
     export.add_argument("output_dir", metavar="OUT_DIR", help="a new (or empty) directory for the model")
+    push = commands.add_parser(
+        "push",
+        help="publish the actor of a checkpoint (or a saved actor) to the Hugging Face Hub",
+        description="Publish the actor alone to REPO_ID on the Hugging Face Hub, with a model card: from a checkpoint "
+        "(verified against its manifest first) or a saved actor directory. Never the critic, reward model, "
+        "optimizer or RNG state. The token comes from --token, HF_TOKEN or the cached login (huggingface-cli login).",
+    )
+    push.add_argument("source", metavar="CKPT_OR_ACTOR_DIR", help="e.g. out/checkpoint-500 or out/actor")
+    push.add_argument("repo_id", metavar="REPO_ID", help="e.g. my-name/qwen-rloo")
+    push.add_argument("--merged", action="store_true", help="a LoRA actor: push it merged into its base model")
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--revision", default=None, help="branch to commit to (default: main)")
+    push.add_argument("--token", default=None, help="Hub token; default: HF_TOKEN or the cached login")
     checkpoints = commands.add_parser(
         "checkpoints",
         help="list the checkpoints of a run and which one a resume would pick",
@@ -62,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steadyrl export: error: {err}", file=sys.stderr)
             return 2
         print(f"Wrote the actor of {args.checkpoint} to {out}")
+    elif args.command == "push":
+        from .hub import push_from_directory
+
+        try:
+            url = push_from_directory(Path(args.source), args.repo_id, args.token, args.merged, args.private,
+                                      args.revision)  # fmt: skip
+        except (CheckpointError, FileNotFoundError) as err:
+            print(f"steadyrl push: error: {err}", file=sys.stderr)
+            return 2
+        print(f"Pushed the actor of {args.source} to {args.repo_id}: {url}")
     elif args.command == "checkpoints":
         return list_checkpoints(Path(args.output_dir))
     return 0

@@ -26,14 +26,14 @@ def export_actor(checkpoint: str | Path, output_dir: str | Path) -> Path:
         raise FileExistsError(f"{output_dir} exists and is not empty: choose a new directory for the export.")
     output_dir.mkdir(parents=True, exist_ok=True)
     if (actor / "adapter_config.json").is_file():
-        _merge_adapter(actor, output_dir)
+        merge_adapter(actor, output_dir)
     else:
         for path in actor.iterdir():
             shutil.copy2(path, output_dir / path.name)
     return output_dir
 
 
-def _merge_adapter(actor: Path, output_dir: Path) -> None:
+def merge_adapter(actor: Path, output_dir: Path) -> None:
     """A LoRA actor: its base model (as named in adapter_config.json) with the adapter merged in."""
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer

@@ -60,6 +60,11 @@ class OnPolicyConfig(TrainingArguments):
     missing_eos_penalty: float | None = field(
         default=None, metadata={"help": "Subtracted from the score of a completion that ends without EOS."}
     )
+    hub_push_merged: bool = field(
+        default=False,
+        metadata={"help": "With peft_config and push_to_hub: push the adapters merged into the base model (a full "
+                  "model) instead of the adapters alone."},
+    )  # fmt: skip
     ref_reward_offload: bool = field(
         default=False,
         metadata={

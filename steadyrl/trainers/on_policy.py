@@ -38,6 +38,7 @@ from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
 from ..zero import bind_scheduler, check_whole, gathered_for_generation, inference_engine, whole_at_load
 from .config import OnPolicyConfig
+from .publish import HubMixin
 from .resume import ResumeMixin
 
 logger = logging.get_logger(__name__)
@@ -59,7 +60,7 @@ def _check_dataset(dataset) -> None:
         )
 
 
-class OnPolicyTrainer(ResumeMixin, Trainer):
+class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop."""
 
     algorithm_name = "on-policy"
@@ -84,6 +85,7 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         _check_dataset(train_dataset)
+        self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
         if isinstance(model, str):
             with whole_at_load():
                 model = AutoModelForCausalLM.from_pretrained(model)
@@ -437,6 +439,8 @@ class OnPolicyTrainer(ResumeMixin, Trainer):
             return super().save_model(output_dir, _internal_call)
         self.save_actor(Path(output_dir or self.args.output_dir))  # every process: ZeRO-3 gathers the weights
         self.accelerator.wait_for_everyone()
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""

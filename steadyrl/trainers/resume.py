@@ -207,6 +207,7 @@ class ResumeMixin:
             final = commit_checkpoint(tmp, step)
             for deleted in rotate_checkpoints(args.output_dir, args.save_total_limit):
                 logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={args.save_total_limit}).")
+            self.push_checkpoint(final)
         self.accelerator.wait_for_everyone()
         return final
 

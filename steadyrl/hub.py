@@ -1,0 +1,105 @@
+"""Publishing the actor to the Hugging Face Hub: the policy alone, in plain Hugging Face format, with a model card.
+
+Never the critic, reward model, reference, optimizer, RNG or training arguments. The token comes from the
+usual places (an explicit ``token``/``hub_token``, ``HF_TOKEN``, the cached login) and is only ever handed to
+``huggingface_hub``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import __version__
+from .checkpoint import verify_checkpoint
+
+
+def stage_actor(actor_dir: Path, out: Path, merged: bool) -> Path:
+    """The files to publish from a plain actor directory (a checkpoint's ``actor/`` or a saved model): a LoRA
+    adapter as it is (``adapter_config.json`` + weights), or with ``merged`` merged into its base model."""
+    out.mkdir(parents=True, exist_ok=True)
+    if merged and (actor_dir / "adapter_config.json").is_file():
+        from .export import merge_adapter
+
+        merge_adapter(actor_dir, out)
+    else:
+        for path in actor_dir.iterdir():
+            if path.is_file():
+                shutil.copy2(path, out / path.name)
+    return out
+
+
+def actor_of(path: Path) -> Path:
+    """The actor directory of a checkpoint (verified against its manifest) or of a saved actor directory."""
+    if (path / "manifest.json").is_file():
+        verify_checkpoint(path)
+        return path / "actor"
+    if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
+        return path
+    raise FileNotFoundError(
+        f"{path} is neither a steadyrl checkpoint (no manifest.json) nor a saved actor (no config.json or "
+        "adapter_config.json)."
+    )
+
+
+def model_card(
+    repo_id: str, base_model: str | None, algorithm: str, dataset: str | None, steps: int, metrics: dict
+) -> str:
+    """README.md with the Hub's metadata header: base model, algorithm, dataset, steps, final metrics."""
+    header = ["---", "library_name: transformers", "tags:", "- steadyrl", f"- {algorithm}", "- reinforcement-learning"]
+    if base_model:
+        header.append(f"base_model: {base_model}")
+    if dataset:
+        header += ["datasets:", f"- {dataset}"]
+    header.append("---")
+    rows = "\n".join(f"| {name} | {value:.4g} |" for name, value in sorted(metrics.items()))
+    body = f"""
+# {repo_id.split("/")[-1]}
+
+The actor (policy) of a steadyrl {algorithm.upper()} run: {steps} optimizer steps from
+`{base_model or "an unnamed model"}` on {f"`{dataset}`" if dataset else "an unnamed dataset"}.
+
+| final metric | value |
+|---|---|
+{rows or "| (none logged) | |"}
+
+Trained with [steadyrl](https://github.com/steadyrl/steadyrl) {__version__}. Only the policy is published:
+no critic, reward model, reference model or optimizer state.
+"""
+    return "\n".join(header) + "\n" + body
+
+
+def upload(folder: Path, repo_id: str, token: str | None, message: str, path_in_repo: str | None = None,
+           revision: str | None = None, private: bool | None = None) -> str:  # fmt: skip
+    """Create ``repo_id`` if needed and commit ``folder`` to it; return the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)  # None: HF_TOKEN or the cached login, as huggingface_hub decides
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    info = api.upload_folder(
+        repo_id=repo_id, folder_path=folder, path_in_repo=path_in_repo, commit_message=message, revision=revision
+    )
+    return info.commit_url
+
+
+def push_from_directory(source: Path, repo_id: str, token: str | None, merged: bool, private: bool,
+                        revision: str | None = None) -> str:  # fmt: skip
+    """``steadyrl push``: the actor of a checkpoint (or a saved actor) with a card made from the checkpoint's state."""
+    actor = actor_of(source)
+    steps, metrics, algorithm = 0, {}, "rl"
+    if (source / "trainer_state.json").is_file():
+        state = json.loads((source / "trainer_state.json").read_text())
+        steps = state.get("global_step", 0)
+        final = next((log for log in reversed(state.get("log_history", [])) if "reward" in log), {})
+        metrics = {k: float(final[k]) for k in ("reward", "reward_std", "kl", "loss") if k in final}
+    if (source / "steadyrl_state.json").is_file():
+        algorithm = json.loads((source / "steadyrl_state.json").read_text())["fingerprint"]["algorithm"]
+    config_file = actor / ("adapter_config.json" if (actor / "adapter_config.json").is_file() else "config.json")
+    config = json.loads(config_file.read_text())
+    base = config.get("base_model_name_or_path") or config.get("_name_or_path")
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = stage_actor(actor, Path(tmp) / "staged", merged)
+        (staged / "README.md").write_text(model_card(repo_id, base, algorithm, None, steps, metrics))
+        return upload(staged, repo_id, token, f"Upload the actor of {source.name}", revision=revision, private=private)

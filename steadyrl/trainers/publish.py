@@ -1,0 +1,69 @@
+"""``push_to_hub`` and ``hub_strategy`` for ``OnPolicyTrainer``, applied to the actor alone.
+
+``hub_strategy`` keeps its ``TrainingArguments`` meaning: ``end`` publishes when ``push_to_hub()`` (or
+``save_model`` with ``push_to_hub=True``) runs; ``every_save`` also publishes the actor of every checkpoint;
+``checkpoint`` adds it under ``last-checkpoint/``; ``all_checkpoints`` under ``checkpoint-<step>/``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from transformers.trainer_utils import HubStrategy
+
+from ..hub import model_card, stage_actor, upload
+
+
+class HubMixin:
+    def init_hf_repo(self, token: str | None = None) -> None:
+        """Create the repository (main process), as ``Trainer`` does when ``push_to_hub=True``."""
+        args = self.args
+        self.hub_model_id = args.hub_model_id or Path(args.output_dir).absolute().name
+        if self.is_world_process_zero():
+            from huggingface_hub import HfApi
+
+            api = HfApi(token=token or args.hub_token)
+            self.hub_model_id = api.create_repo(self.hub_model_id, private=args.hub_private_repo, exist_ok=True).repo_id
+
+    def push_to_hub(
+        self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
+        revision: str | None = None, **kwargs,
+    ) -> str | None:  # fmt: skip
+        """Publish the live actor (with ``hub_push_merged``, a LoRA actor merged into its base) and a model card;
+        return the commit URL on the main process. Every process must call it: under ZeRO-3 the weights are
+        gathered."""
+        with tempfile.TemporaryDirectory() as tmp:
+            self.save_actor(Path(tmp) / "actor")
+            if not self.is_world_process_zero():
+                return None
+            return self.publish_actor(Path(tmp) / "actor", commit_message or "End of training", token=token,
+                                      revision=revision or self.args.hub_revision)  # fmt: skip
+
+    def publish_actor(self, actor_dir: Path, message: str, path_in_repo: str | None = None, token=None, revision=None):
+        args = self.args
+        if getattr(self, "hub_model_id", None) is None:
+            self.init_hf_repo(token)
+        with tempfile.TemporaryDirectory() as tmp:
+            staged = stage_actor(actor_dir, Path(tmp) / "staged", merged=args.hub_push_merged)
+            (staged / "README.md").write_text(self.model_card())
+            return upload(staged, self.hub_model_id, token or args.hub_token, message, path_in_repo, revision)
+
+    def push_checkpoint(self, checkpoint: Path) -> None:
+        """After a checkpoint is complete: publish its actor as ``hub_strategy`` asks (main process)."""
+        args = self.args
+        if not args.push_to_hub or args.hub_strategy == HubStrategy.END or not self.is_world_process_zero():
+            return
+        message = f"Training in progress, step {self.state.global_step}"
+        self.publish_actor(checkpoint / "actor", message, revision=args.hub_revision)
+        folder = {HubStrategy.CHECKPOINT: "last-checkpoint", HubStrategy.ALL_CHECKPOINTS: checkpoint.name}
+        if args.hub_strategy in folder:
+            self.publish_actor(checkpoint / "actor", message, folder[args.hub_strategy], revision=args.hub_revision)
+
+    def model_card(self) -> str:
+        dataset = getattr(getattr(self.train_dataset, "info", None), "dataset_name", None)
+        final = next((log for log in reversed(self.state.log_history) if "reward" in log), {})
+        keys = ("reward", "reward_std", "kl", "loss", "score", "preference_accuracy")
+        metrics = {key: float(final[key]) for key in keys if key in final}
+        return model_card(self.hub_model_id, self.base_model_name, self.algorithm_name, dataset,
+                          self.state.global_step, metrics)  # fmt: skip

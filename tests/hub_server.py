@@ -1,0 +1,112 @@
+"""A stand-in for the Hugging Face Hub, for tests only: the Hub cannot be reached from here.
+
+This is the one stand-in for a remote service in the suite, kept to the four endpoints ``huggingface_hub``
+uses to create a repository and commit files to it: ``POST /api/repos/create``, ``POST /api/validate-yaml``
+(the model card's metadata header must parse),
+``POST /api/models/<repo>/preupload/<rev>`` (every file is declared a regular upload, so its content travels
+inside the commit) and ``POST /api/models/<repo>/commit/<rev>`` (NDJSON: a header, then base64 files). Any other
+request is answered 404 and recorded, so a test sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import yaml
+
+
+@dataclass
+class Commit:
+    repo_id: str
+    message: str
+    files: dict[str, bytes]
+
+
+@dataclass
+class FakeHub:
+    url: str = ""
+    repos: dict[str, dict] = field(default_factory=dict)
+    commits: list[Commit] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    card_metadata: list[dict] = field(default_factory=list)
+
+    def files(self, repo_id: str) -> dict[str, bytes]:
+        """The repository's files after all its commits."""
+        tree = {}
+        for commit in self.commits:
+            if commit.repo_id == repo_id:
+                tree.update(commit.files)
+        return tree
+
+
+def _handler(hub: FakeHub):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # keep test output clean
+            pass
+
+        def _reply(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if not self.path.startswith("/api/agent-harnesses"):  # huggingface_hub's user-agent registry: optional
+                hub.unexpected.append(f"GET {self.path}")
+            self._reply(404, {"error": "not in the stand-in"})
+
+        def do_POST(self):
+            hub.authorizations.append(self.headers.get("authorization", ""))
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            path = self.path.split("?")[0]
+            if path == "/api/repos/create":
+                request = json.loads(body)
+                repo_id = (
+                    f"{request['organization']}/{request['name']}" if request.get("organization") else request["name"]
+                )
+                hub.repos[repo_id] = {"visibility": request.get("visibility")}
+                return self._reply(200, {"url": f"{hub.url}/{repo_id}", "name": repo_id})
+            if path == "/api/validate-yaml":  # the README's metadata header must parse, as the Hub checks
+                content = json.loads(body)["content"]
+                header = content.split("---")[1] if content.startswith("---") else ""
+                try:
+                    metadata = yaml.safe_load(header)
+                except yaml.YAMLError as err:
+                    return self._reply(400, {"errors": [{"message": str(err)}]})
+                hub.card_metadata.append(metadata)
+                return self._reply(200, {"errors": [], "warnings": []})
+            if match := re.fullmatch(r"/api/models/(.+)/preupload/[^/]+", path):
+                files = json.loads(body)["files"]
+                regular = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
+                return self._reply(200, {"files": regular})
+            if match := re.fullmatch(r"/api/models/(.+)/commit/[^/]+", path):
+                lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+                header = next(line["value"] for line in lines if line["key"] == "header")
+                files = {
+                    line["value"]["path"]: base64.b64decode(line["value"]["content"])
+                    for line in lines
+                    if line["key"] == "file"
+                }
+                hub.commits.append(Commit(match.group(1), header["summary"], files))
+                oid = f"{len(hub.commits):040x}"
+                return self._reply(200, {"commitUrl": f"{hub.url}/{match.group(1)}/commit/{oid}", "commitOid": oid})
+            hub.unexpected.append(f"POST {path}")
+            return self._reply(404, {"error": "not in the stand-in"})
+
+    return Handler
+
+
+def start() -> tuple[FakeHub, ThreadingHTTPServer]:
+    hub = FakeHub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return hub, server

@@ -1,0 +1,127 @@
+"""Publishing the actor alone to the Hub, against the local stand-in in hub_server.py (the Hub itself cannot be
+reached from here): which files arrive, that they load as the live model, and that the token stays out of every
+file and log."""
+
+import logging
+
+import pytest
+import torch
+from hub_server import start
+from peft import LoraConfig
+from safetensors.torch import load_file
+from toy_run import make_trainer
+from transformers import AutoModelForCausalLM
+
+from steadyrl.cli import main
+
+TOKEN = "hf_steadyrlTestTokenThatMustNotLeak"
+FORBIDDEN = ("critic", "optimizer", "scheduler", "rng_state", "rollout_buffer", "training_args", "manifest")
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub.constants
+
+    hub, server = start()
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield hub
+    server.shutdown()
+    assert not hub.unexpected, f"requests the stand-in does not implement: {hub.unexpected}"
+
+
+def load_pushed(files: dict[str, bytes], directory):
+    directory.mkdir()
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    return AutoModelForCausalLM.from_pretrained(directory)
+
+
+def assert_token_nowhere(tmp_path, text: str) -> None:
+    assert TOKEN not in text
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), f"the token was written to {path}"
+
+
+@pytest.mark.parametrize(
+    "strategy, extra_folder",
+    [
+        ("end", None),
+        ("every_save", None),
+        ("checkpoint", "last-checkpoint/"),
+        ("all_checkpoints", "checkpoint-4/"),
+    ],  # fmt: skip
+)
+def test_push_sends_exactly_the_actor_and_its_card(hub, tmp_path, toy_path, caplog, capsys, strategy, extra_folder):
+    caplog.set_level(logging.DEBUG)
+    trainer = make_trainer(
+        tmp_path / "run", algorithm="ppo", max_steps=4, save_steps=2, push_to_hub=True,
+        hub_model_id="someone/toy-ppo", hub_strategy=strategy, hub_token=TOKEN,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model(str(tmp_path / "run" / "final"))  # with push_to_hub, save_model publishes too
+
+    actor_files = {p.name for p in (tmp_path / "run" / "checkpoint-4" / "actor").iterdir()}
+    expected = actor_files | {"README.md"}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= actor_files
+    checkpoint_commits = [c for c in hub.commits if c.message.startswith("Training in progress")]
+    assert len(checkpoint_commits) == (0 if strategy == "end" else {"every_save": 2}.get(strategy, 4))
+    assert hub.commits[-1].message == "Model save"
+    for commit in hub.commits:
+        assert commit.repo_id == "someone/toy-ppo"
+        names = {name.split("/", 1)[1] if "/" in name else name for name in commit.files}
+        assert names == expected, commit.message
+        assert not any(word in name for name in commit.files for word in FORBIDDEN)
+    tree = hub.files("someone/toy-ppo")
+    if extra_folder:
+        assert {name for name in tree if name.startswith(extra_folder)} == {extra_folder + n for n in expected}
+
+    root = {name: data for name, data in tree.items() if "/" not in name}
+    pushed = load_pushed(root, tmp_path / "pushed").state_dict()
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(pushed[name], value), name
+    card = root["README.md"].decode()
+    for text in ("- steadyrl", "- ppo", "base_model:", "4 optimizer steps", "| reward |", "0.1.0"):
+        assert text in card, text
+    assert hub.card_metadata[-1]["tags"] == ["steadyrl", "ppo", "reinforcement-learning"]
+    assert set(hub.authorizations) == {f"Bearer {TOKEN}"}
+    captured = capsys.readouterr()
+    assert_token_nowhere(tmp_path, captured.out + captured.err + caplog.text + card)
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_lora_run_pushes_merged_model_or_adapter_alone(hub, tmp_path, toy_path, merged):
+    trainer = make_trainer(
+        tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/toy-lora",
+        hub_strategy="end", hub_token=TOKEN, hub_push_merged=merged,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )  # fmt: skip
+    trainer.train()
+    trainer.push_to_hub()
+    files = hub.files("someone/toy-lora")
+    if merged:
+        assert "adapter_config.json" not in files and "model.safetensors" in files
+        pushed = load_pushed(files, tmp_path / "pushed").state_dict()
+        reference = trainer.model.merge_and_unload().state_dict()
+        for name, value in reference.items():
+            assert torch.allclose(pushed[name], value, atol=1e-6), name
+    else:
+        assert {"adapter_config.json", "adapter_model.safetensors", "README.md"} <= set(files)
+        assert "model.safetensors" not in files
+        (tmp_path / "adapter").mkdir()
+        (tmp_path / "adapter" / "a.safetensors").write_bytes(files["adapter_model.safetensors"])
+        adapter = load_file(tmp_path / "adapter" / "a.safetensors")
+        assert adapter and all("lora_" in name for name in adapter)
+
+
+def test_steadyrl_push_publishes_a_checkpoint_after_the_fact(hub, tmp_path, toy_path, capsys, monkeypatch):
+    make_trainer(tmp_path / "run", max_steps=2, save_steps=2).train()
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the usual place: the environment
+    assert main(["push", str(tmp_path / "run" / "checkpoint-2"), "someone/after"]) == 0
+    files = hub.files("someone/after")
+    assert set(files) == {p.name for p in (tmp_path / "run" / "checkpoint-2" / "actor").iterdir()} | {"README.md"}
+    assert "- rloo" in files["README.md"].decode() and "2 optimizer steps" in files["README.md"].decode()
+    assert set(hub.authorizations) == {f"Bearer {TOKEN}"}
+    assert main(["push", str(tmp_path / "run"), "someone/after"]) == 2  # an output dir is not a checkpoint
+    assert "neither a steadyrl checkpoint" in capsys.readouterr().err
