@@ -115,7 +115,7 @@ def test_zero_sigkill_after_a_checkpoint_resumes_identically(zero_run, tmp_path)
 def test_export_of_a_zero3_checkpoint_equals_the_live_actor(zero_run, tmp_path):
     stage, _, out = zero_run
     if not stage.startswith("zero3"):
-        pytest.skip("ZeRO-3 partitions the actor's weights; under ZeRO-2 every process holds them whole")
+        pytest.skip(reason="ZeRO-3 partitions the actor's weights; under ZeRO-2 every process holds them whole")
     proc = subprocess.run(
         [sys.executable, "-m", "steadyrl", "export", out / "checkpoint-6", tmp_path / "model"],
         capture_output=True,
