@@ -44,6 +44,15 @@ def actor_of(path: Path) -> Path:
     )
 
 
+CARD_METRICS = ("reward", "reward_std", "kl", "loss", "score", "preference_accuracy")
+
+
+def final_metrics(log_history: list[dict]) -> dict[str, float]:
+    """The card's metrics: those of the last logged entry that has a reward."""
+    final = next((log for log in reversed(log_history) if "reward" in log), {})
+    return {key: float(final[key]) for key in CARD_METRICS if key in final}
+
+
 def model_card(
     repo_id: str, base_model: str | None, algorithm: str, dataset: str | None, steps: int, metrics: dict
 ) -> str:
@@ -92,8 +101,7 @@ def push_from_directory(source: Path, repo_id: str, token: str | None, merged: b
     if (source / "trainer_state.json").is_file():
         state = json.loads((source / "trainer_state.json").read_text())
         steps = state.get("global_step", 0)
-        final = next((log for log in reversed(state.get("log_history", [])) if "reward" in log), {})
-        metrics = {k: float(final[k]) for k in ("reward", "reward_std", "kl", "loss") if k in final}
+        metrics = final_metrics(state.get("log_history", []))
     if (source / "steadyrl_state.json").is_file():
         algorithm = json.loads((source / "steadyrl_state.json").read_text())["fingerprint"]["algorithm"]
     config_file = actor / ("adapter_config.json" if (actor / "adapter_config.json").is_file() else "config.json")

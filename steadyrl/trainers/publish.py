@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transformers.trainer_utils import HubStrategy
 
-from ..hub import model_card, stage_actor, upload
+from ..hub import final_metrics, model_card, stage_actor, upload
 
 
 class HubMixin:
@@ -62,8 +62,6 @@ class HubMixin:
 
     def model_card(self) -> str:
         dataset = getattr(getattr(self.train_dataset, "info", None), "dataset_name", None)
-        final = next((log for log in reversed(self.state.log_history) if "reward" in log), {})
-        keys = ("reward", "reward_std", "kl", "loss", "score", "preference_accuracy")
-        metrics = {key: float(final[key]) for key in keys if key in final}
+        metrics = final_metrics(self.state.log_history)
         return model_card(self.hub_model_id, self.base_model_name, self.algorithm_name, dataset,
                           self.state.global_step, metrics)  # fmt: skip
