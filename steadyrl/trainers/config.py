@@ -76,6 +76,11 @@ class OnPolicyConfig(TrainingArguments):
         default=False,
         metadata={"help": "Also save a checkpoint at the last step when it is not a multiple of save_steps."},
     )
+    stop_on_signal: bool = field(
+        default=True,
+        metadata={"help": "On SIGTERM or SIGINT (what schedulers send before preemption): finish the current step, "
+                  "write a checkpoint and exit with status 0. A second signal exits at once."},
+    )  # fmt: skip
     use_vllm: bool = field(
         default=False,
         metadata={
