@@ -166,11 +166,17 @@ def find_resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond ``save_total_limit`` (never the newest); return them."""
+    """Delete the oldest complete checkpoints beyond ``save_total_limit`` (never the newest); return them.
+
+    Each is first renamed to ``deleting-checkpoint-<step>`` (atomic), so a crash mid-deletion leaves no
+    half-deleted ``checkpoint-<step>``; leftovers of such a crash are removed by the next rotation.
+    """
     if not save_total_limit or save_total_limit < 1:
         return []
     complete = scan_checkpoints(output_dir, verify=False).complete
     doomed = [path for _, path in complete[: max(0, len(complete) - save_total_limit)]]
     for path in doomed:
+        os.rename(path, path.with_name(f"deleting-{path.name}"))
+    for path in Path(output_dir).glob("deleting-checkpoint-*"):
         shutil.rmtree(path, ignore_errors=True)
     return doomed
