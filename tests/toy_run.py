@@ -5,6 +5,7 @@ As a script::
 
     python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
+                            [--signal-at N [--signal TERM|INT] [--signal-again]]
                             [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
@@ -78,13 +79,13 @@ def make_config(output_dir, algorithm="rloo", **overrides):
 
 def make_trainer(
     output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
-    peft_config=None, **overrides,
+    peft_config=None, model=None, **overrides,
 ):  # fmt: skip
     trainer_cls = trainer_cls or ALGORITHMS[algorithm][1]
     extra = {} if judge is None else {"judge": judge}
     extra.update({} if peft_config is None else {"peft_config": peft_config})
     return trainer_cls(
-        model=toy_model_path(),
+        model=model or toy_model_path(),
         args=make_config(output_dir, algorithm, **overrides),
         train_dataset=toy_dataset(**DATASETS.get(algorithm, {})) if train_dataset is None else train_dataset,
         reward_funcs=[letters_reward] if reward_funcs is None else reward_funcs,
@@ -127,6 +128,21 @@ class SaveLiveActor(TrainerCallback):
                 save_file(weights, os.path.join(args.output_dir, f"live-actor-{self.step}.safetensors"))
 
 
+class SignalAt(TrainerCallback):
+    """Send this process ``signum`` as step ``step + 1`` begins; with ``again``, once more as it ends."""
+
+    def __init__(self, step: int, signum: int, again: bool = False) -> None:
+        self.step, self.signum, self.again = step, signum, again
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.again and state.global_step == self.step + 1:
+            os.kill(os.getpid(), self.signum)
+
+
 def kill_during_save(trainer, step: int) -> None:
     """SIGKILL this process in the middle of writing checkpoint-<step> (after its actor weights, before the rest)."""
     save_actor = trainer.save_actor
@@ -146,6 +162,11 @@ def _parse_value(text: str):
         return text
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``["key=value", ...]`` with JSON values (plain strings otherwise) -> config overrides."""
+    return {key: _parse_value(value) for key, value in (item.split("=", 1) for item in items)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("output_dir")
@@ -155,12 +176,16 @@ def main() -> None:
     parser.add_argument("--kill-during-save", type=int)
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft_config)")
     parser.add_argument("--save-live-actor", type=int, help="write the live actor's weights after this step")
+    parser.add_argument("--signal-at", type=int, help="send --signal to itself as the step after this one begins")
+    parser.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
+    parser.add_argument("--signal-again", action="store_true", help="and a second one as that step ends")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
-    overrides = dict(item.split("=", 1) for item in opts.set)
-    overrides = {key: _parse_value(value) for key, value in overrides.items()}
+    overrides = parse_overrides(opts.set)
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
     callbacks += [SaveLiveActor(opts.save_live_actor)] if opts.save_live_actor else []
+    signum = getattr(signal, f"SIG{opts.signal}")
+    callbacks += [SignalAt(opts.signal_at, signum, opts.signal_again)] if opts.signal_at is not None else []
     if opts.lora:
         from peft import LoraConfig
 

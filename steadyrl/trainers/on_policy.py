@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import signal
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -30,6 +31,7 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
+from ..checkpoint import checkpoint_name
 from ..generation import make_backend, sampling_seed
 from ..generation.weights import is_peft
 from ..ops import completion_logprobs, last_token_index, masked_mean, offloaded, pad_prompts_and_completions
@@ -38,6 +40,7 @@ from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
 from ..zero import bind_scheduler, check_whole, gathered_for_generation, inference_engine, whole_at_load
 from .config import OnPolicyConfig
+from .preemption import StopSignals
 from .publish import HubMixin
 from .resume import ResumeMixin
 
@@ -231,16 +234,20 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
         if checkpoint is not None:
             self._restore_rng(checkpoint)
 
+        stop = StopSignals(enabled=args.stop_on_signal)
         try:
-            while self.state.global_step < max_steps and not self.control.should_training_stop:
-                if self.buffer is None or self.buffer.exhausted:
-                    self.buffer = self.make_rollout()
-                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                self.optimizer_step(self.buffer.next_minibatch())
-                self.state.global_step += 1
-                self.state.epoch = self.sampler.epoch
-                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                self._log_and_save()
+            with stop:
+                while self.state.global_step < max_steps and not self.control.should_training_stop:
+                    if self.buffer is None or self.buffer.exhausted:
+                        self.buffer = self.make_rollout()
+                    self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                    self.optimizer_step(self.buffer.next_minibatch())
+                    self.state.global_step += 1
+                    self.state.epoch = self.sampler.epoch
+                    self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                    saved = self._log_and_save()
+                    if stop.stop_requested(self.accelerator):
+                        self._stop_for_signal(stop.received, saved)
         finally:
             self.backend.close()
 
@@ -251,7 +258,8 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
         metrics = {"train_runtime": runtime, "train_steps_per_second": (self.state.global_step - start_step) / runtime}
         return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), metrics)
 
-    def _log_and_save(self) -> None:
+    def _log_and_save(self) -> bool:
+        """Log and checkpoint as the callbacks decided; return whether a checkpoint was written."""
         if self.control.should_log:
             logs = {key: sum(values) / len(values) for key, values in sorted(self._metrics.items()) if values}
             if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
@@ -264,6 +272,21 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
             self._save_checkpoint()
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
             self.control.should_save = False
+            return True
+        return False
+
+    def _stop_for_signal(self, signum: int | None, saved: bool) -> None:
+        """After a SIGTERM / SIGINT: checkpoint this step (the one exception to save_steps), end, exit 0."""
+        if not saved:
+            self._save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        name = signal.Signals(signum).name if signum else "a signal on another process"
+        logger.warning(
+            f"Stopped by {name} after step {self.state.global_step}: {checkpoint_name(self.state.global_step)} "
+            f"is in {self.args.output_dir}; run again with resume_from_checkpoint=True to continue."
+        )
+        raise SystemExit(0)
 
     def _record(self, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():

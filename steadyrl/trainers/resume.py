@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -101,6 +102,21 @@ def load_model_weights(model: torch.nn.Module, actor_dir: Path) -> None:
         )
 
 
+def save_failure_message(tmp: Path, err: Exception) -> str:
+    """Why writing ``tmp`` failed, how much room its filesystem has left, and what still stands."""
+    try:
+        free = f"{shutil.disk_usage(tmp.parent).free / 2**20:.0f} MiB"
+    except OSError:
+        free = "unknown"
+    newest = find_resumable_checkpoint(tmp.parent)
+    kept = f"the newest complete checkpoint, {newest}, is intact" if newest else "no earlier checkpoint exists"
+    return (
+        f"Could not write the checkpoint {tmp} ({type(err).__name__}: {err}); free space on its filesystem: {free}. "
+        f"The partial directory was removed and {kept}. Free some space (or point output_dir elsewhere) and run "
+        "again with resume_from_checkpoint=True."
+    )
+
+
 class ResumeMixin:
     """Checkpoint writing and resuming for ``OnPolicyTrainer``."""
 
@@ -167,9 +183,27 @@ class ResumeMixin:
         args, step = self.args, self.state.global_step
         main = self.accelerator.is_main_process
         tmp = Path(args.output_dir) / f"tmp-checkpoint-{step}"
+        try:
+            if main:
+                begin_checkpoint(args.output_dir, step)
+            self.accelerator.wait_for_everyone()
+            self._write_checkpoint_files(tmp)
+            self.accelerator.wait_for_everyone()
+            final = Path(args.output_dir) / f"checkpoint-{step}"
+            if main:
+                final = commit_checkpoint(tmp, step)
+        except Exception as err:  # a full disk surfaces as OSError, torch's RuntimeError or safetensors' error
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(save_failure_message(tmp, err)) from err
         if main:
-            begin_checkpoint(args.output_dir, step)
+            for deleted in rotate_checkpoints(args.output_dir, args.save_total_limit):
+                logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={args.save_total_limit}).")
+            self.push_checkpoint(final)
         self.accelerator.wait_for_everyone()
+        return final
+
+    def _write_checkpoint_files(self, tmp: Path) -> None:
+        main = self.accelerator.is_main_process
         rank = self.accelerator.process_index
         for name, model, optimizer, scheduler in self.trained_modules():
             optimizer_file, scheduler_file = state_files(name)
@@ -201,15 +235,6 @@ class ResumeMixin:
         if has_buffer:
             self.buffer.save(tmp, rank)
         save_rng_state(tmp, rank)
-        self.accelerator.wait_for_everyone()
-        final = Path(args.output_dir) / f"checkpoint-{step}"
-        if main:
-            final = commit_checkpoint(tmp, step)
-            for deleted in rotate_checkpoints(args.output_dir, args.save_total_limit):
-                logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={args.save_total_limit}).")
-            self.push_checkpoint(final)
-        self.accelerator.wait_for_everyone()
-        return final
 
     def save_actor(self, directory: Path) -> None:
         """The actor alone, in plain Hugging Face format, with its tokenizer. Under ZeRO-3 every process must call

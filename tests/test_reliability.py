@@ -1,0 +1,183 @@
+"""The reliability suite: seeded crash fuzzing, a full disk, a long run with rotation, and stop signals.
+
+CI runs it with 10 kills per trainer; ``STEADYRL_FUZZ_KILLS=100 pytest -m reliability`` runs more.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, read_logs, run_toy
+from toy_run import make_trainer
+from transformers import TrainerCallback
+
+from steadyrl.checkpoint import CheckpointError, scan_checkpoints, verify_checkpoint
+
+pytestmark = pytest.mark.reliability
+
+KILLS = int(os.environ.get("STEADYRL_FUZZ_KILLS", "10"))
+FUZZ_RUNS = {  # save every step, so kills land in checkpoint writes and rotations as often as in training
+    "rloo-vllm": ("rloo", ["use_vllm=true", "vllm_dtype=float32"]),
+    "ppo": ("ppo", []),
+    "online-dpo": ("online-dpo", []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUZZ_RUNS))
+def test_crash_fuzzing_resumes_to_the_uninterrupted_result(tmp_path, toy_path, name):
+    algorithm, overrides = FUZZ_RUNS[name]
+    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *overrides]
+    cmd = [sys.executable, str(ROOT / "tests" / "crash_fuzz.py"), str(tmp_path), "--algorithm", algorithm]
+    cmd += ["--kills", str(KILLS), "--seed", "0", "--set", *settings]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    events = json.loads((tmp_path / "report.json").read_text())["events"]
+    assert sum(event["killed"] for event in events) >= KILLS - 1, events
+    assert any(event["mode"] == "in-save" and event["rejected"] for event in events), "no kill hit a write"
+
+
+def test_full_disk_stops_with_the_path_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import torch
+
+    trainer, real_save = make_trainer(tmp_path), torch.save
+
+    def save_until_the_disk_fills(obj, path, *args, **kwargs):  # from the save at step 6 on
+        if trainer.state.global_step >= 6:
+            raise OSError(28, "No space left on device", str(path))
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_until_the_disk_fills)
+    with pytest.raises(CheckpointError) as err:
+        trainer.train()
+    message = str(err.value)
+    assert f"Could not write the checkpoint {tmp_path / 'tmp-checkpoint-6'}" in message
+    assert "No space left on device" in message and f"{tmp_path / 'checkpoint-3'}, is intact" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+    monkeypatch.undo()
+    resumed = make_trainer(tmp_path, max_steps=4)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux) for a private tmpfs")
+def test_really_full_filesystem(tmp_path, toy_path):
+    """A 60 MiB tmpfs holds one 37 MB toy checkpoint but not two: the second save fails on a real ENOSPC."""
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    out.mkdir(), kept.mkdir()
+    train = f"{sys.executable} {ROOT / 'tests' / 'toy_run.py'} {out} --set max_steps=6"
+    script = f"mount -t tmpfs -o size=60m tmpfs {out} && {{ {train}; echo $? > {kept}/rc; cp -a {out}/. {kept}/; }}"
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if not (kept / "rc").exists():
+        pytest.skip(f"no private tmpfs here (user namespaces disabled?): {proc.stderr.strip()[-300:]}")
+    output = proc.stdout + proc.stderr
+    assert (kept / "rc").read_text().strip() != "0", output[-3000:]
+    assert f"CheckpointError: Could not write the checkpoint {out / 'tmp-checkpoint-6'}" in output, output[-3000:]
+    assert f"{out / 'checkpoint-3'}, is intact" in output
+    assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["checkpoint-3"]
+    verify_checkpoint(kept / "checkpoint-3")
+    resumed = make_trainer(kept, max_steps=4)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4
+
+
+class CheckpointWatch(TrainerCallback):
+    """Record global_step at every step end and the checkpoint directories after every save."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir, self.steps, self.on_disk = output_dir, [], []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.on_disk.append(sorted(p.name for p in self.output_dir.iterdir()))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A one-layer model small enough that 300 checkpoints take seconds."""
+    from steadyrl.toy import build_model, build_tokenizer
+
+    directory = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = build_tokenizer()
+    build_model(tokenizer, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+                num_key_value_heads=1).save_pretrained(directory)  # fmt: skip
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def test_long_run_saving_every_step_keeps_the_last_three(tmp_path, tiny_model):
+    watch = CheckpointWatch(tmp_path)
+    steps = 300
+    trainer = make_trainer(tmp_path, model=tiny_model, callbacks=[watch], max_steps=steps, save_steps=1,
+                           save_total_limit=3, max_completion_length=4, num_ppo_epochs=4)  # fmt: skip
+    trainer.train()
+    assert watch.steps == list(range(1, steps + 1))
+    for after, names in enumerate(watch.on_disk, start=1):
+        expected = [f"checkpoint-{s}" for s in range(max(1, after - 2), after + 1)]
+        assert sorted(names, key=lambda n: int(n.split("-")[1])) == expected, f"after save {after}: {names}"
+    remaining = [step for step, _ in scan_checkpoints(tmp_path).complete]
+    assert remaining == [steps - 2, steps - 1, steps] and not scan_checkpoints(tmp_path).rejected
+    for step in remaining:
+        run = tmp_path / f"resume-{step}"
+        shutil.copytree(tmp_path / f"checkpoint-{step}", run / f"checkpoint-{step}")
+        resumed = make_trainer(run, model=tiny_model, max_steps=step + 1, save_steps=1, max_completion_length=4,
+                               num_ppo_epochs=4)  # fmt: skip
+        resumed.train(resume_from_checkpoint=True)
+        assert resumed.state.global_step == step + 1
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_rloo(tmp_path_factory, toy_path):
+    out = tmp_path_factory.mktemp("uninterrupted-rloo")
+    run_toy(out)
+    return out
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(uninterrupted_rloo, tmp_path):
+    # SIGTERM arrives as step 5 begins: step 5 completes, checkpoint-5 is written (save_steps=3), exit status 0.
+    _, output = run_toy(tmp_path, "--signal-at", "4")
+    assert "Received SIGTERM" in output and "Stopped by SIGTERM after step 5" in output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-5"]
+    assert json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
+    run_toy(tmp_path, "--resume")
+    ref = (uninterrupted_rloo / "final-actor" / "model.safetensors").read_bytes()
+    assert (tmp_path / "final-actor" / "model.safetensors").read_bytes() == ref
+    ref_logs, logs = read_logs(uninterrupted_rloo), read_logs(tmp_path)
+    assert [{k: v for k, v in logs[s].items() if k != "tokens_per_second"} for s in range(6, 13)] == [
+        {k: v for k, v in ref_logs[s].items() if k != "tokens_per_second"} for s in range(6, 13)
+    ]
+
+
+def test_sigint_from_outside_stops_cleanly(tmp_path, toy_path):
+    """Ctrl-C (SIGINT sent by another process while the run trains) also ends in a checkpoint and status 0."""
+    cmd = [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(tmp_path), "--set", "max_steps=200"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:  # the first logged step
+            if "'loss'" in line:
+                break
+        proc.send_signal(2)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    newest = scan_checkpoints(tmp_path).newest
+    step = json.loads((newest / "trainer_state.json").read_text())["global_step"]
+    assert f"Stopped by SIGINT after step {step}" in output and 1 <= step < 200
+
+
+def test_second_signal_exits_at_once(tmp_path, toy_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(tmp_path), "--signal-at", "4", "--signal-again"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == -15, proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+    assert "Stopped by" not in proc.stdout + proc.stderr
