@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
+from transformers.trainer_utils import SaveStrategy, SchedulerType
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _closest(values: list[int], target: int, k: int = 3) -> str:
@@ -115,9 +121,11 @@ class OnPolicyConfig(TrainingArguments):
             # Launched on several CPU processes: without use_cpu, TrainingArguments finds no backend and every
             # process would train alone on the whole batch. CPU is the only device here, so say so.
             self.use_cpu = True
+        self._check_schedule()
         super().__post_init__()
         self.micro_train_batch_size = self.per_device_train_batch_size
         self._check_ranges()
+        self._check_saving()
         self._check_batch_hierarchy()
         self._check_vllm()
 
@@ -152,6 +160,53 @@ class OnPolicyConfig(TrainingArguments):
         self._check_beta()
         if not self.cliprange > 0:
             raise ValueError(f"cliprange={self.cliprange} is invalid: it must be > 0.")
+        if not (_finite(self.learning_rate) and self.learning_rate >= 0):
+            raise ValueError(f"learning_rate={self.learning_rate!r} is invalid: it must be a finite number >= 0.")
+        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**32):
+            raise ValueError(f"seed={self.seed!r} is invalid: it must be an integer in [0, 2**32 - 1].")
+        penalty = self.missing_eos_penalty
+        if penalty is not None and not (_finite(penalty) and penalty >= 0):
+            raise ValueError(
+                f"missing_eos_penalty={penalty!r} is invalid: it is subtracted from the score of a completion "
+                "without EOS, so it must be a finite number >= 0 (None: no penalty)."
+            )
+        weights = self.reward_weights
+        if weights is not None and not (isinstance(weights, (list, tuple)) and all(_finite(w) for w in weights)):
+            raise ValueError(
+                f"reward_weights={weights!r} is invalid: give a list of finite numbers, one per reward function "
+                "(then one for the reward model, if any)."
+            )
+
+    def _check_schedule(self) -> None:
+        """Before TrainingArguments' own checks, whose messages do not say what is valid."""
+        schedulers = [kind.value for kind in SchedulerType]
+        if self.lr_scheduler_type not in schedulers:
+            raise ValueError(
+                f"lr_scheduler_type={self.lr_scheduler_type!r} is invalid: use one of {', '.join(schedulers)}."
+            )
+        if not (_finite(self.warmup_steps) and self.warmup_steps >= 0):
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps!r} is invalid: it must be >= 0 (a number of global steps, or a "
+                "ratio of the total steps below 1)."
+            )
+
+    def _check_saving(self) -> None:
+        """Refuse settings under which the run would silently never write a checkpoint, or could not."""
+        if self.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.NO):
+            raise ValueError(
+                f"save_strategy={self.save_strategy.value!r} is not supported: steadyrl checkpoints by global step. "
+                "Use save_strategy='steps' with save_steps=N, or 'no' for no checkpoints."
+            )
+        if self.save_strategy == SaveStrategy.STEPS and not self.save_steps > 0:
+            raise ValueError(
+                f"save_steps={self.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
+                "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
+            )
+        if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
+            raise ValueError(
+                f"output_dir={self.output_dir!r} is not a directory: it must be a directory (created if missing) "
+                "for the checkpoints."
+            )
 
     def _check_vllm(self) -> None:
         needed = self.max_prompt_length + self.max_completion_length
