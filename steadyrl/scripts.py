@@ -60,7 +60,10 @@ def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[Scrip
         for action in parser._actions:  # a field the file sets is no longer required on the command line
             if action.dest in values:
                 action.required = False
-    script, config, _, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    try:
+        script, config, _, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    except ValueError as err:  # a config check refused a value: its message names the field and what is valid
+        parser.exit(2, f"{parser.prog}: error: {err}\n")  # without the usage, which lists every field
     if unknown:  # the third output holds the --config option
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (--help lists every field)")
     return script, config
