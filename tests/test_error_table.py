@@ -1,0 +1,397 @@
+"""The README's table of bad input ("## When input is wrong"), checked row by row, so the two cannot drift apart.
+
+Every row's id has a trigger below that provokes its error in-process. The test fails when a row has no trigger, a
+trigger has no row, or the error differs from the table's text ``Type: message``: the exception's type must be
+``Type`` and its message must match ``message``, where ``…`` stands for any text (a path, a long tail). A command
+line row reads ``exit N: <the last line the command wrote to stderr>``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from datasets import Dataset
+from toy_run import make_config, make_trainer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
+
+from steadyrl import RLOOTrainer
+from steadyrl.cli import main as steadyrl_main
+from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
+
+SECTION = "## When input is wrong"
+
+
+def code_span(cell: str) -> str | None:
+    """The text of the first markdown code span in ``cell`` (``` `` a `b` `` ``` spans may hold backticks)."""
+    match = re.search(r"(`+)(.+?)(?<!`)\1(?!`)", cell)
+    if match is None:
+        return None
+    text = match.group(2)
+    return text[1:-1] if text.startswith(" ") and text.endswith(" ") and text.strip() else text
+
+
+def readme_rows() -> dict[str, str]:
+    """``{row id: error text}`` from the table in README.md's "When input is wrong" section."""
+    readme = (ROOT / "README.md").read_text()
+    assert SECTION in readme, f"README.md has no '{SECTION}' section"
+    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) != 4 or cells[0] in ("id", "") or set(cells[0]) <= set("-: "):
+            continue
+        row_id = cells[0].strip("`")
+        assert row_id not in rows, f"README row {row_id!r} appears twice"
+        rows[row_id] = code_span(cells[3])
+        assert rows[row_id], f"README row {row_id!r}: its error cell has no `Type: message` code span"
+    return rows
+
+
+def matches(expected: str, actual: str) -> bool:
+    """``actual`` is ``expected`` with each ``…`` standing for any text."""
+    pattern = ".*?".join(re.escape(part) for part in expected.split("…"))
+    return re.fullmatch(pattern, actual, flags=re.DOTALL) is not None
+
+
+# ---- triggers -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    tmp_path: Path
+    request: pytest.FixtureRequest
+    monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture
+
+    @property
+    def run(self) -> Path:
+        """output_dir of a finished 2-step run, with checkpoint-2 (shared by the module: do not modify it)."""
+        return self.request.getfixturevalue("finished_run")
+
+    def cli(self, *args) -> str:
+        """``steadyrl ARGS`` in-process, as ``exit N: <last line on stderr>``."""
+        self.capsys.readouterr()
+        try:
+            code = steadyrl_main([str(arg) for arg in args])
+        except SystemExit as exit:
+            code = exit.code
+            if isinstance(code, str):  # SystemExit("message"): Python prints it and exits with 1
+                print(code, file=sys.stderr)
+                code = 1
+        lines = self.capsys.readouterr().err.strip().splitlines()
+        return f"exit {code}: {lines[-1] if lines else ''}"
+
+
+TRIGGERS: dict[str, Callable[[Context], str | None]] = {}
+
+
+def trigger(row_id: str):
+    def register(func):
+        assert row_id not in TRIGGERS, f"two triggers for {row_id!r}"
+        TRIGGERS[row_id] = func
+        return func
+
+    return register
+
+
+def rloo(ctx: Context, **kwargs) -> RLOOTrainer:
+    kwargs.setdefault("model", toy_model_path())
+    kwargs.setdefault("args", make_config(ctx.tmp_path))
+    return RLOOTrainer(train_dataset=toy_dataset(), reward_funcs=[letters_reward], **kwargs)
+
+
+def classifier(vocab_size: int) -> Qwen2ForSequenceClassification:
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)  # fmt: skip
+    return Qwen2ForSequenceClassification(config)
+
+
+def fake_vllm(ctx: Context, head_sizes: list[int]) -> None:
+    """Stand in for vLLM (importing the real one takes ~20 s): the modules steadyrl's checks import, with a CPU
+    attention backend that supports ``head_sizes``. tests/test_vllm.py runs the same checks with the real vLLM."""
+    backend = types.SimpleNamespace(get_supported_head_sizes=lambda: head_sizes)
+    module = "vllm.v1.attention.backends.cpu_attn"
+    names = [module.rsplit(".", depth)[0] for depth in range(module.count("."), -1, -1)]  # vllm, vllm.v1, ...
+    for name in names:
+        ctx.monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules[names[-1]].CPUAttentionBackend = backend
+
+
+# config
+
+
+@trigger("batch-divides")
+def _(ctx):
+    make_config(ctx.tmp_path, train_batch_size=3)
+
+
+@trigger("micro-divides")
+def _(ctx):
+    make_config(ctx.tmp_path, train_batch_size=4, micro_train_batch_size=3)
+
+
+@trigger("grad-accum")
+def _(ctx):
+    make_config(ctx.tmp_path, gradient_accumulation_steps=3)
+
+
+@trigger("rloo-samples")
+def _(ctx):
+    make_config(ctx.tmp_path, n_samples_per_prompt=1, train_batch_size=2)
+
+
+@trigger("dpo-pairs")
+def _(ctx):
+    make_config(ctx.tmp_path, "online-dpo", n_samples_per_prompt=4)
+
+
+@trigger("ppo-gamma")
+def _(ctx):
+    make_config(ctx.tmp_path, "ppo", gamma=1.5)
+
+
+@trigger("learning-rate")
+def _(ctx):
+    make_config(ctx.tmp_path, learning_rate=math.nan)
+
+
+@trigger("lr-scheduler")
+def _(ctx):
+    make_config(ctx.tmp_path, lr_scheduler_type="cosin")
+
+
+@trigger("warmup-steps")
+def _(ctx):
+    make_config(ctx.tmp_path, warmup_steps=-1)
+
+
+@trigger("save-strategy")
+def _(ctx):
+    make_config(ctx.tmp_path, save_strategy="epoch")
+
+
+@trigger("save-steps")
+def _(ctx):
+    make_config(ctx.tmp_path, save_steps=0)
+
+
+@trigger("seed")
+def _(ctx):
+    make_config(ctx.tmp_path, seed=-1)
+
+
+@trigger("missing-eos")
+def _(ctx):
+    make_config(ctx.tmp_path, missing_eos_penalty=-1.0)
+
+
+# data
+
+
+@trigger("no-prompt-column")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"text": ["abc:"]}))
+
+
+@trigger("empty-dataset")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": []}))
+
+
+@trigger("chat-prompts")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "abc:"}]]}))
+
+
+# reward functions and judges
+
+
+@trigger("reward-not-callable")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=["letters"])
+
+
+@trigger("no-reward")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[])
+
+
+@trigger("reward-weights-count")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_weights=[1.0, 2.0])
+
+
+@trigger("reward-weights-finite")
+def _(ctx):
+    make_config(ctx.tmp_path, reward_weights=[math.nan])
+
+
+def score(prompts, completions, **kwargs):
+    raise KeyError("answer")
+
+
+def short(prompts, completions, **kwargs):
+    return [0.0] * (len(completions) - 1)
+
+
+def nan(prompts, completions, **kwargs):
+    return [math.nan] * len(completions)
+
+
+def judge(prompts, completion_pairs):
+    return [0, -1] * (len(completion_pairs) // 2)  # TRL's judges answer -1 when they fail
+
+
+@trigger("reward-raises")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[score]).train()
+
+
+@trigger("reward-count")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[short]).train()
+
+
+@trigger("reward-nan")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[nan]).train()
+
+
+@trigger("judge-answer")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="online-dpo", reward_funcs=[], judge=judge).train()
+
+
+# models
+
+
+@trigger("args-type")
+def _(ctx):
+    rloo(ctx, args=make_config(ctx.tmp_path, "ppo"))
+
+
+@trigger("reward-model-vocab")
+def _(ctx):
+    rloo(ctx, reward_model=classifier(vocab_size=100))
+
+
+@trigger("reward-model-head")
+def _(ctx):
+    rloo(ctx, reward_model=AutoModelForCausalLM.from_pretrained(toy_model_path()))  # a policy, not a classifier
+
+
+# checkpoints
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    output_dir = tmp_path_factory.mktemp("finished-run")
+    make_trainer(output_dir, max_steps=2, save_steps=2).train()
+    return output_dir
+
+
+@trigger("resume-missing")
+def _(ctx):
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(ctx.tmp_path / "checkpoint-500"))
+
+
+@trigger("resume-incomplete")
+def _(ctx):
+    unfinished = ctx.tmp_path / "checkpoint-500"
+    unfinished.mkdir()
+    (unfinished / "trainer_state.json").write_text("{}")
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(unfinished))
+
+
+@trigger("resume-damaged")
+def _(ctx):
+    copy = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
+    weights = copy / "actor" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit pattern, same size: only the hash can tell
+    weights.write_bytes(bytes(data))
+    make_trainer(ctx.tmp_path / "out").train(resume_from_checkpoint=str(copy))
+
+
+@trigger("resume-changed")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_batch_size=8).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
+
+
+@trigger("export-not-checkpoint")
+def _(ctx):
+    return ctx.cli("export", ctx.run, ctx.tmp_path / "actor")
+
+
+# environment
+
+
+@trigger("output-dir-file")
+def _(ctx):
+    (ctx.tmp_path / "out").write_text("")
+    make_config(ctx.tmp_path / "out")
+
+
+@trigger("vllm-missing")
+def _(ctx):
+    ctx.monkeypatch.setitem(sys.modules, "vllm", None)  # as if it were not installed
+    make_trainer(ctx.tmp_path, use_vllm=True)
+
+
+@trigger("vllm-head-dim")
+def _(ctx):
+    fake_vllm(ctx, head_sizes=[32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512])
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    rloo(ctx, model=Qwen2ForCausalLM(config), processing_class=tokenizer,
+         args=make_config(ctx.tmp_path, use_vllm=True, use_cpu=True))  # fmt: skip
+
+
+# command line
+
+
+@trigger("cli-unknown-field")
+def _(ctx):
+    config = ctx.tmp_path / "cfg.yaml"
+    config.write_text("learning_rat: 0.1\n")
+    return ctx.cli("rloo", "--config", config)
+
+
+@trigger("cli-bad-value")
+def _(ctx):
+    return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--train_batch_size", "3")
+
+
+# ---- the test -------------------------------------------------------------------------------------------------------
+
+ROWS = readme_rows()
+
+
+@pytest.mark.parametrize("row_id", sorted(set(ROWS) | set(TRIGGERS)))
+def test_readme_error_table_row(row_id, tmp_path, request, monkeypatch, capsys):
+    assert row_id in ROWS, f"trigger {row_id!r} has no row in README.md's '{SECTION}' table"
+    assert row_id in TRIGGERS, f"README.md's row {row_id!r} has no trigger in {Path(__file__).name}"
+    expected = ROWS[row_id]
+    assert re.match(r"(\w+|exit \d+): \S", expected), f"{row_id}: the error must read `Type: message`: {expected!r}"
+    try:
+        actual = TRIGGERS[row_id](Context(tmp_path, request, monkeypatch, capsys))
+    except Exception as err:
+        actual = f"{type(err).__name__}: {err}"
+    assert actual is not None, f"{row_id}: no error was raised; README.md says {expected!r}"
+    assert matches(expected, actual), f"{row_id}: README.md says\n  {expected}\nbut the error is\n  {actual}"
