@@ -108,6 +108,10 @@ def run_to_end(output_dir: Path, algorithm: str, overrides: dict, resume: bool) 
 
 def fuzz(work: Path, algorithm: str, kills: int, seed: int, overrides: dict) -> dict:
     rng = random.Random(seed)
+    if overrides.get("use_vllm"):  # imported once here, not in every forked attempt
+        from steadyrl.generation.vllm import import_vllm
+
+        import_vllm()
     reference, run = work / "reference", work / "run"
     duration, saves = run_to_end(reference, algorithm, {**overrides, "save_total_limit": None}, resume=False)
     save_time = statistics.median(saves) if saves else 0.05

@@ -213,6 +213,11 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": []}))
 
 
+@trigger("dataset-type")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=[{"prompt": "abc:"}])
+
+
 @trigger("chat-prompts")
 def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "abc:"}]]}))
@@ -295,6 +300,18 @@ def _(ctx):
     rloo(ctx, reward_model=AutoModelForCausalLM.from_pretrained(toy_model_path()))  # a policy, not a classifier
 
 
+@trigger("model-path")
+def _(ctx):
+    rloo(ctx, model=str(ctx.tmp_path / "models" / "policy"))
+
+
+@trigger("tokenizer-vocab")
+def _(ctx):
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path())
+    model.resize_token_embeddings(40)
+    rloo(ctx, model=model, processing_class=AutoTokenizer.from_pretrained(toy_model_path()))
+
+
 # checkpoints
 
 
@@ -333,6 +350,23 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_batch_size=8).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
 
 
+@trigger("resume-value")
+def _(ctx):
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=2)
+
+
+@trigger("resume-format")
+def _(ctx):
+    from steadyrl.checkpoint.files import write_manifest
+
+    checkpoint = ctx.tmp_path / "checkpoint-2"
+    shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
+    state = checkpoint / "steadyrl_state.json"
+    state.write_text(state.read_text().replace('"format": 2', '"format": 1'))
+    write_manifest(checkpoint, 2)
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
+
+
 @trigger("export-not-checkpoint")
 def _(ctx):
     return ctx.cli("export", ctx.run, ctx.tmp_path / "actor")
@@ -345,6 +379,18 @@ def _(ctx):
 def _(ctx):
     (ctx.tmp_path / "out").write_text("")
     make_config(ctx.tmp_path / "out")
+
+
+@trigger("disk-full")
+def _(ctx):
+    import torch
+
+    def no_space(obj, path, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(path))
+
+    trainer = make_trainer(ctx.tmp_path / "out", max_steps=1, save_steps=1)
+    ctx.monkeypatch.setattr(torch, "save", no_space)
+    trainer.train()
 
 
 @trigger("vllm-missing")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
 import signal
 import time
 from collections import defaultdict
@@ -47,9 +48,29 @@ from .resume import ResumeMixin
 logger = logging.get_logger(__name__)
 
 
+def _check_model_path(value, argument: str) -> None:
+    """A string that can only be a local path must be a directory; transformers would call it a bad Hub id."""
+    local = isinstance(value, str) and (value.startswith(("/", ".", "~")) or value.count("/") > 1)
+    if local and not os.path.isdir(os.path.expanduser(value)):
+        raise ValueError(f"{argument}={value!r} is not a directory: give a local model directory or a Hub id "
+                         "(org/name).")  # fmt: skip
+
+
+def _check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"processing_class has {len(tokenizer)} tokens but the model's embedding has {rows} rows, so some token "
+            "ids have no embedding: use the model's own tokenizer, or model.resize_token_embeddings(len(tokenizer))."
+        )
+
+
 def _check_dataset(dataset) -> None:
     if dataset is None:
         raise ValueError("train_dataset is required: a datasets.Dataset with a 'prompt' column.")
+    if not hasattr(dataset, "select"):
+        kind = type(dataset).__name__
+        raise TypeError(f"train_dataset must be a datasets.Dataset with a 'prompt' column; got {kind}.")
     columns = getattr(dataset, "column_names", None)
     if columns is None or "prompt" not in columns:
         raise ValueError(f"train_dataset needs a 'prompt' column of strings; its columns are {columns}.")
@@ -88,6 +109,8 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         _check_dataset(train_dataset)
+        _check_model_path(model, "model")
+        _check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
         if isinstance(model, str):
             with whole_at_load():
@@ -97,6 +120,7 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
+        _check_vocabulary(model, processing_class)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
         if reward_model is not None:
             if isinstance(reward_model, str) and reward_processing_class is None:

@@ -171,6 +171,11 @@ class ResumeMixin:
             else:
                 logger.warning(f"Resuming from {found}.")
             return found
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(
+                f"resume_from_checkpoint={value!r} is invalid: use True (the newest complete checkpoint in "
+                "output_dir), False, or the path of a checkpoint-N directory."
+            )
         path = Path(value)
         if not path.is_dir():
             raise CheckpointError(f"resume_from_checkpoint={value!r} is not a directory.")
@@ -255,6 +260,11 @@ class ResumeMixin:
     def _load_checkpoint(self, directory: Path) -> None:
         """Restore weights, optimizer, scheduler, TrainerState, sampler and buffer; RNG comes last, in ``train``."""
         loop_state = json.loads((directory / STATE_NAME).read_text())
+        if loop_state.get("format") != STATE_FORMAT:
+            raise CheckpointError(
+                f"{directory} was written in steadyrl state format {loop_state.get('format')}; this version reads "
+                f"format {STATE_FORMAT}: resume it with the steadyrl version that wrote it."
+            )
         saved, current = loop_state["fingerprint"], self.run_fingerprint()
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
         if changed:
