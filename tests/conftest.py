@@ -17,6 +17,21 @@ def toy_path():
     return toy_model_path()
 
 
+@pytest.fixture(scope="session")
+def uninterrupted_run(tmp_path_factory, toy_path):
+    """``uninterrupted_run(algorithm)``: the output dir of an uninterrupted tests/toy_run.py run with its defaults,
+    run once per session and shared by the tests that compare resumed runs with it (do not modify it)."""
+    runs = {}
+
+    def get(algorithm: str) -> Path:
+        if algorithm not in runs:
+            runs[algorithm] = tmp_path_factory.mktemp(f"uninterrupted-{algorithm}")
+            run_toy(runs[algorithm], "--algorithm", algorithm)
+        return runs[algorithm]
+
+    return get
+
+
 def free_port() -> int:
     import socket
 

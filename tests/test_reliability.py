@@ -133,20 +133,14 @@ def test_long_run_saving_every_step_keeps_the_last_three(tmp_path, tiny_model):
         assert resumed.state.global_step == step + 1
 
 
-@pytest.fixture(scope="module")
-def uninterrupted_rloo(tmp_path_factory, toy_path):
-    out = tmp_path_factory.mktemp("uninterrupted-rloo")
-    run_toy(out)
-    return out
-
-
-def test_sigterm_finishes_the_step_checkpoints_and_exits_0(uninterrupted_rloo, tmp_path):
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(uninterrupted_run, tmp_path):
     # SIGTERM arrives as step 5 begins: step 5 completes, checkpoint-5 is written (save_steps=3), exit status 0.
     _, output = run_toy(tmp_path, "--signal-at", "4")
     assert "Received SIGTERM" in output and "Stopped by SIGTERM after step 5" in output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-5"]
     assert json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
     run_toy(tmp_path, "--resume")
+    uninterrupted_rloo = uninterrupted_run("rloo")
     ref = (uninterrupted_rloo / "final-actor" / "model.safetensors").read_bytes()
     assert (tmp_path / "final-actor" / "model.safetensors").read_bytes() == ref
     ref_logs, logs = read_logs(uninterrupted_rloo), read_logs(tmp_path)
