@@ -129,17 +129,18 @@ class SaveLiveActor(TrainerCallback):
 
 
 class SignalAt(TrainerCallback):
-    """Send this process ``signum`` as step ``step + 1`` begins; with ``again``, once more as it ends."""
+    """Send the main process ``signum`` as step ``step + 1`` begins; with ``again``, once more as it ends. The
+    other processes of a distributed run get no signal: they must learn of it from the main one."""
 
     def __init__(self, step: int, signum: int, again: bool = False) -> None:
         self.step, self.signum, self.again = step, signum, again
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+        if state.global_step == self.step and state.is_world_process_zero:
             os.kill(os.getpid(), self.signum)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.again and state.global_step == self.step + 1:
+        if self.again and state.global_step == self.step + 1 and state.is_world_process_zero:
             os.kill(os.getpid(), self.signum)
 
 
