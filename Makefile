@@ -18,8 +18,10 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
+# Two workers, one file each at a time, one torch thread each: on two cores the suite is mostly process start-up
+# and small-model Python overhead, which parallelises, while two multi-threaded workers would fight over the cores.
 test: install
-	$(PY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 demo: install
 	$(PY) -m steadyrl.demo

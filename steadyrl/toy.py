@@ -8,6 +8,7 @@ word. A randomly initialised model scores about 0.1; copying prompt letters scor
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -84,21 +85,23 @@ def _fingerprint() -> str:
 
 
 def build_cached(name: str, build) -> str:
-    """``build(staging_dir)`` once into ``cache_dir()/name`` (atomically, safe under parallel callers); its path."""
+    """``build(staging_dir)`` once into ``cache_dir()/name``; its path. Parallel callers wait for the one that
+    builds (a file lock), and a killed build leaves nothing under the final name (built aside, then renamed)."""
     target = cache_dir() / name
     if (target / "config.json").exists():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".toy-build-", dir=target.parent))
-    try:
-        build(staging)
+    with open(target.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "config.json").exists():  # built while this process waited
+            return str(target)
+        staging = Path(tempfile.mkdtemp(prefix=".toy-build-", dir=target.parent))
         try:
+            build(staging)
+            shutil.rmtree(target, ignore_errors=True)  # a copy without config.json is unfinished
             os.rename(staging, target)
-        except OSError:  # another process finished first
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return str(target)
 
 
