@@ -116,7 +116,7 @@ def fuzz(work: Path, algorithm: str, kills: int, seed: int, overrides: dict) -> 
     duration, saves = run_to_end(reference, algorithm, {**overrides, "save_total_limit": None}, resume=False)
     save_time = statistics.median(saves) if saves else 0.05
     events, saves_seen = [], set()
-    while len(events) < kills:
+    while sum(event["killed"] for event in events) < kills:
         pid = train_in_child(run, algorithm, overrides, resume=True)
         started = time.monotonic()
         mode = rng.choice(["anytime", "in-save"])
@@ -128,11 +128,14 @@ def fuzz(work: Path, algorithm: str, kills: int, seed: int, overrides: dict) -> 
             time.sleep(rng.uniform(0, save_time))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        killed = os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+        code = os.waitstatus_to_exitcode(status)
+        if code not in (0, -signal.SIGKILL):
+            raise AssertionError(f"a training attempt in {run} failed with status {code}")
+        killed = code == -signal.SIGKILL
         complete, rejected = check_checkpoints(run, reference)
         events.append(dict(mode=mode, killed=killed, after_s=round(time.monotonic() - started, 3),
                            complete=complete, rejected=rejected))  # fmt: skip
-        print(f"kill {len(events)}/{kills}: {events[-1]}", flush=True)
+        print(f"attempt {len(events)}: {events[-1]}", flush=True)
         if not killed:  # the run finished before the kill: start another one, keeping the checks so far
             final_check(run, reference)
             os.rename(run, work / f"finished-{len(events)}")
