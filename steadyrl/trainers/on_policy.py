@@ -168,6 +168,7 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
     # ---- what each algorithm defines -------------------------------------------------------
 
     samples_per_group = 1  # mini-batches never split a group of this many consecutive samples (DPO: a pair)
+    needs_old_logprobs = True  # the loss uses the sampling policy's log-probs (an importance ratio); DPO's does not
 
     @property
     def logprob_temperature(self) -> float:
@@ -352,7 +353,8 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
         if args.missing_eos_penalty is not None:
             last = experience["completion_ids"].gather(1, last_token_index(experience["completion_mask"])[:, None])
             experience["scores"] -= args.missing_eos_penalty * (last.squeeze(1) != tok.eos_token_id).float()
-        experience["old_logprobs"] = self._batched_logprobs(self.model, experience)
+        if self.needs_old_logprobs or generation.logprobs is not None:  # the engine's are checked against them
+            experience["old_logprobs"] = self._batched_logprobs(self.model, experience)
         experience["ref_logprobs"] = self._reference_logprobs(experience)
         metrics = self._rollout_metrics(experience, scores, generation_time)
         if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
@@ -397,15 +399,16 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
 
     def _rollout_metrics(self, experience, scores: torch.Tensor, generation_time: float) -> dict[str, float]:
         mask = experience["completion_mask"]
-        kl = ((experience["old_logprobs"] - experience["ref_logprobs"]) * mask).sum(1)
         total = experience["scores"]
         metrics = {
             "reward": total.mean().item(),
             "reward_std": total.std().item() if len(total) > 1 else 0.0,
-            "kl": kl.mean().item(),
             "completion_length": mask.sum(1).float().mean().item(),
             "tokens_per_second": mask.sum().item() / max(generation_time, 1e-9),
         }
+        if "old_logprobs" in experience:  # else the loss reports it
+            kl = ((experience["old_logprobs"] - experience["ref_logprobs"]) * mask).sum(1)
+            metrics["kl"] = kl.mean().item()
         if len(self.reward_funcs) > 1:
             for j, func in enumerate(self.reward_funcs):
                 metrics[f"rewards/{reward_func_name(func)}"] = scores[:, j].mean().item()

@@ -98,6 +98,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
     algorithm_name = "online-dpo"
     config_class = OnlineDPOConfig
     samples_per_group = 2
+    needs_old_logprobs = False  # the loss compares the policy with the reference only
 
     def __init__(
         self,
@@ -182,6 +183,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             rewards = beta * (policy - reference)  # [B/2, 2] implicit rewards
             margin = rewards[:, 0] - rewards[:, 1]
             metrics = {
+                "kl": ((logprobs - batch["ref_logprobs"]) * mask).sum(1).mean().item(),
                 "rewards/chosen": masked_mean(rewards[:, 0], weight).item(),
                 "rewards/rejected": masked_mean(rewards[:, 1], weight).item(),
                 "rewards/margins": masked_mean(margin, weight).item(),
