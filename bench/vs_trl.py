@@ -305,7 +305,9 @@ def bench_row(model: str, model_path: str, row: str, measured: int, warmup: int,
             "first_step_s": statistics.median(r["step_s"][0] for r in rows),
             "tokens_per_second": statistics.median(r["tokens"] / r["seconds"] for r in rows),
             "completion_length": statistics.mean(r["tokens"] / r["sequences"] for r in rows),
-            "ms_per_decode_step": statistics.median(1000 * r["seconds"] / max(1, r["decode_steps"]) for r in rows),
+            "ms_per_decode_step": statistics.median(1000 * r["seconds"] / r["decode_steps"] for r in rows)
+            if backend == "hf"
+            else None,  # vLLM schedules sequences, not batch-wide decode steps
             "ms_per_token": statistics.median(1000 * r["round_s"] / r["tokens"] for r in rows),
             "sequences_per_round": rows[0]["sequences"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
