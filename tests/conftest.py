@@ -8,6 +8,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_RUN = ROOT / "tests" / "toy_run.py"
+CONFIGS = ROOT / "examples" / "accelerate_configs"
+MULTI_CPU = CONFIGS / "multi_cpu.yaml"
+ZERO = {stage: CONFIGS / f"{stage}.yaml" for stage in ("zero2", "zero3", "zero3_offload")}
+# each process generates 2 prompts x 2 samples = 4 of the rollout's 8 samples, and accumulates gradients
+# over 2 micro-batches of 1 per step (train_batch_size 4 = 1 x 2 processes x 2)
+TWO_PROCESSES = ["--set", "micro_rollout_batch_size=4", "micro_train_batch_size=1"]
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +36,20 @@ def uninterrupted_run(tmp_path_factory, toy_path):
         return runs[algorithm]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def ddp_runs(tmp_path_factory, toy_path):
+    """Uninterrupted DDP runs, made on first use, one per algorithm."""
+    runs = {}
+
+    def run(algorithm):
+        if algorithm not in runs:
+            runs[algorithm] = tmp_path_factory.mktemp(f"ddp-{algorithm}")
+            run_toy(runs[algorithm], "--algorithm", algorithm, *TWO_PROCESSES, accelerate_config=MULTI_CPU)
+        return runs[algorithm]
+
+    return run
 
 
 def free_port() -> int:
