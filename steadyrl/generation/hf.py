@@ -18,7 +18,7 @@ class HFGenerationBackend(GenerationBackend):
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
-            top_k=s.top_k or None,
+            top_k=s.top_k,  # 0: no top-k (None would let transformers fill in its default of 50)
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
         )

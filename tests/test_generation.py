@@ -1,0 +1,17 @@
+"""HF generate samples from exactly the distribution the config asks for."""
+
+import pytest
+from toy_run import make_trainer
+
+
+@pytest.mark.parametrize("top_k, warpers", [(0, []), (5, ["TopKLogitsWarper"])])
+def test_top_k_0_means_no_top_k(tmp_path, top_k, warpers):
+    # transformers fills an unset top_k with 50, which would truncate a real vocabulary when top_k=0 asks for none
+    trainer = make_trainer(tmp_path, top_k=top_k)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    config = model._prepare_generation_config(trainer.backend.generation_config())[0]
+    processors = model._get_logits_processor(
+        generation_config=config, input_ids_seq_length=1, encoder_input_ids=None, prefix_allowed_tokens_fn=None,
+        logits_processor=None,
+    )  # fmt: skip
+    assert [type(p).__name__ for p in processors] == warpers
