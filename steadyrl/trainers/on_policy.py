@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import signal
 import time
 from collections import defaultdict
@@ -40,48 +39,13 @@ from ..rewards import as_list, check_reward_funcs, reward_func_name, score_compl
 from ..sampling import PromptSampler, RolloutBuffer, minibatch_schedule
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
 from ..zero import bind_scheduler, check_whole, gathered_for_generation, inference_engine, whole_at_load
+from .checks import check_dataset, check_model_path, check_vocabulary
 from .config import OnPolicyConfig
 from .preemption import StopSignals
 from .publish import HubMixin
 from .resume import ResumeMixin
 
 logger = logging.get_logger(__name__)
-
-
-def _check_model_path(value, argument: str) -> None:
-    """A string that can only be a local path must be a directory; transformers would call it a bad Hub id."""
-    local = isinstance(value, str) and (value.startswith(("/", ".", "~")) or value.count("/") > 1)
-    if local and not os.path.isdir(os.path.expanduser(value)):
-        raise ValueError(f"{argument}={value!r} is not a directory: give a local model directory or a Hub id "
-                         "(org/name).")  # fmt: skip
-
-
-def _check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > rows:
-        raise ValueError(
-            f"processing_class has {len(tokenizer)} tokens but the model's embedding has {rows} rows, so some token "
-            "ids have no embedding: use the model's own tokenizer, or model.resize_token_embeddings(len(tokenizer))."
-        )
-
-
-def _check_dataset(dataset) -> None:
-    if dataset is None:
-        raise ValueError("train_dataset is required: a datasets.Dataset with a 'prompt' column.")
-    if not hasattr(dataset, "select"):
-        kind = type(dataset).__name__
-        raise TypeError(f"train_dataset must be a datasets.Dataset with a 'prompt' column; got {kind}.")
-    columns = getattr(dataset, "column_names", None)
-    if columns is None or "prompt" not in columns:
-        raise ValueError(f"train_dataset needs a 'prompt' column of strings; its columns are {columns}.")
-    if len(dataset) == 0:
-        raise ValueError("train_dataset is empty: it needs at least one prompt.")
-    first = dataset[0]["prompt"]
-    if not isinstance(first, str):
-        raise ValueError(
-            f"train_dataset['prompt'] must hold strings; row 0 is {type(first).__name__}. "
-            "Conversational prompts are not supported yet: apply the chat template first."
-        )
 
 
 class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
@@ -108,9 +72,9 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
             args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        _check_dataset(train_dataset)
-        _check_model_path(model, "model")
-        _check_model_path(reward_model, "reward_model")
+        check_dataset(train_dataset)
+        check_model_path(model, "model")
+        check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
         if isinstance(model, str):
             with whole_at_load():
@@ -120,7 +84,7 @@ class OnPolicyTrainer(ResumeMixin, HubMixin, Trainer):
             processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
-        _check_vocabulary(model, processing_class)
+        check_vocabulary(model, processing_class)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
         if reward_model is not None:
             if isinstance(reward_model, str) and reward_processing_class is None:
