@@ -74,7 +74,7 @@ def test_really_full_filesystem(tmp_path, toy_path):
     cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if not (kept / "rc").exists():
-        pytest.skip(f"no private tmpfs here (user namespaces disabled?): {proc.stderr.strip()[-300:]}")
+        pytest.skip(reason=f"no private tmpfs here (user namespaces disabled?): {proc.stderr.strip()[-300:]}")
     output = proc.stdout + proc.stderr
     assert (kept / "rc").read_text().strip() != "0", output[-3000:]
     assert f"CheckpointError: Could not write the checkpoint {out / 'tmp-checkpoint-6'}" in output, output[-3000:]
