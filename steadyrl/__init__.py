@@ -7,6 +7,7 @@ from .checkpoint import CheckpointError
 from .judges import JudgeError
 from .rewards import RewardFunctionError
 from .trainers import (
+    ALGORITHMS,
     OnlineDPOConfig,
     OnlineDPOTrainer,
     OnPolicyConfig,
@@ -18,6 +19,7 @@ from .trainers import (
 )
 
 __all__ = [
+    "ALGORITHMS",
     "CheckpointCallback",
     "CheckpointError",
     "GlobalStepCallback",

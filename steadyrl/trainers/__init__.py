@@ -1,4 +1,10 @@
-"""The shared on-policy loop and one small file per algorithm."""
+"""The shared on-policy loop, one small file per algorithm, and ``ALGORITHMS``: the registry of them all.
+
+Adding an algorithm is one file (its config and trainer) plus one line in ``ALGORITHMS``; the command line
+(``steadyrl <name>``), the demo, the examples, the tests and the benchmarks find it there.
+"""
+
+from typing import NamedTuple
 
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
@@ -6,7 +12,22 @@ from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from .ppo import PPOConfig, PPOTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 
+
+class Algorithm(NamedTuple):
+    config_class: type[OnPolicyConfig]
+    trainer_class: type[OnPolicyTrainer]
+
+
+# name (as in ``steadyrl <name>`` and the trainer's ``algorithm_name``) -> its config and trainer classes
+ALGORITHMS: dict[str, Algorithm] = {
+    "rloo": Algorithm(RLOOConfig, RLOOTrainer),
+    "ppo": Algorithm(PPOConfig, PPOTrainer),
+    "online-dpo": Algorithm(OnlineDPOConfig, OnlineDPOTrainer),
+}
+
 __all__ = [
+    "ALGORITHMS",
+    "Algorithm",
     "OnPolicyConfig",
     "OnPolicyTrainer",
     "OnlineDPOConfig",
