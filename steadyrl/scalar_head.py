@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from .ops import joined_inputs, offloaded, pad_prompts_and_completions
+from .ops import joined_inputs, pad_prompts_and_completions
+from .placement import offloaded
 from .zero import check_whole, whole_at_load
 
 

@@ -52,10 +52,11 @@ def test_save_final_checkpoint_adds_the_last_step_only(tmp_path):
 class DoubleStepRLOO(RLOOTrainer):
     """Deliberately broken: advances global_step a second time inside the optimizer step."""
 
-    def optimizer_step(self, minibatch):
-        super().optimizer_step(minibatch)
+    def train_on_minibatch(self, minibatch):
+        metrics = super().train_on_minibatch(minibatch)
         if self.state.global_step == 4:
             self.state.global_step += 1
+        return metrics
 
 
 def test_global_step_callback_stops_a_double_advance(tmp_path):

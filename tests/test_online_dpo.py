@@ -6,7 +6,8 @@ from toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import JudgeError, OnlineDPOConfig
-from steadyrl.sampling import minibatch_schedule
+from steadyrl.ops import chosen_first_order, pair_ties, pair_weights, preference_loss
+from steadyrl.rollout import Rollout, TokenBatch, minibatch_schedule
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 P, PROMPT_LEN, COMPLETION_LEN, BETA = 3, 4, 5, 0.3
@@ -94,17 +95,17 @@ def steadyrl_loss(trainer, pairs):
         pair = [(chosen[i], chosen_mask[i], 1.0), (rejected[i], rejected_mask[i], 0.0)]
         for ids, mask, score in pair[::-1] if i == 1 else pair:
             rows.append(ids), masks.append(mask), scores.append(score)
-    experience = {
-        "prompt_ids": prompts.repeat_interleave(2, 0),
-        "prompt_mask": torch.ones(2 * P, PROMPT_LEN, dtype=torch.long),
-        "completion_ids": torch.stack(rows),
-        "completion_mask": torch.stack(masks),
-        "scores": torch.tensor(scores),
-    }
+    tokens = TokenBatch(
+        prompt_ids=prompts.repeat_interleave(2, 0),
+        prompt_mask=torch.ones(2 * P, PROMPT_LEN, dtype=torch.long),
+        completion_ids=torch.stack(rows),
+        completion_mask=torch.stack(masks),
+    )
     with torch.no_grad():
-        experience["ref_logprobs"] = trainer._reference_logprobs(experience)
-        trainer.compute_advantages(experience)
-    return trainer.compute_loss_on_batch(trainer.model, experience)
+        ref_logprobs = trainer.reference_logprobs(tokens)
+    rollout = Rollout(**vars(tokens), scores=torch.tensor(scores), ref_logprobs=ref_logprobs)
+    rollout = rollout.with_advantages(trainer.compute_advantages(rollout))
+    return trainer.compute_loss_on_batch(trainer.model, rollout)
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
@@ -136,15 +137,30 @@ def test_loss_equals_trl_online_dpo_and_dpo_in_float32(tmp_path, loss_type):
 
 @pytest.mark.parametrize("tie_rule", ["skip", "first"])
 def test_pairs_are_ordered_chosen_first_and_ties_follow_the_tie_rule(tmp_path, tie_rule):
+    scores = torch.tensor([0.2, 0.9, 0.5, 0.1, 0.3, 0.3, -1.0, 0.0])
+    order = chosen_first_order(scores)
+    assert order.tolist() == [1, 0, 2, 3, 4, 5, 7, 6]
+    ties = pair_ties(scores)
+    assert ties.tolist() == [False, False, True, False]
+    tie_weight = 0.0 if tie_rule == "skip" else 1.0
+    assert pair_weights(ties, tie_rule).tolist() == [1, 1, 1, 1, tie_weight, tie_weight, 1, 1]
+
     trainer = make_trainer(tmp_path, algorithm="online-dpo", tie_rule=tie_rule)
     ids = torch.arange(8).view(8, 1)  # row i is recognisable by its token id
-    experience = {"completion_ids": ids, "scores": torch.tensor([0.2, 0.9, 0.5, 0.1, 0.3, 0.3, -1.0, 0.0])}
-    metrics = trainer.compute_advantages(experience)
-    assert experience["completion_ids"].flatten().tolist() == [1, 0, 2, 3, 4, 5, 7, 6]
-    assert experience["scores"].tolist() == pytest.approx([0.9, 0.2, 0.5, 0.1, 0.3, 0.3, 0.0, -1.0])
-    tie_weight = 0.0 if tie_rule == "skip" else 1.0
-    assert experience["pair_weight"].tolist() == [1, 1, 1, 1, tie_weight, tie_weight, 1, 1]
-    assert metrics["ties"] == 0.25
+    rollout = Rollout(ids, torch.ones_like(ids), ids, torch.ones_like(ids), scores, torch.zeros(8, 1))
+    added = trainer.compute_advantages(rollout)
+    labelled = rollout.with_advantages(added)
+    assert rollout.completion_ids.flatten().tolist() == list(range(8)), "compute_advantages left its input alone"
+    assert labelled.completion_ids.flatten().tolist() == [1, 0, 2, 3, 4, 5, 7, 6]
+    assert labelled.scores.tolist() == pytest.approx([0.9, 0.2, 0.5, 0.1, 0.3, 0.3, 0.0, -1.0])
+    assert labelled.pair_weight.tolist() == [1, 1, 1, 1, tie_weight, tie_weight, 1, 1]
+    assert added.metrics["ties"] == 0.25
+
+
+def test_preference_losses_against_their_formulas():
+    logits = torch.tensor([-1.0, 0.0, 2.0])
+    torch.testing.assert_close(preference_loss(logits, 0.5, "sigmoid"), -torch.log(torch.sigmoid(0.5 * logits)))
+    torch.testing.assert_close(preference_loss(logits, 0.5, "ipo"), (logits - 1.0) ** 2)
 
 
 def test_pairs_stay_whole_and_in_order_in_every_minibatch():
@@ -251,12 +267,12 @@ def test_missing_eos_penalty_decides_otherwise_equal_pairs(tmp_path):
         tmp_path, algorithm="online-dpo", reward_funcs=[constant], missing_eos_penalty=1.0, rollout_batch_size=8,
         micro_rollout_batch_size=16, train_batch_size=16, micro_train_batch_size=16, max_completion_length=6,
     )  # fmt: skip
-    experience = trainer.make_rollout().experience
+    rollout = trainer.make_rollout().rollout
     eos = trainer.processing_class.eos_token_id
-    mask, ids = experience["completion_mask"], experience["completion_ids"]
+    mask, ids = rollout.completion_mask, rollout.completion_ids
     ends_with_eos = ids.gather(1, (mask.sum(1) - 1).clamp(min=0)[:, None]).squeeze(1) == eos  # [N]
     chosen_eos, rejected_eos = ends_with_eos[0::2], ends_with_eos[1::2]
     mixed = chosen_eos != rejected_eos
     assert mixed.any() and (~mixed).any(), "the seeded rollout should hold both kinds of pairs"
     assert chosen_eos[mixed].all(), "a completion without EOS was chosen over one with EOS"
-    assert experience["pair_weight"][0::2].tolist() == mixed.float().tolist()
+    assert rollout.pair_weight[0::2].tolist() == mixed.float().tolist()

@@ -48,18 +48,19 @@ def test_lora_run_resumes_exactly_and_checkpoints_the_adapter(tmp_path, algorith
 
 
 def test_reference_logprobs_come_from_the_base_model(tmp_path, algorithm):
-    trainer = lora_trainer(tmp_path, algorithm)
-    base = toy_model_path()
     from transformers import AutoModelForCausalLM
 
-    from steadyrl.ops import pad_prompts_and_completions
+    from steadyrl.ops import batched_logprobs, pad_prompts_and_completions
+    from steadyrl.rollout import TokenBatch
 
-    plain = AutoModelForCausalLM.from_pretrained(base)
-    experience = pad_prompts_and_completions([[3, 4, 40]], [[5, 6, 1]], trainer.processing_class.pad_token_id)
+    trainer = lora_trainer(tmp_path, algorithm)
+    plain = AutoModelForCausalLM.from_pretrained(toy_model_path())
+    tokens = TokenBatch(**pad_prompts_and_completions([[3, 4, 40]], [[5, 6, 1]], trainer.processing_class.pad_token_id))
+    temperature = trainer.logprob_temperature
     with torch.no_grad():
-        ref = trainer._reference_logprobs(experience)
-        expected = trainer._batched_logprobs(plain, experience)
-        adapted = trainer._batched_logprobs(trainer.model, experience)
+        ref = trainer.reference_logprobs(tokens)
+        expected = batched_logprobs(plain, tokens.token_tensors, temperature, batch_size=8)
+        adapted = batched_logprobs(trainer.model, tokens.token_tensors, temperature, batch_size=8)
     torch.testing.assert_close(ref, expected)
     assert not torch.allclose(adapted, expected), "the LoRA adapter (non-zero init) changes the policy"
 

@@ -5,7 +5,16 @@ import math
 import pytest
 import torch
 
-from steadyrl.ops import clipped_policy_loss, clipped_value_loss, generalized_advantage_estimation, kl_penalty
+from steadyrl.ops import (
+    RunningMoments,
+    adaptive_kl_coef,
+    clipped_policy_loss,
+    clipped_value_loss,
+    generalized_advantage_estimation,
+    kl_penalty,
+    masked_whiten,
+    shaped_token_rewards,
+)
 
 
 def test_gae_matches_hand_computed_example():
@@ -68,3 +77,43 @@ def test_kl_estimators():
     torch.testing.assert_close(kl_penalty(logprobs, ref, "k3"), torch.tensor([math.exp(-1) - 1 + 1, 0.0]))
     with pytest.raises(ValueError, match="kl_estimator='k2'"):
         kl_penalty(logprobs, ref, "k2")
+
+
+def test_shaped_rewards_put_the_score_on_each_last_token_and_the_kl_penalty_everywhere():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])  # row 2: an empty completion scores at index 0
+    token_kl = torch.tensor([[0.5, -1.0, 0.0], [0.0, 2.0, 1.0], [0.0, 0.0, 0.0]])
+    rewards, non_score = shaped_token_rewards(torch.tensor([3.0, -1.0, 7.0]), token_kl, kl_coef=0.1, mask=mask)
+    torch.testing.assert_close(non_score, -0.1 * token_kl)
+    expected = -0.1 * token_kl
+    expected[0, 1] += 3.0
+    expected[1, 2] -= 1.0
+    expected[2, 0] += 7.0
+    torch.testing.assert_close(rewards, expected)
+
+
+def test_running_moments_equal_the_moments_of_everything_seen():
+    batches = [torch.tensor([1.0, 2.0, 4.0]), torch.tensor([-3.0]), torch.tensor([0.5, 8.0, 2.5, 2.0])]
+    moments = RunningMoments()
+    for batch in batches:
+        moments = moments.updated(batch)
+    everything = torch.cat(batches).double()
+    assert moments.count == 8
+    assert moments.mean == pytest.approx(everything.mean().item())
+    assert moments.var == pytest.approx(everything.var(unbiased=False).item())
+    assert RunningMoments.from_state_dict(moments.state_dict()) == moments
+    torch.testing.assert_close(moments.normalize(torch.tensor([moments.mean])), torch.zeros(1), atol=1e-6, rtol=0)
+
+
+def test_adaptive_kl_coef_moves_towards_the_target_by_at_most_20_percent_per_horizon():
+    assert adaptive_kl_coef(0.1, observed_kl=0.2, target_kl=0.1, num_samples=100, horizon=100) == pytest.approx(0.12)
+    assert adaptive_kl_coef(0.1, observed_kl=0.0, target_kl=0.1, num_samples=100, horizon=100) == pytest.approx(0.08)
+    assert adaptive_kl_coef(0.1, observed_kl=0.105, target_kl=0.1, num_samples=10, horizon=100) == pytest.approx(
+        0.1 * (1 + 0.05 * 0.1)
+    )
+
+
+def test_masked_whiten_uses_completion_tokens_only():
+    values = torch.tensor([[1.0, 3.0, 100.0]])
+    whitened = masked_whiten(values, torch.tensor([[1, 1, 0]]))
+    # mean 2, unbiased variance 2 over the two real tokens; padding is zeroed
+    torch.testing.assert_close(whitened, torch.tensor([[-(0.5**0.5), 0.5**0.5, 0.0]]), atol=1e-6, rtol=0)

@@ -3,37 +3,31 @@
 import torch
 from toy_run import make_trainer
 
+from steadyrl.ops import leave_one_out_advantages, sequence_kl, whiten
+from steadyrl.rollout import Rollout
 
-def test_leave_one_out_advantages_with_kl_penalty(tmp_path):
-    trainer = make_trainer(
-        tmp_path,
-        beta=0.5,
-        rollout_batch_size=2,
-        n_samples_per_prompt=3,
-        train_batch_size=6,
-        micro_train_batch_size=6,
-        micro_rollout_batch_size=6,
-    )
+
+def test_leave_one_out_advantages_with_kl_penalty():
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1], [1, 1], [1, 0]])
-    experience = {
-        "scores": torch.tensor([1.0, 2.0, 3.0, 0.0, 0.0, 6.0]),
-        "old_logprobs": torch.tensor(
-            [[-1.0, -1.0], [-1.0, -9.0], [-1.0, -1.0], [-2.0, -2.0], [-1.0, -1.0], [-1.0, -5.0]]
-        ),
-        "ref_logprobs": torch.tensor(
-            [[-1.5, -1.5], [-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0], [-1.0, -1.0], [-1.0, 0.0]]
-        ),
-        "completion_mask": mask,
-    }
-    trainer.compute_advantages(experience)
-    # KL per sequence (masked sum of old - ref): [1, 0, 0, 0, 0, 0] -> rewards = scores - 0.5 * KL
+    scores = torch.tensor([1.0, 2.0, 3.0, 0.0, 0.0, 6.0])
+    old = torch.tensor([[-1.0, -1.0], [-1.0, -9.0], [-1.0, -1.0], [-2.0, -2.0], [-1.0, -1.0], [-1.0, -5.0]])
+    ref = torch.tensor([[-1.5, -1.5], [-1.0, 0.0], [-1.0, -1.0], [-2.0, -2.0], [-1.0, -1.0], [-1.0, 0.0]])
+    kl = sequence_kl(old, ref, mask)  # masked sum of old - ref: padding (the -9 and -5) does not count
+    torch.testing.assert_close(kl, torch.tensor([1.0, 0, 0, 0, 0, 0]))
+    advantages = leave_one_out_advantages(scores - 0.5 * kl, k=3)
     rewards = [[0.5, 2.0, 3.0], [0.0, 0.0, 6.0]]
     expected = []
     for group in rewards:
         for i, r in enumerate(group):
             others = [x for j, x in enumerate(group) if j != i]
             expected.append(r - sum(others) / 2)
-    torch.testing.assert_close(experience["advantages"], torch.tensor(expected))
+    torch.testing.assert_close(advantages, torch.tensor(expected))
+    assert advantages.view(2, 3).sum(1).abs().max() < 1e-6, "leave-one-out advantages of a prompt sum to zero"
+
+
+def test_whiten_gives_zero_mean_unit_std():
+    whitened = whiten(torch.tensor([1.0, 2.0, 3.0, 10.0]))
+    assert abs(whitened.mean().item()) < 1e-6 and abs(whitened.std().item() - 1) < 1e-6
 
 
 def test_clipped_loss_takes_the_pessimistic_branch(tmp_path):
@@ -56,14 +50,16 @@ def test_clipped_loss_takes_the_pessimistic_branch(tmp_path):
 
     new = torch.log(torch.tensor([[0.6, 0.6], [0.3, 0.3]]))
     old = torch.log(torch.tensor([[0.4, 0.4], [0.4, 0.4]]))  # ratios 1.5 (clipped to 1.2) and 0.75 (clipped to 0.8)
-    batch = {
-        "prompt_ids": torch.zeros(2, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(2, 1, dtype=torch.long),
-        "completion_ids": torch.ones(2, 2, dtype=torch.long),
-        "completion_mask": torch.ones(2, 2, dtype=torch.long),
-        "old_logprobs": old,
-        "advantages": torch.tensor([1.0, -1.0]),
-    }
+    batch = Rollout(
+        prompt_ids=torch.zeros(2, 1, dtype=torch.long),
+        prompt_mask=torch.ones(2, 1, dtype=torch.long),
+        completion_ids=torch.ones(2, 2, dtype=torch.long),
+        completion_mask=torch.ones(2, 2, dtype=torch.long),
+        scores=torch.zeros(2),
+        ref_logprobs=old,
+        old_logprobs=old,
+        advantages=torch.tensor([1.0, -1.0]),
+    )
     loss, metrics = trainer.compute_loss_on_batch(FixedLogits(new), batch)
     # A=+1, ratio 1.5: max(-1.5, -1.2) = -1.2 ; A=-1, ratio 0.75: max(0.75, 0.8) = 0.8 -> mean over 4 tokens
     torch.testing.assert_close(loss, torch.tensor((-1.2 * 2 + 0.8 * 2) / 4))

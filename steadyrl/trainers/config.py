@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 from transformers.trainer_utils import SaveStrategy, SchedulerType
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 
 def _divisors(n: int) -> list[int]:
@@ -26,20 +29,40 @@ def _closest(values: list[int], target: int, k: int = 3) -> str:
 
 @dataclass
 class OnPolicyConfig(TrainingArguments):
-    r"""Configuration shared by steadyrl's on-policy trainers.
+    r"""Configuration shared by steadyrl's on-policy trainers: ``TrainingArguments`` plus the batch hierarchy,
+    generation, KL and vLLM settings. Every division of the batch hierarchy must be exact; a configuration that
+    does not divide is refused here, with the numbers and valid alternatives.
 
-    Batch hierarchy (global unless marked *per device*)::
+    Args:
+        rollout_batch_size: prompts generated per rollout (global).
+        n_samples_per_prompt: completions per prompt.
+        micro_rollout_batch_size: samples per device in one generation or scoring forward pass.
+        train_batch_size: samples per optimizer step, i.e. per global step (global).
+        micro_train_batch_size: samples per device per forward/backward; overrides ``per_device_train_batch_size``.
+            ``gradient_accumulation_steps`` is derived: train_batch_size / (micro_train_batch_size x processes).
+        num_ppo_epochs: passes over each rollout. One rollout gives
+            rollout_batch_size x n_samples_per_prompt / train_batch_size x num_ppo_epochs global steps.
+        max_prompt_length: prompts are truncated on the left to this many tokens.
+        max_completion_length: most tokens generated per completion.
+        temperature, top_p, top_k: sampling settings (top_k 0: no top-k).
+        beta: KL penalty coefficient against the reference model.
+        cliprange: clipping range of the importance ratio.
+        reward_weights: one weight per reward function (then the reward model); all 1.0 if unset.
+        missing_eos_penalty: subtracted from the score of a completion that ends without EOS.
+        ref_reward_offload: keep the reference and reward models in CPU memory between rollouts.
+        save_final_checkpoint: also checkpoint the last step when it is not a multiple of ``save_steps``.
+        stop_on_signal: on SIGTERM / SIGINT finish the step, checkpoint and exit with status 0.
+        hub_push_merged: with ``peft_config`` and ``push_to_hub``, push the adapters merged into the base model.
+        use_vllm: generate with an in-process vLLM engine; ``vllm_gpu_memory_utilization``,
+            ``vllm_max_model_len``, ``vllm_tensor_parallel_size``, ``vllm_dtype``, ``vllm_enable_sleep_mode`` and
+            ``vllm_kv_cache_space`` (GiB, CPU) configure it.
+        learning_rate, logging_steps, save_steps, ...: as in ``TrainingArguments``, counted in global steps
+            (``learning_rate`` defaults to 1e-6 and ``logging_steps`` to 1 here).
 
-        rollout_batch_size          prompts generated per rollout
-        n_samples_per_prompt        completions per prompt
-        micro_rollout_batch_size    per device: samples per generation / scoring forward pass
-        train_batch_size            samples per optimizer step (one global step)
-        micro_train_batch_size      per device: samples per forward/backward (= per_device_train_batch_size)
-        gradient_accumulation_steps derived: train_batch_size / (micro_train_batch_size x world size)
+    Example::
 
-    One rollout yields ``rollout_batch_size * n_samples_per_prompt / train_batch_size * num_ppo_epochs``
-    optimizer steps. Every division must be exact; a configuration that does not divide is refused
-    here, with the numbers and valid alternatives.
+        OnPolicyConfig(output_dir="out", rollout_batch_size=64, n_samples_per_prompt=4,  # 256 samples a rollout
+                       train_batch_size=64, micro_train_batch_size=8, save_steps=100)  # 4 global steps a rollout
     """
 
     rollout_batch_size: int = field(default=8, metadata={"help": "Prompts per rollout (global)."})
@@ -117,9 +140,15 @@ class OnPolicyConfig(TrainingArguments):
     def __post_init__(self):
         if self.micro_train_batch_size is not None:
             self.per_device_train_batch_size = self.micro_train_batch_size
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available():
-            # Launched on several CPU processes: without use_cpu, TrainingArguments finds no backend and every
-            # process would train alone on the whole batch. CPU is the only device here, so say so.
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1 and not self.use_cpu and not torch.accelerator.is_available():
+            # Without use_cpu, TrainingArguments finds no backend and every process would train alone on the
+            # whole batch.
+            logger.warning(
+                f"{world} processes were launched (WORLD_SIZE={world}) on a machine without an accelerator: "
+                "setting use_cpu=True, so that they train together on the CPU (gloo). Set use_cpu=True yourself "
+                "to silence this."
+            )
             self.use_cpu = True
         self._check_schedule()
         super().__post_init__()
@@ -136,6 +165,12 @@ class OnPolicyConfig(TrainingArguments):
     @property
     def steps_per_rollout(self) -> int:
         return self.samples_per_rollout // self.train_batch_size * self.num_ppo_epochs
+
+    def total_steps(self, num_prompts: int) -> int:
+        """Global steps of the run: ``max_steps``, or whole rollouts covering ``num_train_epochs`` of the prompts."""
+        if self.max_steps > 0:
+            return self.max_steps
+        return math.ceil(self.num_train_epochs * num_prompts / self.rollout_batch_size) * self.steps_per_rollout
 
     def _check_ranges(self) -> None:
         for name in (

@@ -17,11 +17,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from ..judges import call_judge, check_judge
-from ..ops import completion_logprobs, masked_mean
+from ..ops import (
+    chosen_first_order,
+    completion_logprobs,
+    dpo_logits,
+    masked_mean,
+    pair_logps,
+    pair_ties,
+    pair_weights,
+    preference_loss,
+)
+from ..rollout import Advantages, Rollout
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
 
@@ -31,8 +40,21 @@ TIE_RULES = ("skip", "first")
 
 @dataclass
 class OnlineDPOConfig(OnPolicyConfig):
-    """OnPolicyConfig plus online DPO's options. Two completions per prompt; batch sizes count completions,
-    so ``train_batch_size`` and ``micro_train_batch_size`` must be even (whole pairs)."""
+    """``OnPolicyConfig`` plus online DPO's options. Two completions per prompt; batch sizes count completions,
+    so ``train_batch_size`` and ``micro_train_batch_size`` must be even (whole pairs).
+
+    Args:
+        beta: strength of the pull towards the reference (IPO: its tau); a float, or one value per epoch over the
+            dataset, the last holding for the remaining epochs.
+        loss_type: ``sigmoid`` (DPO) or ``ipo``.
+        tie_rule: for a pair whose completions score the same, ``skip`` (weight 0) or ``first`` (the first
+            sampled completion is chosen, as TRL does).
+
+    Example::
+
+        OnlineDPOConfig(output_dir="out", rollout_batch_size=64, train_batch_size=32, micro_train_batch_size=8,
+                        beta=[0.1, 0.05], loss_type="sigmoid", learning_rate=5e-7)
+    """
 
     n_samples_per_prompt: int = field(default=2, metadata={"help": "Completions per prompt: must be 2 (a pair)."})
     beta: list[float] = field(
@@ -79,20 +101,22 @@ class OnlineDPOConfig(OnPolicyConfig):
         self.beta = float(values[0]) if len(values) == 1 else [float(b) for b in values]
 
 
-def preference_loss(logits: torch.Tensor, beta: float, loss_type: str) -> torch.Tensor:
-    """Per-pair loss [P] from the DPO logits [P] (policy log-ratio minus reference log-ratio)."""
-    if loss_type == "sigmoid":
-        return -F.logsigmoid(beta * logits)
-    return (logits - 1 / (2 * beta)) ** 2
-
-
 class OnlineDPOTrainer(OnPolicyTrainer):
-    """``OnlineDPOTrainer(model, args=OnlineDPOConfig(...), train_dataset, processing_class,
-    reward_funcs and/or reward_model, or judge, ...)``.
+    """Online DPO on the shared on-policy loop: the policy samples two completions per prompt, a judge picks the
+    chosen one, and a DPO step is taken on the pair against the frozen reference.
 
-    Who wins a pair: the completion with the higher weighted total of ``reward_funcs`` (and ``reward_model``),
-    minus ``missing_eos_penalty`` if it has no EOS; or, with ``judge``, the completion the judge prefers
-    (scored 1, the other 0, before the same penalty). Ties follow ``tie_rule``.
+    Args:
+        judge: a pairwise judge, ``judge(prompts, completion_pairs) -> list[int]`` (a callable or an object with
+            a ``judge`` method), answering 0 or 1 per pair. Without it the completion with the higher weighted
+            total of ``reward_funcs`` (and ``reward_model``) wins. ``missing_eos_penalty`` applies to both (a judge's
+            preferred completion scores 1, the other 0); ties follow ``tie_rule``.
+        The other arguments are ``OnPolicyTrainer``'s.
+
+    Example::
+
+        trainer = OnlineDPOTrainer(model="my/sft-model", args=OnlineDPOConfig(output_dir="out"),
+                                   train_dataset=prompts, reward_model="my/reward-model")
+        trainer.train(resume_from_checkpoint=True)
     """
 
     algorithm_name = "online-dpo"
@@ -131,7 +155,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         """The current rollout's beta: ``args.beta``, or its entry for the epoch of the rollout's first prompt."""
         if not isinstance(self.args.beta, list):
             return self.args.beta
-        epoch = max(0, self.sampler.consumed - self.args.rollout_batch_size) // self.sampler.num_prompts
+        epoch = max(0, self.loop.sampler.consumed - self.args.rollout_batch_size) // self.loop.sampler.num_prompts
         return self.args.beta[min(epoch, len(self.args.beta) - 1)]
 
     # ---- who wins each pair ----------------------------------------------------------------------
@@ -155,35 +179,28 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         scores[[2 * i + p for i, p in enumerate(preferred)]] = 1.0
         return scores
 
-    def compute_advantages(self, experience: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Reorder every pair to (chosen, rejected) and weight it by ``tie_rule``."""
-        scores = experience["scores"].view(-1, 2)  # [P, 2]
-        tie = scores[:, 0] == scores[:, 1]
-        chosen = 2 * torch.arange(len(scores), device=scores.device) + (scores[:, 1] > scores[:, 0]).long()
-        order = torch.stack([chosen, chosen ^ 1], dim=1).flatten()  # [N]: 2i+1 ^ 1 = 2i, its partner
-        for key, value in experience.items():
-            experience[key] = value[order]
-        weight = torch.ones_like(scores[:, 0]) if self.args.tie_rule == "first" else (~tie).float()
-        experience["pair_weight"] = weight.repeat_interleave(2)  # [N]
-        ordered = experience["scores"].view(-1, 2)
-        return {"scores_margin": (ordered[:, 0] - ordered[:, 1]).mean().item(), "ties": tie.float().mean().item()}
+    def compute_advantages(self, rollout: Rollout) -> Advantages:
+        """No advantages: each pair is put in (chosen, rejected) order and weighted by ``tie_rule``."""
+        order = chosen_first_order(rollout.scores)  # [N]
+        ties = pair_ties(rollout.scores)  # [P]
+        ordered = rollout.scores[order].view(-1, 2)  # [P, 2]
+        metrics = {"scores_margin": (ordered[:, 0] - ordered[:, 1]).mean().item(), "ties": ties.float().mean().item()}
+        return Advantages(order=order, pair_weight=pair_weights(ties, self.args.tie_rule), metrics=metrics)
 
     # ---- loss -------------------------------------------------------------------------------------
 
-    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        mask, beta = batch["completion_mask"], self.beta  # [B, C]
-        tensors = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask)
-        logprobs, _ = completion_logprobs(model, *tensors, temperature=self.logprob_temperature)
-        policy = (logprobs * mask).sum(1).view(-1, 2)  # [B/2, 2]: (chosen, rejected) sequence log-probs
-        reference = (batch["ref_logprobs"] * mask).sum(1).view(-1, 2)
-        logits = (policy[:, 0] - policy[:, 1]) - (reference[:, 0] - reference[:, 1])  # [B/2]
-        weight = batch["pair_weight"][0::2]  # [B/2]
-        loss = (preference_loss(logits, beta, self.args.loss_type) * weight).mean()
+    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        mask, beta = batch.completion_mask, self.beta  # [B, C]
+        logprobs, _ = completion_logprobs(model, *batch.token_tensors, temperature=self.logprob_temperature)
+        policy = pair_logps(logprobs, mask)  # [B/2, 2]: (chosen, rejected) sequence log-probs
+        reference = pair_logps(batch.ref_logprobs, mask)
+        weight = batch.pair_weight[0::2]  # [B/2]
+        loss = (preference_loss(dpo_logits(policy, reference), beta, self.args.loss_type) * weight).mean()
         with torch.no_grad():
             rewards = beta * (policy - reference)  # [B/2, 2] implicit rewards
             margin = rewards[:, 0] - rewards[:, 1]
             metrics = {
-                "kl": ((logprobs - batch["ref_logprobs"]) * mask).sum(1).mean().item(),
+                "kl": ((logprobs - batch.ref_logprobs) * mask).sum(1).mean().item(),
                 "rewards/chosen": masked_mean(rewards[:, 0], weight).item(),
                 "rewards/rejected": masked_mean(rewards[:, 1], weight).item(),
                 "rewards/margins": masked_mean(margin, weight).item(),

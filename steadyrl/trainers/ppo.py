@@ -18,24 +18,48 @@ import torch
 from transformers import PreTrainedModel, get_scheduler
 
 from ..ops import (
+    RunningMoments,
+    adaptive_kl_coef,
+    batched_forward,
     clipped_policy_loss,
     clipped_value_loss,
     completion_logprobs,
     generalized_advantage_estimation,
     kl_penalty,
-    last_token_index,
     masked_mean,
     masked_var,
     masked_whiten,
+    shaped_token_rewards,
 )
+from ..rollout import Advantages, Rollout
 from ..scalar_head import Critic, check_same_vocabulary, critic_from_policy, load_scalar_model
+from .checkpointing import TrainedModule
 from .config import OnPolicyConfig
-from .on_policy import OnPolicyTrainer, enable_gradient_checkpointing
+from .models import enable_gradient_checkpointing
+from .on_policy import OnPolicyTrainer
 
 
 @dataclass
 class PPOConfig(OnPolicyConfig):
-    """OnPolicyConfig plus PPO's critic, GAE, KL-control and reward-processing options."""
+    """``OnPolicyConfig`` plus PPO's critic, GAE, KL-control and reward-processing options.
+
+    Args:
+        gamma, lam: discount and GAE lambda, in (0, 1].
+        cliprange_value: clipping range of the value update; vf_coef: weight of the value loss.
+        kl_estimator: per-token KL estimator in the reward, ``k1`` or ``k3``.
+        target_kl, kl_horizon: adaptive KL control, steering ``kl_coef`` (starting at ``beta``) towards
+            ``target_kl`` by at most 20% x samples / ``kl_horizon`` per rollout; off when ``target_kl`` is None.
+        whiten_advantages: whiten the advantages over each rollout.
+        normalize_reward: normalise scores by their running mean and std over the whole run.
+        reward_clip_range: clip the (normalised) scores to +-this.
+        critic_learning_rate: the critic's learning rate (default ``learning_rate``).
+        critic_warmup_steps: first global steps in which only the critic learns.
+
+    Example::
+
+        PPOConfig(output_dir="out", rollout_batch_size=64, n_samples_per_prompt=1, train_batch_size=32,
+                  micro_train_batch_size=4, num_ppo_epochs=2, learning_rate=5e-7, critic_learning_rate=9e-6)
+    """
 
     gamma: float = field(default=1.0, metadata={"help": "Discount factor, in (0, 1]."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda, in (0, 1]."})
@@ -78,32 +102,37 @@ class PPOConfig(OnPolicyConfig):
             raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps} is invalid: it must be >= 0.")
 
 
-class RunningMoments:
-    """Mean and variance of every score seen so far (Chan et al.'s parallel update), for ``normalize_reward``."""
+@dataclass
+class PPOState:
+    """What PPO carries from one rollout to the next: the (adaptive) KL coefficient and the running moments of
+    the scores (``normalize_reward``)."""
 
-    def __init__(self) -> None:
-        self.mean, self.var, self.count = 0.0, 1.0, 0
-
-    def update(self, values: torch.Tensor) -> None:
-        n, mean, var = values.numel(), values.double().mean().item(), values.double().var(unbiased=False).item()
-        total = self.count + n
-        delta = mean - self.mean
-        m2 = self.var * self.count + var * n + delta**2 * self.count * n / total
-        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+    kl_coef: float
+    score_moments: RunningMoments = field(default_factory=RunningMoments)
 
     def state_dict(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
+        return {"kl_coef": self.kl_coef, "score_moments": self.score_moments.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+        self.kl_coef = state["kl_coef"]
+        self.score_moments = RunningMoments.from_state_dict(state["score_moments"])
 
 
 class PPOTrainer(OnPolicyTrainer):
-    """``PPOTrainer(model, args=PPOConfig(...), train_dataset, processing_class, reward_funcs and/or reward_model,
-    value_model=None, ...)``.
+    """PPO with a learned critic on the shared on-policy loop.
 
-    The critic is ``value_model`` if given; else, as in OpenRLHF, a copy of ``reward_model`` (its backbone and
-    score head); else the policy's backbone with a freshly initialised value head.
+    Args:
+        value_model: the critic, an ``AutoModelForSequenceClassification`` (``num_labels=1``) or its path, sharing
+            the policy's tokenizer. Default: as in OpenRLHF a copy of ``reward_model`` (backbone and score head) if
+            one is given, else the policy's backbone with a freshly initialised value head.
+        The other arguments are ``OnPolicyTrainer``'s.
+
+    Example::
+
+        trainer = PPOTrainer(model="my/sft-model", args=PPOConfig(output_dir="out"), train_dataset=prompts,
+                             reward_model="my/reward-model")
+        trainer.train(resume_from_checkpoint=True)
+        trainer.save_model("out/actor")  # the actor only; the critic stays in the checkpoints
     """
 
     algorithm_name = "ppo"
@@ -136,8 +165,9 @@ class PPOTrainer(OnPolicyTrainer):
         else:
             critic = critic_from_policy(actor, self.args.seed)
         self.critic = Critic(critic.train().requires_grad_(True)).to(self.accelerator.device)
-        self.kl_coef = self.args.beta
-        self.score_moments = RunningMoments()
+
+    def initial_algorithm_state(self) -> PPOState:
+        return PPOState(kl_coef=self.args.beta)
 
     # ---- models, optimizers, checkpoint state ---------------------------------------------------
 
@@ -159,14 +189,17 @@ class PPOTrainer(OnPolicyTrainer):
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
         if args.gradient_checkpointing:
-            enable_gradient_checkpointing(self.critic.model, args)
+            enable_gradient_checkpointing(self.critic.model, args.gradient_checkpointing_kwargs)
         self.critic_wrapped, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
 
-    def trained_modules(self):
-        return [
-            *super().trained_modules(),
-            ("critic", self.critic_wrapped, self.critic_optimizer, self.critic_scheduler),
-        ]
+    def trained_modules(self) -> list[TrainedModule]:
+        def save_critic(directory):
+            self.save_pretrained_model(self.critic.model, directory)
+
+        critic = TrainedModule(
+            "critic", self.critic_wrapped, self.critic_optimizer, self.critic_scheduler, self.critic.model, save_critic
+        )
+        return [*super().trained_modules(), critic]
 
     def run_fingerprint(self) -> dict:
         config = self.critic.config.get_text_config()
@@ -175,40 +208,26 @@ class PPOTrainer(OnPolicyTrainer):
             "critic": [config.model_type, config.hidden_size, config.num_hidden_layers],
         }
 
-    def algorithm_state(self) -> dict:
-        return {"kl_coef": self.kl_coef, "score_moments": self.score_moments.state_dict()}
+    # ---- rollout -> advantages -----------------------------------------------------------------
 
-    def load_algorithm_state(self, state: dict) -> None:
-        self.kl_coef = state["kl_coef"]
-        self.score_moments.load_state_dict(state["score_moments"])
-
-    # ---- experience -> advantages ---------------------------------------------------------------
-
-    def process_scores(self, scores: torch.Tensor) -> torch.Tensor:
-        """Running normalisation and clipping of the sequence scores [N], as configured."""
-        args = self.args
-        if args.normalize_reward:
-            self.score_moments.update(self.accelerator.gather(scores))
-            scores = (scores - self.score_moments.mean) / (self.score_moments.var**0.5 + 1e-8)
+    def compute_advantages(self, rollout: Rollout) -> Advantages:
+        args, state, mask = self.args, self.loop.algorithm, rollout.completion_mask.float()  # [N, C]
+        values = batched_forward(self.critic, lambda critic, *tensors: critic(*tensors), rollout.token_tensors,
+                                 args.micro_rollout_batch_size)  # [N, C]  # fmt: skip
+        scores = rollout.scores  # [N]
+        if args.normalize_reward:  # by the mean and std of every score so far, on every process
+            state.score_moments = state.score_moments.updated(self.accelerator.gather(scores))
+            scores = state.score_moments.normalize(scores)
         if args.reward_clip_range is not None:
             scores = scores.clamp(-args.reward_clip_range, args.reward_clip_range)
-        return scores
-
-    def compute_advantages(self, experience: dict[str, torch.Tensor]) -> dict[str, float]:
-        args, mask = self.args, experience["completion_mask"].float()  # [N, C]
-        values = self.micro_batched(self.critic, lambda critic, *tensors: critic(*tensors), experience)  # [N, C]
-        scores = self.process_scores(experience["scores"])  # [N]
-        kl = kl_penalty(experience["old_logprobs"], experience["ref_logprobs"], args.kl_estimator) * mask
-        non_score_rewards = -self.kl_coef * kl  # [N, C]
-        rows = torch.arange(len(scores), device=scores.device)
-        rewards = non_score_rewards.clone()
-        rewards[rows, last_token_index(mask)] += scores
+        token_kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs, args.kl_estimator) * mask  # [N, C]
+        rewards, non_score_rewards = shaped_token_rewards(scores, token_kl, state.kl_coef, mask)
         advantages, returns = generalized_advantage_estimation(rewards, values, mask, args.gamma, args.lam)
         metrics = {
             "score": scores.mean().item(),
             "non_score_reward": non_score_rewards.sum(1).mean().item(),
             "rlhf_reward": rewards.sum(1).mean().item(),
-            "kl_coef": self.kl_coef,
+            "kl_coef": state.kl_coef,
             "advantages_mean": masked_mean(advantages, mask).item(),
             "advantages_std": masked_var(advantages, mask).sqrt().item(),
             "value_mean": masked_mean(values, mask).item(),
@@ -216,33 +235,25 @@ class PPOTrainer(OnPolicyTrainer):
         }
         if args.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
-        experience.update(values=values, returns=returns, advantages=advantages)
-        self.update_kl_coef(kl.sum(1))
-        return metrics
-
-    def update_kl_coef(self, kl: torch.Tensor) -> None:
-        """Adaptive KL control: move kl_coef by at most 20% x (samples / horizon) towards ``target_kl``."""
-        if self.args.target_kl is None:
-            return
-        kl = self.accelerator.gather(kl)
-        error = min(max(kl.mean().item() / self.args.target_kl - 1, -0.2), 0.2)
-        self.kl_coef *= 1 + error * len(kl) / self.args.kl_horizon
+        if args.target_kl is not None:
+            kl = self.accelerator.gather(token_kl.sum(1))  # [N x processes]
+            state.kl_coef = adaptive_kl_coef(state.kl_coef, kl.mean().item(), args.target_kl, len(kl), args.kl_horizon)
+        return Advantages(advantages=advantages, values=values, returns=returns, metrics=metrics)
 
     # ---- loss -------------------------------------------------------------------------------------
 
-    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]):
-        args, mask = self.args, batch["completion_mask"]  # [B, C]
-        tensors = (batch["prompt_ids"], batch["prompt_mask"], batch["completion_ids"], mask)
+    def compute_loss_on_batch(self, model, batch: Rollout):
+        args, mask = self.args, batch.completion_mask  # [B, C]
         actor_frozen = self.state.global_step < args.critic_warmup_steps
         with torch.no_grad() if actor_frozen else contextlib.nullcontext():
-            logprobs, entropy = completion_logprobs(model, *tensors, temperature=args.temperature, with_entropy=True)
-            policy_loss, policy_metrics = clipped_policy_loss(
-                logprobs, batch["old_logprobs"], batch["advantages"], mask, args.cliprange
+            logprobs, entropy = completion_logprobs(
+                model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
             )
-        values = self.critic_wrapped(*tensors)  # [B, C]
-        value_loss, value_metrics = clipped_value_loss(
-            values, batch["values"], batch["returns"], mask, args.cliprange_value
-        )
+            policy_loss, policy_metrics = clipped_policy_loss(
+                logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange
+            )
+        values = self.critic_wrapped(*batch.token_tensors)  # [B, C]
+        value_loss, value_metrics = clipped_value_loss(values, batch.values, batch.returns, mask, args.cliprange_value)
         losses = {"critic": args.vf_coef * value_loss}  # one loss per trained module: their parameters are disjoint
         if not actor_frozen:
             losses["actor"] = policy_loss

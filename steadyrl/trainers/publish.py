@@ -1,4 +1,5 @@
-"""``push_to_hub`` and ``hub_strategy`` for ``OnPolicyTrainer``, applied to the actor alone.
+"""How the actor leaves a run: ``save_model`` and ``push_to_hub`` write the policy alone, in plain Hugging Face
+format (never the critic, reference, reward model or optimizer).
 
 ``hub_strategy`` keeps its ``TrainingArguments`` meaning: ``end`` publishes when ``push_to_hub()`` (or
 ``save_model`` with ``push_to_hub=True``) runs; ``every_save`` also publishes the actor of every checkpoint;
@@ -10,12 +11,44 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
 
 from ..hub import final_metrics, model_card, stage_actor, upload
+from ..zero import consolidated_state_dict
 
 
-class HubMixin:
+class PublishMixin:
+    """``save_model``, ``push_to_hub`` and per-checkpoint publishing for ``OnPolicyTrainer``."""
+
+    def save_actor(self, directory: Path) -> None:
+        """The actor alone, in plain Hugging Face format, with its tokenizer. Under ZeRO-3 every process must call
+        it (the weights are gathered); only the main process writes."""
+        self.save_pretrained_model(self.accelerator.unwrap_model(self.model), directory)
+        if self.processing_class is not None and self.accelerator.is_main_process:
+            self.processing_class.save_pretrained(directory)
+
+    def save_pretrained_model(self, model: PreTrainedModel, directory: Path) -> None:
+        """``model.save_pretrained`` on the main process; under ZeRO-3 with the weights gathered from every one."""
+        main = self.accelerator.is_main_process
+        state = consolidated_state_dict(model, main) if self.zero3 else None
+        if main:
+            model.save_pretrained(directory, state_dict=state, safe_serialization=True)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        if not self.is_deepspeed_enabled:
+            return super().save_model(output_dir, _internal_call)
+        self.save_actor(Path(output_dir or self.args.output_dir))  # every process: ZeRO-3 gathers the weights
+        self.accelerator.wait_for_everyone()
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""
+        self.save_actor(Path(output_dir or self.args.output_dir))
+
+    # ---- the Hub ---------------------------------------------------------------------------------
+
     def init_hf_repo(self, token: str | None = None) -> None:
         """Create the repository (main process), as ``Trainer`` does when ``push_to_hub=True``."""
         args = self.args
@@ -49,12 +82,13 @@ class HubMixin:
             (staged / "README.md").write_text(self.model_card())
             return upload(staged, self.hub_model_id, token or args.hub_token, message, path_in_repo, revision)
 
-    def push_checkpoint(self, checkpoint: Path) -> None:
-        """After a checkpoint is complete: publish its actor as ``hub_strategy`` asks (main process)."""
+    def push_checkpoint(self, checkpoint: Path, step: int) -> None:
+        """After ``checkpoint`` (of global step ``step``) is complete: publish its actor as ``hub_strategy`` asks
+        (main process)."""
         args = self.args
         if not args.push_to_hub or args.hub_strategy == HubStrategy.END or not self.is_world_process_zero():
             return
-        message = f"Training in progress, step {self.state.global_step}"
+        message = f"Training in progress, step {step}"
         self.publish_actor(checkpoint / "actor", message, revision=args.hub_revision)
         folder = {HubStrategy.CHECKPOINT: "last-checkpoint", HubStrategy.ALL_CHECKPOINTS: checkpoint.name}
         if args.hub_strategy in folder:

@@ -1,6 +1,10 @@
 """RLOO: REINFORCE with a leave-one-out baseline (Ahmadian et al., 2024), with PPO-style ratio clipping.
 
 Shapes: P prompts x k samples = N sequences, C completion tokens.
+
+    reward_i = score_i - beta * KL_i                       KL_i: summed over the tokens of sequence i
+    A_i = reward_i - mean of the other k - 1 rewards of its prompt
+    loss = clipped surrogate of A_i at every completion token
 """
 
 from __future__ import annotations
@@ -9,14 +13,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops import clipped_policy_loss, completion_logprobs, masked_mean
+from ..ops import clipped_policy_loss, completion_logprobs, leave_one_out_advantages, masked_mean, sequence_kl, whiten
+from ..rollout import Advantages, Rollout
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
 
 
 @dataclass
 class RLOOConfig(OnPolicyConfig):
-    """OnPolicyConfig plus RLOO's options. ``n_samples_per_prompt`` (k) must be at least 2."""
+    """``OnPolicyConfig`` plus RLOO's options; ``n_samples_per_prompt`` (k) must be at least 2.
+
+    Args:
+        normalize_advantages: whiten the advantages over the rollout.
+
+    Example::
+
+        RLOOConfig(output_dir="out", rollout_batch_size=64, n_samples_per_prompt=4, train_batch_size=64,
+                   micro_train_batch_size=8, beta=0.05, learning_rate=1e-6, save_steps=100)
+    """
 
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
 
@@ -30,34 +44,33 @@ class RLOOConfig(OnPolicyConfig):
 
 
 class RLOOTrainer(OnPolicyTrainer):
-    """``RLOOTrainer(model, args=RLOOConfig(...), train_dataset, processing_class, reward_funcs, ...)``."""
+    """RLOO on the shared on-policy loop; arguments as ``OnPolicyTrainer``'s.
+
+    Example::
+
+        trainer = RLOOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", args=RLOOConfig(output_dir="out"),
+                              train_dataset=load_dataset("my/prompts", split="train"), reward_funcs=[my_reward])
+        trainer.train(resume_from_checkpoint=True)
+        trainer.save_model("out/actor")
+    """
 
     algorithm_name = "rloo"
     config_class = RLOOConfig
 
-    def compute_advantages(self, experience: dict[str, torch.Tensor]) -> dict[str, float]:
-        k, mask = self.args.n_samples_per_prompt, experience["completion_mask"]
-        kl = ((experience["old_logprobs"] - experience["ref_logprobs"]) * mask).sum(1)  # [N], k1 estimator
-        rewards = (experience["scores"] - self.args.beta * kl).view(-1, k)  # [P, k]
-        baseline = (rewards.sum(1, keepdim=True) - rewards) / (k - 1)  # mean reward of the other k-1 samples
-        advantages = (rewards - baseline).flatten()  # [N]
+    def compute_advantages(self, rollout: Rollout) -> Advantages:
+        kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.completion_mask)  # [N]
+        rewards = rollout.scores - self.args.beta * kl  # [N]
+        advantages = leave_one_out_advantages(rewards, self.args.n_samples_per_prompt)  # [N]
         if self.args.normalize_advantages:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        experience["advantages"] = advantages
-        return {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
+            advantages = whiten(advantages)
+        metrics = {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
+        return Advantages(advantages=advantages, metrics=metrics)
 
-    def compute_loss_on_batch(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = batch["completion_mask"]  # [B, C]
+    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch.completion_mask  # [B, C]
         logprobs, entropy = completion_logprobs(
-            model,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            batch["completion_ids"],
-            mask,
-            temperature=self.args.temperature,
-            with_entropy=True,
+            model, *batch.token_tensors, temperature=self.args.temperature, with_entropy=True
         )
-        loss, metrics = clipped_policy_loss(
-            logprobs, batch["old_logprobs"], batch["advantages"].unsqueeze(1), mask, self.args.cliprange
-        )
+        advantages = batch.advantages.unsqueeze(1)  # [B, 1]: one advantage for every token of a sequence
+        loss, metrics = clipped_policy_loss(logprobs, batch.old_logprobs, advantages, mask, self.args.cliprange)
         return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}

@@ -1,0 +1,119 @@
+"""How a scored rollout becomes advantages: tensors in, tensors out, no trainer needed.
+
+Shapes: N samples = P prompts x k samples each, C completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .logprobs import last_token_index
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al., 2024): each sample's reward [N] minus the mean reward of the other k - 1 samples
+    of its prompt. Samples of one prompt are consecutive."""
+    grouped = rewards.view(-1, k)  # [P, k]
+    baseline = (grouped.sum(1, keepdim=True) - grouped) / (k - 1)
+    return (grouped - baseline).flatten()
+
+
+def whiten(values: torch.Tensor) -> torch.Tensor:
+    """(values - mean) / std over all entries."""
+    return (values - values.mean()) / (values.std() + 1e-8)
+
+
+def shaped_token_rewards(
+    scores: torch.Tensor,  # [N] one score per sequence
+    token_kl: torch.Tensor,  # [N, C] per-token KL estimate, zero on padding
+    kl_coef: float,
+    mask: torch.Tensor,  # [N, C]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token rewards (Ziegler et al., 2019): r_t = -kl_coef * KL_t, plus the sequence score at the
+    last completion token. Returns ``(rewards, non_score_rewards)``, both [N, C]."""
+    non_score_rewards = -kl_coef * token_kl
+    rows = torch.arange(len(scores), device=scores.device)
+    rewards = non_score_rewards.clone()
+    rewards[rows, last_token_index(mask)] += scores
+    return rewards, non_score_rewards
+
+
+@dataclass(frozen=True)
+class RunningMoments:
+    """Mean and (population) variance of every value seen so far, for normalising scores over a whole run."""
+
+    mean: float = 0.0
+    var: float = 1.0
+    count: int = 0
+
+    def updated(self, values: torch.Tensor) -> RunningMoments:
+        """The moments after also seeing ``values`` (Chan et al.'s parallel update, in float64)."""
+        n, mean, var = values.numel(), values.double().mean().item(), values.double().var(unbiased=False).item()
+        total = self.count + n
+        delta = mean - self.mean
+        m2 = self.var * self.count + var * n + delta**2 * self.count * n / total
+        return RunningMoments(self.mean + delta * n / total, m2 / total, total)
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        return (values - self.mean) / (self.var**0.5 + 1e-8)
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> RunningMoments:
+        return cls(state["mean"], state["var"], state["count"])
+
+
+def adaptive_kl_coef(kl_coef: float, observed_kl: float, target_kl: float, num_samples: int, horizon: int) -> float:
+    """Adaptive KL control (Ziegler et al., 2019): move ``kl_coef`` towards keeping the mean sequence KL at
+    ``target_kl``, by at most 20% x num_samples / horizon per update."""
+    error = min(max(observed_kl / target_kl - 1, -0.2), 0.2)
+    return kl_coef * (1 + error * num_samples / horizon)
+
+
+def generalized_advantage_estimation(
+    rewards: torch.Tensor,  # [N, C] per-token rewards
+    values: torch.Tensor,  # [N, C] V(s_t), the value before completion token t
+    mask: torch.Tensor,  # [N, C] 1 on completion tokens
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al., 2016): A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t.
+
+    The value after the last token is 0 (the episode ends). Returns ``(advantages, returns)``, both [N, C],
+    zero on padding; returns = advantages + values are the critic's regression targets.
+    """
+    mask = mask.to(values.dtype)
+    values, rewards = values * mask, rewards * mask
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running
+        advantages[:, t] = running
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def chosen_first_order(scores: torch.Tensor) -> torch.Tensor:
+    """Online DPO: the row permutation [N] that puts each pair (rows 2i, 2i + 1) in (chosen, rejected) order, the
+    higher score first; a tie keeps the sampled order."""
+    pairs = scores.view(-1, 2)  # [P, 2]
+    chosen = 2 * torch.arange(len(pairs), device=scores.device) + (pairs[:, 1] > pairs[:, 0]).long()
+    return torch.stack([chosen, chosen ^ 1], dim=1).flatten()  # 2i + 1 ^ 1 = 2i: the partner
+
+
+def pair_ties(scores: torch.Tensor) -> torch.Tensor:
+    """[P] bool: the pair's two completions score the same."""
+    pairs = scores.view(-1, 2)
+    return pairs[:, 0] == pairs[:, 1]
+
+
+def pair_weights(ties: torch.Tensor, tie_rule: str) -> torch.Tensor:
+    """[N] weight of each row's pair in the loss: 0 for a tie under ``tie_rule="skip"``, else 1."""
+    weight = torch.ones_like(ties, dtype=torch.float32) if tie_rule == "first" else (~ties).float()
+    return weight.repeat_interleave(2)

@@ -1,0 +1,154 @@
+"""The Rollout: the one object that travels from generation to the loss, every field with its shape.
+
+Shapes: N samples (this process's share of a rollout: prompts x ``n_samples_per_prompt``, the samples of one
+prompt consecutive), P prompt tokens, C completion tokens. Who fills what::
+
+    generation          prompt_ids, prompt_mask, completion_ids, completion_mask
+    reward functions    scores
+    scoring passes      ref_logprobs, old_logprobs (only where the loss or the vLLM check reads them)
+    the algorithm       an ``Advantages``: advantages; values and returns (PPO); pair_weight and a row order
+                        (online DPO)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .ops import masked_mean, sequence_kl
+
+
+@dataclass
+class TokenBatch:
+    """Prompts and completions as padded token ids: what a scoring forward pass reads."""
+
+    prompt_ids: torch.Tensor  # [N, P] long, left-padded with the pad token
+    prompt_mask: torch.Tensor  # [N, P] long, 1 on prompt tokens
+    completion_ids: torch.Tensor  # [N, C] long, right-padded; ends with EOS where one was sampled
+    completion_mask: torch.Tensor  # [N, C] long, 1 on completion tokens
+
+    @property
+    def token_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(prompt_ids, prompt_mask, completion_ids, completion_mask)``, the arguments of a scoring forward."""
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+
+@dataclass
+class Rollout(TokenBatch):
+    """One rollout's samples, scored, with what the algorithm's loss needs."""
+
+    scores: torch.Tensor  # [N] float32: weighted sum of the rewards, minus missing_eos_penalty where no EOS
+    ref_logprobs: torch.Tensor  # [N, C] float32: log-probs of the completion tokens under the reference
+    old_logprobs: torch.Tensor | None = None  # [N, C] float32: under the sampling policy (ratio-based losses)
+    advantages: torch.Tensor | None = None  # RLOO [N], PPO [N, C] (whitened)
+    values: torch.Tensor | None = None  # [N, C] PPO: the critic's values when the rollout was made
+    returns: torch.Tensor | None = None  # [N, C] PPO: GAE targets of the critic
+    pair_weight: torch.Tensor | None = None  # [N] online DPO: weight of the row's pair in the loss (0: a tie)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name (what a checkpoint stores)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    def select(self, rows: torch.Tensor | slice) -> Rollout:
+        """The rollout of the given rows (an index tensor or a slice), every field alike."""
+        return dataclasses.replace(self, **{name: value[rows] for name, value in self.tensors().items()})
+
+    def to(self, device: torch.device | str) -> Rollout:
+        return dataclasses.replace(self, **{name: value.to(device) for name, value in self.tensors().items()})
+
+    def with_advantages(self, added: Advantages) -> Rollout:
+        """This rollout in ``added.order`` (if any) with the fields the algorithm computed."""
+        rollout = self if added.order is None else self.select(added.order)
+        fields = {name: getattr(added, name) for name in ("advantages", "values", "returns", "pair_weight")}
+        return dataclasses.replace(rollout, **{name: value for name, value in fields.items() if value is not None})
+
+
+@dataclass
+class Advantages:
+    """What an algorithm adds to a scored rollout before training on it (shapes as in ``Rollout``); the added
+    fields are in the new row order when ``order`` is set."""
+
+    advantages: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    pair_weight: torch.Tensor | None = None
+    order: torch.Tensor | None = None  # [N] a row permutation (online DPO: each pair chosen first)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutBuffer:
+    """The rollout being trained on, its mini-batch schedule and its metrics.
+
+    ``schedule`` lists the sample indices of every mini-batch of every PPO epoch, fixed when the rollout is
+    made; ``cursor`` is the next one to train on.
+    """
+
+    rollout: Rollout
+    schedule: list[list[int]]
+    metrics: dict[str, float] = field(default_factory=dict)
+    cursor: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.cursor >= len(self.schedule)
+
+    def next_minibatch(self) -> Rollout:
+        rows = torch.tensor(self.schedule[self.cursor])
+        self.cursor += 1
+        return self.rollout.select(rows)
+
+    def state_dict(self) -> dict:
+        return {"rollout": self.rollout.tensors(), "schedule": self.schedule, "cursor": self.cursor,
+                "metrics": self.metrics}  # fmt: skip
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> RolloutBuffer:
+        return cls(Rollout(**state["rollout"]), state["schedule"], state["metrics"], state["cursor"])
+
+
+def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1) -> list[list[int]]:
+    """Shuffled mini-batches for each epoch (drawn from torch's global RNG, which checkpoints restore).
+
+    Groups of ``group_size`` consecutive samples are shuffled as units and stay together, in order.
+    """
+    schedule = []
+    for _ in range(num_epochs):
+        groups = torch.randperm(num_samples // group_size).tolist()
+        perm = [g * group_size + j for g in groups for j in range(group_size)]
+        schedule += [perm[i : i + minibatch_size] for i in range(0, num_samples, minibatch_size)]
+    return schedule
+
+
+def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[str], generation_time: float) -> dict:
+    """What one rollout logs: the total reward and its spread, completion length, generation speed, the KL to the
+    reference (when the sampling policy's log-probs were computed) and, with several rewards, each one's mean.
+    ``scores`` [N, num_rewards] holds each reward function's scores before weighting."""
+    mask, total = rollout.completion_mask, rollout.scores
+    metrics = {
+        "reward": total.mean().item(),
+        "reward_std": total.std().item() if len(total) > 1 else 0.0,
+        "completion_length": mask.sum(1).float().mean().item(),
+        "tokens_per_second": mask.sum().item() / max(generation_time, 1e-9),
+    }
+    if rollout.old_logprobs is not None:  # else the loss reports it
+        metrics["kl"] = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, mask).mean().item()
+    if len(reward_names) > 1:
+        for j, name in enumerate(reward_names):
+            metrics[f"rewards/{name}"] = scores[:, j].mean().item()
+    return metrics
+
+
+def engine_logprob_diff(engine_logprobs: list[list[float]], logprobs: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean absolute difference between the generation engine's log-probs of the sampled tokens and the trainer's
+    [N, C]: about 1e-7 in float32 when the engine runs the trainer's weights; larger means a broken weight sync
+    or another precision."""
+    reported = torch.zeros_like(logprobs)
+    for row, values in enumerate(engine_logprobs):
+        reported[row, : len(values)] = torch.tensor(values)
+    return masked_mean((reported - logprobs).abs(), mask).item()

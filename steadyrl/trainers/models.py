@@ -1,0 +1,89 @@
+"""The models of a run, before and around training: loading the policy and reward model, the frozen reference,
+gradient checkpointing and DeepSpeed's backward pass."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
+
+from ..generation.weights import is_peft
+from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
+from ..zero import check_whole, whole_at_load
+from .checks import check_vocabulary
+
+
+def load_policy(model: str | PreTrainedModel, tokenizer=None):
+    """The policy (loaded whole from a path even under ZeRO-3) and its tokenizer, with a pad token."""
+    if isinstance(model, str):
+        with whole_at_load():
+            model = AutoModelForCausalLM.from_pretrained(model)
+    check_whole(model, "model")
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    check_vocabulary(model, tokenizer)
+    return model, tokenizer
+
+
+def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer,
+                        args) -> RewardModelFunction:  # fmt: skip
+    """A reward model (path or model) as a reward function scoring the policy's own token ids."""
+    if isinstance(reward_model, str) and reward_tokenizer is None:
+        reward_tokenizer = AutoTokenizer.from_pretrained(reward_model)
+    model = load_scalar_model(reward_model, "reward_model")
+    check_same_vocabulary(model, "reward_model", policy, tokenizer, reward_tokenizer)
+    return RewardModelFunction(
+        model, tokenizer, args.max_prompt_length, args.micro_rollout_batch_size, offload=args.ref_reward_offload
+    )
+
+
+def policy_and_reference(model: PreTrainedModel, peft_config,
+                         seed: int) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy to train and its frozen reference: a copy of the model, or under PEFT no copy at all (the base
+    model with its adapters disabled is the reference)."""
+    if peft_config is None:
+        return model, copy.deepcopy(model).eval().requires_grad_(False)
+    from peft import get_peft_model
+
+    set_seed(seed)  # adapter initialisation must be reproducible; Trainer seeds only later
+    return get_peft_model(model, peft_config), None
+
+
+def check_deepspeed_support(deepspeed_config: dict, model: torch.nn.Module) -> int:
+    """Refuse DeepSpeed settings the loop does not support; return the ZeRO stage."""
+    config = deepspeed_config.get("zero_optimization", {})
+    stage = int(config.get("stage", 0))
+    offload = any(config.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+    if stage == 0 or (offload and stage != 3):
+        raise ValueError(
+            f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported: use zero_stage "
+            "1 or 2 without offload, zero_stage 3 with or without offload (examples/accelerate_configs/), or "
+            "multi-process DDP (multi_gpu.yaml)."
+        )
+    if stage == 3 and is_peft(model):
+        raise ValueError(
+            "peft_config under DeepSpeed ZeRO-3 is not supported: the adapters are small and the frozen base "
+            "gains little from partitioning; use zero_stage 2 (examples/accelerate_configs/zero2.yaml)."
+        )
+    return stage
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel, gradient_checkpointing_kwargs: dict | None) -> None:
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
+    kwargs = gradient_checkpointing_kwargs or {"use_reentrant": False}
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if hasattr(model, "enable_input_require_grads"):  # PEFT: frozen embeddings must still pass gradients on
+        model.enable_input_require_grads()
+
+
+def deepspeed_backward(engine, loss: torch.Tensor, boundary: bool) -> None:
+    """One module's backward under DeepSpeed: the engine divides ``loss`` by its gradient_accumulation_steps
+    and, at the accumulation boundary, reduces, clips and steps. Each engine gets its own loss, since
+    accelerate's ``backward`` drives only the last prepared engine."""
+    engine.set_gradient_accumulation_boundary(boundary)
+    engine.backward(loss)
+    if boundary:
+        engine.step()
