@@ -44,7 +44,9 @@ def actor_of(path: Path) -> Path:
     )
 
 
-CARD_METRICS = ("reward", "reward_std", "kl", "loss", "score", "preference_accuracy")
+# logged by every trainer (reward, reward_std, kl, loss), RLOO and PPO (rlhf_reward), PPO (score), online DPO
+# (rewards/accuracies: the share of pairs whose implicit-reward margin agrees with the judge)
+CARD_METRICS = ("reward", "reward_std", "kl", "loss", "rlhf_reward", "score", "rewards/accuracies")
 
 
 def final_metrics(log_history: list[dict]) -> dict[str, float]:

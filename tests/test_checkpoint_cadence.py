@@ -1,4 +1,4 @@
-"""Invariants 1, 2 and 4: one global step per optimizer update; checkpoints exactly at multiples of save_steps."""
+"""One global step per optimizer update; checkpoints exactly at multiples of save_steps; rotation keeps the newest."""
 
 import pytest
 from toy_run import make_trainer

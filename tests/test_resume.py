@@ -1,4 +1,4 @@
-"""Invariants 3, 5 and 6 for RLOO, PPO and online DPO: a run SIGKILLed at any point resumes to the byte-identical result
+"""RLOO, PPO and online DPO: a run SIGKILLed at any point resumes to the byte-identical result
 of an uninterrupted run; damaged checkpoints and changed configurations are refused."""
 
 import shutil
@@ -121,3 +121,11 @@ def test_resume_from_config_field_and_fresh_start(uninterrupted, tmp_path, caplo
     trainer.train()
     steps = [entry["step"] for entry in trainer.state.log_history]
     assert steps == list(range(1, 11)), "the config field resume_from_checkpoint was not honoured"
+
+
+def test_the_model_card_lists_metrics_the_trainer_logs(uninterrupted, algorithm):
+    from steadyrl.hub import final_metrics
+
+    card = final_metrics(list(read_logs(uninterrupted).values()))
+    own = {"rloo": {"rlhf_reward"}, "ppo": {"rlhf_reward", "score"}, "online-dpo": {"rewards/accuracies"}}
+    assert set(card) == {"reward", "reward_std", "kl", "loss"} | own[algorithm], card

@@ -1,4 +1,4 @@
-"""Invariant 7: save_model writes the actor only, in plain Hugging Face format, loadable and generating."""
+"""save_model writes the actor only, in plain Hugging Face format, loadable and generating."""
 
 import torch
 from toy_run import make_trainer

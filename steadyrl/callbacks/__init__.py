@@ -1,4 +1,5 @@
-"""Callbacks that hold steadyrl's step and checkpoint invariants; usable with a plain Trainer too."""
+"""Callbacks that keep global_step moving by exactly one per update and checkpoints on the save_steps grid; usable
+with a plain Trainer too."""
 
 from .checkpoint import CheckpointCallback
 from .global_step import GlobalStepCallback, GlobalStepError

@@ -11,7 +11,7 @@ from ..checkpoint import checkpoint_name, write_manifest
 
 
 class CheckpointCallback(TrainerCallback):
-    """Decides when to save, by the global step alone (invariant 2).
+    """Decides when to save, by the global step alone.
 
     ``should_save`` is set exactly when ``global_step % save_steps == 0`` (and at the last step
     when ``save_final_checkpoint`` is true), and cleared otherwise, so no other rule — a final-step

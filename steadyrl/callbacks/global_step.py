@@ -11,7 +11,7 @@ class GlobalStepError(RuntimeError):
 
 
 class GlobalStepCallback(TrainerCallback):
-    """Checks invariant 1 at every step: ``global_step`` goes ``s -> s + 1``, never skips or repeats.
+    """Checks at every step that ``global_step`` goes ``s -> s + 1``: it never skips or repeats.
 
     Works with any ``transformers.Trainer``: the step counter seen at ``on_step_begin`` must be
     exactly one less than the one seen at the matching ``on_step_end``. In a distributed run all
