@@ -33,16 +33,6 @@ class ScriptArguments:
     )  # fmt: skip
 
 
-def trainers() -> dict[str, tuple[type, type]]:
-    from . import OnlineDPOConfig, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
-
-    return {
-        "rloo": (RLOOConfig, RLOOTrainer),
-        "ppo": (PPOConfig, PPOTrainer),
-        "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
-    }
-
-
 def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[ScriptArguments, object]:
     """``ScriptArguments`` and the config from ``argv``: flags, ``--config FILE.yaml`` plus flags, or ``FILE.yaml``."""
     parser = HfArgumentParser((ScriptArguments, config_class), prog=prog)

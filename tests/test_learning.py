@@ -3,8 +3,9 @@ budget."""
 
 import pytest
 
+from steadyrl import ALGORITHMS
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path, toy_reward_model_path
-from steadyrl.toy.demo import ALGORITHMS, TRAINING_SETTINGS, mean_reward
+from steadyrl.toy.demo import TRAINING_SETTINGS, mean_reward
 
 
 def held_out_reward_gain(output_dir, algorithm, steps, reward_kwargs):
