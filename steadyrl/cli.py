@@ -29,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
             add_help=False,
             help=f"train with {name.upper()}: --config cfg.yaml and/or --any_config_field value (see --help)",
         )
+    commands.add_parser(
+        "demo",
+        add_help=False,
+        help="train RLOO (or --algorithm NAME) on the embedded toy task, on CPU, in a few minutes (see --help)",
+    )
     export = commands.add_parser(
         "export",
         help="write the actor of a checkpoint as a plain Hugging Face model",
@@ -69,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         from .trainers import ALGORITHMS
 
         train(*ALGORITHMS[argv[0]], argv[1:], prog=f"steadyrl {argv[0]}")
+        return 0
+    if argv and argv[0] == "demo":
+        from .toy.demo import main as demo
+
+        demo(argv[1:], prog="steadyrl demo")
         return 0
     args = build_parser().parse_args(argv)
     if args.command == "export":
