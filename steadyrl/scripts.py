@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import yaml
 from transformers import HfArgumentParser
 
+from .trainers import OnPolicyConfig, OnPolicyTrainer
+
 
 @dataclass
 class ScriptArguments:
@@ -120,7 +122,13 @@ def load_reward_func(spec: str):
         raise SystemExit(f"--reward_funcs {spec!r}: cannot import it ({err}); use module:function") from err
 
 
-def train(config_class, trainer_class, argv: list[str] | None = None, prog: str | None = None, **trainer_kwargs):
+def train(
+    config_class: type[OnPolicyConfig],
+    trainer_class: type[OnPolicyTrainer],
+    argv: list[str] | None = None,
+    prog: str | None = None,
+    **trainer_kwargs,
+) -> OnPolicyTrainer:
     """Parse the arguments, build the trainer, train (resuming if asked), save the actor to OUTPUT_DIR/actor.
 
     ``trainer_kwargs`` go to the trainer (e.g. ``judge=``); ``--reward_funcs`` replaces their ``reward_funcs``.
