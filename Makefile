@@ -24,7 +24,7 @@ test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
 
 demo: install
-	$(PY) -m steadyrl.demo
+	$(PY) -m steadyrl demo
 
 lint: install
 	$(VENV)/bin/ruff check steadyrl tests examples bench

@@ -39,14 +39,11 @@ from vllm_vs_hf import model_25m_path  # noqa: E402
 import steadyrl  # noqa: E402
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
-ALGORITHMS = {
-    "rloo": (steadyrl.RLOOConfig, steadyrl.RLOOTrainer, dict(rollout_batch_size=8, n_samples_per_prompt=4,
-             micro_rollout_batch_size=32, num_ppo_epochs=2)),
-    "ppo": (steadyrl.PPOConfig, steadyrl.PPOTrainer, dict(rollout_batch_size=8, n_samples_per_prompt=4,
-            micro_rollout_batch_size=32, num_ppo_epochs=2, target_kl=0.5, kl_horizon=100, normalize_reward=True,
-            kl_estimator="k3", missing_eos_penalty=0.1)),
-    "online-dpo": (steadyrl.OnlineDPOConfig, steadyrl.OnlineDPOTrainer, dict(rollout_batch_size=16,
-                   micro_rollout_batch_size=8, missing_eos_penalty=0.1)),
+SETTINGS = {  # per registry name (steadyrl.ALGORITHMS)
+    "rloo": dict(rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=32, num_ppo_epochs=2),
+    "ppo": dict(rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=32, num_ppo_epochs=2,
+                target_kl=0.5, kl_horizon=100, normalize_reward=True, kl_estimator="k3", missing_eos_penalty=0.1),
+    "online-dpo": dict(rollout_batch_size=16, micro_rollout_batch_size=8, missing_eos_penalty=0.1),
 }  # fmt: skip
 
 
@@ -62,7 +59,8 @@ class Clock(TrainerCallback):
 
 
 def make_trainer(algorithm: str, model_path: str, output_dir: Path, max_steps: int, clock: Clock):
-    config_class, trainer_class, settings = ALGORITHMS[algorithm]
+    config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
+    settings = SETTINGS[algorithm]
     args = config_class(
         output_dir=str(output_dir), train_batch_size=16, micro_train_batch_size=8, max_completion_length=64,
         learning_rate=1e-5, max_steps=max_steps, save_steps=2, save_total_limit=2, seed=0, report_to="none",
@@ -125,7 +123,7 @@ def bench(algorithm: str, model: str, model_path: str, steps: int, out: Path) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="toy,25m")
-    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--algorithms", default=",".join(SETTINGS))
     parser.add_argument("--steps", type=int, default=12, help="steps of the fresh run (a multiple of 4)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (see BENCHMARKS.md)")
     parser.add_argument("--output_dir", default="bench-output/checkpoint_cost")

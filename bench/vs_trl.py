@@ -77,7 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROWS = {  # name: (algorithm, backend)
     "rloo-hf": ("rloo", "hf"),
     "rloo-vllm": ("rloo", "vllm"),
-    "dpo-hf": ("dpo", "hf"),
+    "dpo-hf": ("online-dpo", "hf"),
 }
 LIBRARIES = ("steadyrl", "trl")
 GEN = {"seconds": 0.0, "tokens": 0, "sequences": 0, "decode_steps": 0}
@@ -148,11 +148,12 @@ def make_trainer(library: str, algorithm: str, backend: str, model_path: str, s:
         batches = dict(rollout_batch_size=P, n_samples_per_prompt=K, train_batch_size=T, micro_train_batch_size=M,
                        max_completion_length=L, save_steps=10**9)  # fmt: skip
         if algorithm == "rloo":
-            args = steadyrl.RLOOConfig(**common, **batches, micro_rollout_batch_size=P * K, num_ppo_epochs=s["epochs"],
-                                       beta=0.05, vllm_dtype="float32")  # fmt: skip
-            return steadyrl.RLOOTrainer(model_path, args=args, processing_class=tokenizer, **data)
-        args = steadyrl.OnlineDPOConfig(**common, **batches, micro_rollout_batch_size=M, beta=0.1)
-        return steadyrl.OnlineDPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
+            extra = dict(micro_rollout_batch_size=P * K, num_ppo_epochs=s["epochs"], beta=0.05, vllm_dtype="float32")
+        else:
+            extra = dict(micro_rollout_batch_size=M, beta=0.1)
+        config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
+        args = config_class(**common, **batches, **extra)
+        return trainer_class(model_path, args=args, processing_class=tokenizer, **data)
     trl_common = dict(common, bf16=False, gradient_checkpointing=False, save_strategy="no")
     if algorithm == "rloo":
         import trl

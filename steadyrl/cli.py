@@ -9,7 +9,12 @@ from pathlib import Path
 
 from .checkpoint import CheckpointError
 
-TRAIN_COMMANDS = ("rloo", "ppo", "online-dpo")
+
+def train_commands() -> tuple[str, ...]:
+    """``steadyrl <name>`` trains with the algorithm of that name in the registry."""
+    from .trainers import ALGORITHMS
+
+    return tuple(ALGORITHMS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,12 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="steadyrl: on-policy RL trainers for LLMs. 'steadyrl COMMAND --help' describes each command.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in TRAIN_COMMANDS:
+    for name in train_commands():
         commands.add_parser(
             name,
             add_help=False,
             help=f"train with {name.upper()}: --config cfg.yaml and/or --any_config_field value (see --help)",
         )
+    commands.add_parser(
+        "demo",
+        add_help=False,
+        help="train RLOO (or --algorithm NAME) on the embedded toy task, on CPU, in a few minutes (see --help)",
+    )
     export = commands.add_parser(
         "export",
         help="write the actor of a checkpoint as a plain Hugging Face model",
@@ -59,11 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in TRAIN_COMMANDS:
-        from .scripts import train, trainers
+    if argv and argv[0] in train_commands():
+        from .scripts import train
+        from .trainers import ALGORITHMS
 
-        config_class, trainer_class = trainers()[argv[0]]
-        train(config_class, trainer_class, argv[1:], prog=f"steadyrl {argv[0]}")
+        train(*ALGORITHMS[argv[0]], argv[1:], prog=f"steadyrl {argv[0]}")
+        return 0
+    if argv and argv[0] == "demo":
+        from .toy.demo import main as demo
+
+        demo(argv[1:], prog="steadyrl demo")
         return 0
     args = build_parser().parse_args(argv)
     if args.command == "export":

@@ -2,7 +2,8 @@
 
 Arguments are the fields of the algorithm's config class plus ``ScriptArguments``, as flags
 (``transformers.HfArgumentParser``), from a YAML file (``--config cfg.yaml``, or the YAML file as the only
-argument), or both: flags override the file.
+argument), or both: flags override the file. A run trains ``--model_name_or_path`` on ``--dataset_name``, or
+with ``--toy`` the embedded toy task; anything else is refused before a model is loaded.
 """
 
 from __future__ import annotations
@@ -15,32 +16,33 @@ from dataclasses import dataclass, field
 import yaml
 from transformers import HfArgumentParser
 
-from .toy import letters_reward, toy_dataset, toy_model_path
+from .trainers import OnPolicyConfig, OnPolicyTrainer
 
 
 @dataclass
 class ScriptArguments:
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Model path or Hub name; default: toy."})
-    dataset_name: str | None = field(default=None, metadata={"help": "Dataset with a 'prompt' column; default: toy."})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Model path or Hub id (required unless --toy)."}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Dataset path or Hub id for datasets.load_dataset, with a 'prompt' column (required with "
+                  "--model_name_or_path)."},
+    )  # fmt: skip
     dataset_split: str = field(default="train")
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "A sequence classifier (num_labels=1) scoring completions, if any."}
     )
     reward_funcs: list[str] = field(
         default_factory=list,
-        metadata={"help": "Reward functions as module:function (TRL's calling convention); default on the toy task: "
-                  "steadyrl.toy:letters_reward."},
+        metadata={"help": "Reward functions as module:function (TRL's calling convention); with --toy the default "
+                  "is steadyrl.toy:letters_reward."},
     )  # fmt: skip
-
-
-def trainers() -> dict[str, tuple[type, type]]:
-    from . import OnlineDPOConfig, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
-
-    return {
-        "rloo": (RLOOConfig, RLOOTrainer),
-        "ppo": (PPOConfig, PPOTrainer),
-        "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
-    }
+    toy: bool = field(
+        default=False,
+        metadata={"help": "Train the embedded toy task (a tiny model, its prompts and the letters_reward rule; "
+                  "minutes on a CPU) instead of --model_name_or_path on --dataset_name."},
+    )  # fmt: skip
 
 
 def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[ScriptArguments, object]:
@@ -66,7 +68,27 @@ def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[Scrip
         parser.exit(2, f"{parser.prog}: error: {err}\n")  # without the usage, which lists every field
     if unknown:  # the third output holds the --config option
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (--help lists every field)")
+    problem = missing_or_conflicting_inputs(script)
+    if problem:
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     return script, config
+
+
+def missing_or_conflicting_inputs(script: ScriptArguments) -> str | None:
+    """What is wrong with the choice of model and dataset, if anything: it is ``--toy``, or a model and a dataset."""
+    if script.toy:
+        own = {"--model_name_or_path": script.model_name_or_path, "--dataset_name": script.dataset_name}
+        given = " and ".join(flag for flag, value in own.items() if value)
+        if given:
+            return (f"--toy cannot be combined with {given}: --toy trains the embedded toy model on its own prompts. "
+                    f"Drop --toy to train your own model, or drop {given}.")  # fmt: skip
+    elif not script.model_name_or_path:
+        return ("--model_name_or_path is required: give a model path or Hub id (with --dataset_name), "
+                "or --toy to train the embedded toy task.")  # fmt: skip
+    elif not script.dataset_name:
+        return ("--dataset_name is required with --model_name_or_path: give a dataset path or Hub id "
+                "with a 'prompt' column.")  # fmt: skip
+    return None
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -100,20 +122,30 @@ def load_reward_func(spec: str):
         raise SystemExit(f"--reward_funcs {spec!r}: cannot import it ({err}); use module:function") from err
 
 
-def train(config_class, trainer_class, argv: list[str] | None = None, prog: str | None = None, **trainer_kwargs):
-    """Parse the arguments, build the trainer, train (resuming if asked), save the actor to OUTPUT_DIR/actor."""
+def train(
+    config_class: type[OnPolicyConfig],
+    trainer_class: type[OnPolicyTrainer],
+    argv: list[str] | None = None,
+    prog: str | None = None,
+    **trainer_kwargs,
+) -> OnPolicyTrainer:
+    """Parse the arguments, build the trainer, train (resuming if asked), save the actor to OUTPUT_DIR/actor.
+
+    ``trainer_kwargs`` go to the trainer (e.g. ``judge=``); ``--reward_funcs`` replaces their ``reward_funcs``.
+    """
     script, config = parse(config_class, sys.argv[1:] if argv is None else argv, prog)
-    model = script.model_name_or_path or toy_model_path()
-    if script.dataset_name:
+    if script.toy:
+        from .toy import letters_reward, toy_dataset, toy_model_path
+
+        model, dataset = toy_model_path(), toy_dataset()
+        trainer_kwargs.setdefault("reward_funcs", [letters_reward])
+    else:
         from datasets import load_dataset
 
+        model = script.model_name_or_path
         dataset = load_dataset(script.dataset_name, split=script.dataset_split)
-    else:
-        dataset = toy_dataset()
     if script.reward_funcs:
         trainer_kwargs["reward_funcs"] = [load_reward_func(spec) for spec in script.reward_funcs]
-    elif "reward_funcs" not in trainer_kwargs and not script.dataset_name:
-        trainer_kwargs["reward_funcs"] = [letters_reward]
     trainer = trainer_class(
         model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
         **trainer_kwargs,

@@ -53,9 +53,34 @@ def test_bad_yaml_field_and_bad_flag_name_the_problem(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], "--model_name_or_path is required"),
+        (["--dataset_name", "my/prompts"], "--model_name_or_path is required"),
+        (["--model_name_or_path", "my/model"], "--dataset_name is required"),
+        (["--toy", "--model_name_or_path", "my/model"], "--toy cannot be combined with --model_name_or_path"),
+        (["--toy", "--dataset_name", "my/prompts"], "--toy cannot be combined with --dataset_name"),
+    ],
+)
+def test_training_needs_toy_or_a_model_and_dataset(tmp_path, capsys, flags, expected):
+    code, output = steadyrl(capsys, "rloo", "--output_dir", tmp_path, *flags)
+    assert code == 2 and f"steadyrl rloo: error: {expected}" in output, output
+    assert not any(tmp_path.iterdir())  # refused before any model was loaded or anything written
+
+
+def test_demo_trains_the_toy_task(tmp_path, toy_path, capsys):
+    code, output = steadyrl(capsys, "demo", "--max_steps", "2", "--output_dir", tmp_path)
+    assert code == 0, output[-3000:]
+    assert "before ->" in output and "-m steadyrl demo --algorithm rloo" in output
+    assert (tmp_path / "actor" / "model.safetensors").is_file() and (tmp_path / "reward_curve.png").is_file()
+
+
+@pytest.mark.parametrize(
     "args, expected",
     [
-        (["--help"], ["rloo", "ppo", "online-dpo", "export", "checkpoints"]),
+        (["--help"], ["rloo", "ppo", "online-dpo", "demo", "export", "checkpoints"]),
+        (["rloo", "--help"], ["--toy", "--model_name_or_path", "--dataset_name"]),
+        (["demo", "--help"], ["--algorithm", "--max_steps", "--output_dir"]),
         (["online-dpo", "--help"], ["--config", "--beta", "--reward_funcs"]),
         (["checkpoints", "--help"], ["resume_from_checkpoint=True"]),
     ],

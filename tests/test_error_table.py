@@ -424,6 +424,21 @@ def _(ctx):
     return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--train_batch_size", "3")
 
 
+@trigger("cli-no-model")
+def _(ctx):
+    return ctx.cli("rloo", "--output_dir", ctx.tmp_path)
+
+
+@trigger("cli-no-dataset")
+def _(ctx):
+    return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
+
+
+@trigger("cli-toy-and-model")
+def _(ctx):
+    return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--toy", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
+
+
 # ---- the test -------------------------------------------------------------------------------------------------------
 
 ROWS = readme_rows()

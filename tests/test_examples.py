@@ -20,6 +20,7 @@ def run_example(script, *flags, launch=False):
 
 
 COMMON = [
+    "--toy",
     "--rollout_batch_size",
     "4",
     "--n_samples_per_prompt",

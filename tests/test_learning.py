@@ -3,8 +3,9 @@ budget."""
 
 import pytest
 
-from steadyrl.demo import ALGORITHMS, TRAINING_SETTINGS, mean_reward
-from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
+from steadyrl import ALGORITHMS
+from steadyrl.toy import letters_reward, toy_dataset, toy_model_path, toy_reward_model_path
+from steadyrl.toy.demo import TRAINING_SETTINGS, mean_reward
 
 
 def held_out_reward_gain(output_dir, algorithm, steps, reward_kwargs):
@@ -37,8 +38,6 @@ def test_ppo_raises_held_out_rule_reward(tmp_path, reward):
     if reward == "rule":
         reward_kwargs = {"reward_funcs": [letters_reward]}
     else:
-        from steadyrl.toy_reward_model import toy_reward_model_path
-
         reward_kwargs = {"reward_model": toy_reward_model_path()}
     steps = 40 if reward == "rule" else 60
     before, after, _ = held_out_reward_gain(tmp_path, "ppo", steps, reward_kwargs)

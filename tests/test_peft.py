@@ -3,8 +3,9 @@
 import pytest
 import torch
 from peft import LoraConfig
-from toy_run import ALGORITHMS, DATASETS, make_config
+from toy_run import DATASETS, make_config
 
+from steadyrl import ALGORITHMS
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 # Constant LR: the run is split by stopping at max_steps=2, and a linear schedule depends on max_steps.
@@ -17,7 +18,7 @@ def algorithm(request):
 
 
 def lora_trainer(output_dir, algorithm, **overrides):
-    return ALGORITHMS[algorithm][1](
+    return ALGORITHMS[algorithm].trainer_class(
         model=toy_model_path(),
         args=make_config(output_dir, algorithm, **{**PEFT_RUN, **overrides}),
         train_dataset=toy_dataset(**DATASETS.get(algorithm, {})),

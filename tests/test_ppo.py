@@ -11,8 +11,7 @@ from transformers import (
 )
 
 from steadyrl import PPOConfig, PPOTrainer
-from steadyrl.toy import build_tokenizer, letters_reward, toy_dataset
-from steadyrl.toy_reward_model import toy_reward_model_path
+from steadyrl.toy import build_tokenizer, letters_reward, toy_dataset, toy_reward_model_path
 
 
 @pytest.fixture(scope="module")

@@ -25,14 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import TrainerCallback  # noqa: E402
 
-from steadyrl import (  # noqa: E402
-    OnlineDPOConfig,
-    OnlineDPOTrainer,
-    PPOConfig,
-    PPOTrainer,
-    RLOOConfig,
-    RLOOTrainer,
-)
+from steadyrl import ALGORITHMS  # noqa: E402
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
 # 4 prompts x 2 samples = 8 samples per rollout; train_batch_size 4 -> 2 mini-batches; 2 epochs -> 4 steps.
@@ -57,12 +50,8 @@ DEFAULTS = dict(
 )
 
 
-ALGORITHMS = {
-    "rloo": (RLOOConfig, RLOOTrainer),
-    "ppo": (PPOConfig, PPOTrainer),
-    "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
-}
-# PPO runs also carry state between rollouts (adaptive kl_coef, running score moments) through checkpoints.
+# Per registry name. PPO runs also carry state between rollouts (adaptive kl_coef, running score moments)
+# through checkpoints.
 ALGORITHM_DEFAULTS = {
     "rloo": {},
     "ppo": dict(target_kl=0.5, kl_horizon=100, normalize_reward=True, kl_estimator="k3", missing_eos_penalty=0.1),
@@ -73,15 +62,15 @@ DATASETS = {"online-dpo": dict(num_prompts=8)}
 
 
 def make_config(output_dir, algorithm="rloo", **overrides):
-    settings = {**DEFAULTS, **ALGORITHM_DEFAULTS[algorithm], **overrides}
-    return ALGORITHMS[algorithm][0](output_dir=str(output_dir), **settings)
+    settings = {**DEFAULTS, **ALGORITHM_DEFAULTS.get(algorithm, {}), **overrides}
+    return ALGORITHMS[algorithm].config_class(output_dir=str(output_dir), **settings)
 
 
 def make_trainer(
     output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
     peft_config=None, model=None, **overrides,
 ):  # fmt: skip
-    trainer_cls = trainer_cls or ALGORITHMS[algorithm][1]
+    trainer_cls = trainer_cls or ALGORITHMS[algorithm].trainer_class
     extra = {} if judge is None else {"judge": judge}
     extra.update({} if peft_config is None else {"peft_config": peft_config})
     return trainer_cls(

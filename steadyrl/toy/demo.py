@@ -1,4 +1,4 @@
-"""``make demo``: RLOO (or ``--algorithm ppo|online-dpo``) on the embedded toy task, on CPU, in a few minutes.
+"""``steadyrl demo``: RLOO (or ``--algorithm ppo|online-dpo``) on the embedded toy task, on CPU, in a few minutes.
 
 Prints the mean reward of the policy before and after training, keeps checkpoints, saves the
 actor, draws the reward curve, and prints the command that resumes the run.
@@ -19,14 +19,9 @@ from pathlib import Path
 
 import torch
 
-from . import OnlineDPOConfig, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
-from .toy import COMPLETION_LENGTH, letters_reward, toy_dataset, toy_model_path
+from ..trainers import ALGORITHMS
+from .task import COMPLETION_LENGTH, letters_reward, toy_dataset, toy_model_path
 
-ALGORITHMS = {
-    "rloo": (RLOOConfig, RLOOTrainer),
-    "ppo": (PPOConfig, PPOTrainer),
-    "online-dpo": (OnlineDPOConfig, OnlineDPOTrainer),
-}
 _SHARED = dict(
     rollout_batch_size=16,
     n_samples_per_prompt=4,
@@ -40,6 +35,7 @@ _SHARED = dict(
     beta=0.01,
     seed=0,
 )
+# per registry name; an algorithm without an entry here runs with the shared settings
 TRAINING_SETTINGS = {
     "rloo": _SHARED,
     "ppo": {**_SHARED, "lam": 1.0, "critic_learning_rate": 1e-3},
@@ -79,8 +75,9 @@ def plot_rewards(log_history: list[dict], path: Path, algorithm: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
     parser.add_argument("--output_dir", default="demo-output")
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="rloo")
     parser.add_argument("--max_steps", type=int, default=100)
@@ -95,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(out)
 
     config_class, trainer_class = ALGORITHMS[opts.algorithm]
-    settings = {**TRAINING_SETTINGS[opts.algorithm], "output_dir": str(out), "max_steps": opts.max_steps}
+    settings = {**TRAINING_SETTINGS.get(opts.algorithm, _SHARED), "output_dir": str(out), "max_steps": opts.max_steps}
     settings.update(save_steps=20, save_total_limit=3, logging_steps=5, report_to="none")
     trainer = trainer_class(
         model=toy_model_path(),
@@ -121,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Checkpoints: {', '.join(checkpoints)} (in {out}/)")
     print(f"Actor (plain Hugging Face model): {out / 'actor'}/   Reward curve: {out / 'reward_curve.png'}")
     print("Resume (or extend with a larger --max_steps) with:")
-    command = f"{Path(sys.executable).name} -m steadyrl.demo --algorithm {opts.algorithm} --output_dir {out}"
+    command = f"{Path(sys.executable).name} -m steadyrl demo --algorithm {opts.algorithm} --output_dir {out}"
     print(f"  {command} --resume_from_checkpoint true")
 
 
