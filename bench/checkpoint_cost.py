@@ -8,7 +8,7 @@ model of bench/vllm_vs_hf.py), in this process, with HF generate and up to 64 ne
 1. A fresh run of ``--steps`` optimizer steps saving every 2 (``save_total_limit=2``). RLOO and PPO: 8 prompts x 4
    samples, 16 samples per step, micro batch 8, 2 epochs = 4 steps per rollout, so checkpoints alternate between
    mid-rollout (the unused rollout buffer is saved too) and rollout boundaries. Online DPO: 16 prompts x 2, 16 per
-   step = 2 steps per rollout. Save time is the wall time of ``trainer._save_checkpoint`` (write under a temporary
+   step = 2 steps per rollout. Save time is the wall time of ``trainer.save_checkpoint`` (write under a temporary
    name, sha256 + fsync of every file, manifest, rename, rotation). Step time is the wall time per optimizer step
    after the first rollout, including its share of generation, saves excluded.
 2. A new trainer in the same process (its construction is timed separately) with one more step calls
@@ -81,7 +81,7 @@ def bench(algorithm: str, model: str, model_path: str, steps: int, out: Path) ->
     shutil.rmtree(directory, ignore_errors=True)
     clock = Clock()
     trainer = make_trainer(algorithm, model_path, directory, steps, clock)
-    saves, save = [], trainer._save_checkpoint
+    saves, save = [], trainer.save_checkpoint
 
     def timed_save(*args, **kwargs):
         start = time.perf_counter()
@@ -89,7 +89,7 @@ def bench(algorithm: str, model: str, model_path: str, steps: int, out: Path) ->
         saves.append((start, time.perf_counter() - start))
         return path
 
-    trainer._save_checkpoint = timed_save
+    trainer.save_checkpoint = timed_save
     start = time.perf_counter()
     trainer.train()
     first_step = clock.step_ends[0] - start

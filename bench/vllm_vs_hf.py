@@ -51,16 +51,16 @@ def make_trainer(model_path: str, output_dir: str, use_vllm: bool, completion_le
 def iterate(trainer: RLOOTrainer) -> dict[str, float]:
     """One rollout and its optimizer steps, as ``train()`` runs them; return its timings."""
     start = time.perf_counter()
-    trainer.buffer = trainer.make_rollout()
+    buffer = trainer.loop.buffer = trainer.make_rollout()
     rollout = time.perf_counter() - start
-    while not trainer.buffer.exhausted:
-        trainer.optimizer_step(trainer.buffer.next_minibatch())
+    while not buffer.exhausted:
+        trainer.train_on_minibatch(buffer.next_minibatch())
         trainer.state.global_step += 1
     return {
-        "tokens_per_second": trainer.buffer.metrics["tokens_per_second"],
+        "tokens_per_second": buffer.metrics["tokens_per_second"],
         "rollout_s": rollout,
         "iteration_s": time.perf_counter() - start,
-        "completion_length": trainer.buffer.metrics["completion_length"],
+        "completion_length": buffer.metrics["completion_length"],
     }
 
 

