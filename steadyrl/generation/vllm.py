@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from ..checkpoint.rng import rng_untouched
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .weights import base_config, gathered, plain_state_dict
@@ -52,10 +53,8 @@ def check_servable(config, device: torch.device) -> None:
     """Refuse, before any work, a model that vLLM's CPU attention kernels cannot run."""
     if device.type != "cpu":
         return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    supported = CPUAttentionBackend.get_supported_head_sizes()
+    supported = compat.cpu_attention_head_sizes()
     if head_dim not in supported:
         raise ValueError(
             f"use_vllm=True cannot serve this model on CPU: its head_dim is {head_dim} (hidden_size="
@@ -124,7 +123,7 @@ class VLLMGenerationBackend(GenerationBackend):
             return
         with gathered(model):
             weights = list(plain_state_dict(model).items())
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            compat.reload_weights(self.llm, weights)
         self.llm.reset_prefix_cache()
         self._synced_version = version
 
@@ -162,8 +161,6 @@ class VLLMGenerationBackend(GenerationBackend):
             # shuts it down) destroys that group, which saving and barriers still need: it lives until the process
             # exits, and a later train() reuses it.
             return
-        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
-        if hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+        compat.shutdown(self.llm)
         self.llm, self._synced_version, self._asleep = None, None, False
         self._model_dir.cleanup()
