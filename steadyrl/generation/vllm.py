@@ -9,9 +9,11 @@ an uninterrupted one would, whatever engine instance does it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -40,8 +42,7 @@ class EngineSettings:
 
 
 def import_vllm():
-    """vLLM, imported for in-process use, or an ImportError that says which package to install."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in the training process
+    """vLLM, or an ImportError that says which package to install."""
     try:
         import vllm
     except ImportError as err:
@@ -62,6 +63,31 @@ def check_servable(config, device: torch.device) -> None:
             f"supports head_dim in {supported}. Use use_vllm=False (transformers' generate), or a model whose "
             "head_dim is supported."
         )
+
+
+@contextlib.contextmanager
+def scoped_environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` updated with ``values`` for the block, then as it was (a variable that was absent is removed)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def engine_variables(settings: EngineSettings, on_cuda: bool) -> dict[str, str]:
+    """The environment variables ``LLM(...)`` needs. vLLM reads them only while it creates the engine, whose core
+    then caches vLLM's environment settings (``vllm.envs.enable_envs_cache``): they need not outlive that."""
+    # the engine lives in the training process, unless the user set otherwise
+    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+    if not on_cuda:
+        values["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_space)  # GiB
+    return values
 
 
 class VLLMGenerationBackend(GenerationBackend):
@@ -87,8 +113,6 @@ class VLLMGenerationBackend(GenerationBackend):
         config.save_pretrained(self._model_dir.name)
         self.tokenizer.save_pretrained(self._model_dir.name)
         e, on_cuda = self.engine, self.device.type == "cuda"
-        if not on_cuda:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(e.kv_cache_space)
         kwargs = dict(
             model=self._model_dir.name,
             load_format="dummy",  # placeholder weights: the actor's are pushed right after
@@ -104,7 +128,8 @@ class VLLMGenerationBackend(GenerationBackend):
         if e.world_size > 1:  # one engine per training process, inside the existing torch.distributed group
             kwargs["distributed_executor_backend"] = "external_launcher"
         try:
-            with rng_untouched():  # vLLM seeds the global RNGs, which belong to the training run
+            # vLLM seeds the global RNGs, which belong to the training run
+            with rng_untouched(), scoped_environment(engine_variables(e, on_cuda)):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as err:
             raise RuntimeError(
