@@ -29,7 +29,7 @@ class UntestedVersionError(RuntimeError):
 
 
 def installed_version(package: str) -> str:
-    return importlib.import_module(package).__version__
+    return getattr(importlib.import_module(package), "__version__", "unknown")
 
 
 @functools.cache  # one check per package and process (an error is not cached: every use raises it again)
