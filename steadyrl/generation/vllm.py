@@ -128,7 +128,7 @@ class VLLMGenerationBackend(GenerationBackend):
         if e.world_size > 1:  # one engine per training process, inside the existing torch.distributed group
             kwargs["distributed_executor_backend"] = "external_launcher"
         try:
-            # vLLM seeds the global RNGs, which belong to the training run
+            # rng_untouched: vLLM seeds the global RNGs, which belong to the training run
             with rng_untouched(), scoped_environment(engine_variables(e, on_cuda)):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as err:
