@@ -3,7 +3,8 @@
 These internals change without notice, so each accessor first checks that the package's installed version is one
 steadyrl was tested with (``TESTED``, the same ranges as setup.cfg). Outside that range the first use raises
 ``UntestedVersionError``; with ``STEADYRL_ALLOW_UNTESTED_VERSIONS=1`` it logs a warning instead. A package is
-checked only where its internals are used: a run without ZeRO never checks DeepSpeed, one without vLLM never vLLM.
+checked only where its internals are used: DeepSpeed once a ZeRO optimizer or engine is at hand, transformers only
+under ZeRO-3, vLLM only with ``use_vllm=True``.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def load_stage3_state(zero, inner_state: dict, partitions: list[torch.Tensor]) -
     zero._rigid_load_state_dict({**live, **saved}, load_optimizer_states=True)
 
 
-def cpu_adam_step_on_nothing(optimizer, step: int) -> None:
+def advance_cpu_adam_bias_correction(optimizer, step: int) -> None:
     """Run DeepSpeedCPUAdam's C++ update for ``step`` on empty tensors: it advances the bias corrections, kept there
     as a running float32 product that no state_dict holds."""
     require_tested("deepspeed")
@@ -141,8 +142,8 @@ def zero3_hooks_lifted(engine) -> Iterator[torch.nn.Module | None]:
 @contextlib.contextmanager
 def zero3_init_suspended() -> Iterator[None]:
     """Models created in the block are whole, where transformers would partition them with ``deepspeed.zero.Init``
-    as it loads them. transformers has no public way to suspend that, only to drop the config it reads
-    (``is_deepspeed_zero3_enabled``); the block puts the very same config object back."""
+    as it loads them. transformers can drop the config that turns this on (``unset_hf_deepspeed_config``) but has
+    no public way to get it back: the block restores its private weak reference to the very same object."""
     from transformers.integrations import deepspeed as hf_deepspeed
 
     if not hf_deepspeed.is_deepspeed_zero3_enabled():

@@ -61,7 +61,7 @@ def replay_cpu_adam_steps(optimizer) -> None:
         return
     steps = {int(state["step"]) for state in optimizer.state.values() if "step" in state}
     for step in range(1, max(steps, default=0) + 1):
-        compat.cpu_adam_step_on_nothing(optimizer, step)
+        compat.advance_cpu_adam_bias_correction(optimizer, step)
 
 
 # ---- ZeRO-3: parameters partitioned over the processes --------------------------------------------------------
