@@ -6,6 +6,8 @@ of the parameters. DeepSpeed's ``state_dict`` pickles its own classes (loss scal
 module saves only what resuming needs — the inner torch optimizer's state and the fp32 partitions — and puts
 them back into the live optimizer of the same layout (same processes, same model, which the run's fingerprint
 guarantees). Loaded with ``weights_only=True``.
+
+Every private DeepSpeed or transformers internal used here is reached through ``steadyrl.compat``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,8 @@ from collections.abc import Iterator
 
 import torch
 
-
-def zero_optimizer(optimizer):
-    """The DeepSpeed ZeRO optimizer (stage 1/2 or 3) inside accelerate's wrapper, or None."""
-    inner = getattr(optimizer, "optimizer", None)
-    if hasattr(inner, "single_partition_of_fp32_groups") or hasattr(inner, "fp32_partitioned_groups_flat"):
-        return inner
-    return None
+from . import compat
+from .compat import zero_optimizer
 
 
 def bind_scheduler(scheduler, optimizer) -> None:
@@ -34,39 +31,23 @@ def bind_scheduler(scheduler, optimizer) -> None:
         scheduler.optimizer = zero.optimizer
 
 
-def _fp32_partitions(zero) -> list[torch.Tensor]:
-    if hasattr(zero, "fp32_partitioned_groups_flat"):  # stage 3
-        return zero.fp32_partitioned_groups_flat
-    return zero.single_partition_of_fp32_groups
-
-
 def zero_state(optimizer) -> dict:
+    """This process's optimizer state as plain tensors: the inner torch optimizer's and the fp32 partitions."""
     zero = zero_optimizer(optimizer)
-    if hasattr(zero, "fp32_partitioned_groups_flat"):  # stage 3 keeps its groups out of the inner optimizer
-        zero._set_fp32_optimizer_param_groups()
-        try:
-            base = zero.optimizer.state_dict()
-        finally:
-            zero._clear_fp32_optimizer_param_groups()
-    else:
-        base = zero.optimizer.state_dict()
-    return {"base_optimizer": base, "fp32_partitions": [p.detach().clone() for p in _fp32_partitions(zero)]}
+    base = compat.inner_optimizer_state(zero)
+    return {"base_optimizer": base, "fp32_partitions": [p.detach().clone() for p in compat.fp32_partitions(zero)]}
 
 
 @torch.no_grad()
 def load_zero_state(optimizer, state: dict) -> None:
+    """Put ``zero_state``'s tensors back into the live optimizer of the same layout."""
     zero = zero_optimizer(optimizer)
-    if hasattr(zero, "fp32_partitioned_groups_flat"):
-        # DeepSpeed's own loader also copies the fp32 partitions into the model's working parameters.
-        from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
-
-        live = {LOSS_SCALER: zero.loss_scaler, "dynamic_loss_scale": zero.dynamic_loss_scale, "overflow": False}
-        saved = {OPTIMIZER_STATE_DICT: state["base_optimizer"], FP32_FLAT_GROUPS: state["fp32_partitions"]}
-        zero._rigid_load_state_dict({**live, **saved}, load_optimizer_states=True)
+    if compat.is_stage3(zero):
+        compat.load_stage3_state(zero, state["base_optimizer"], state["fp32_partitions"])
         replay_cpu_adam_steps(zero.optimizer)
         return
     zero.optimizer.load_state_dict(state["base_optimizer"])
-    for live, saved in zip(zero.single_partition_of_fp32_groups, state["fp32_partitions"], strict=True):
+    for live, saved in zip(compat.fp32_partitions(zero), state["fp32_partitions"], strict=True):
         live.copy_(saved)
 
 
@@ -79,15 +60,8 @@ def replay_cpu_adam_steps(optimizer) -> None:
     if not isinstance(optimizer, DeepSpeedCPUAdam):
         return
     steps = {int(state["step"]) for state in optimizer.state.values() if "step" in state}
-    if not steps:
-        return
-    group, empty = optimizer.param_groups[0], torch.empty(0)
-    beta1, beta2 = group["betas"]
-    for step in range(1, max(steps) + 1):
-        optimizer.ds_opt_adam.adam_update(
-            optimizer.opt_id, step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-            group["bias_correction"], empty, empty, empty, empty,
-        )  # fmt: skip
+    for step in range(1, max(steps, default=0) + 1):
+        compat.advance_cpu_adam_bias_correction(optimizer, step)
 
 
 # ---- ZeRO-3: parameters partitioned over the processes --------------------------------------------------------
@@ -103,14 +77,8 @@ def whole_at_load() -> Iterator[None]:
     """Models created in the block are whole, even where transformers would partition them as it loads them
     (accelerate's ``zero3_init_flag``). steadyrl copies the actor into the reference and critic before DeepSpeed
     partitions anything, which needs whole weights; the engines partition them when the run starts."""
-    from transformers.integrations import deepspeed as hf_deepspeed
-
-    saved = hf_deepspeed._hf_deepspeed_config_weak_ref  # what ``is_deepspeed_zero3_enabled`` reads
-    hf_deepspeed.unset_hf_deepspeed_config()
-    try:
+    with compat.zero3_init_suspended():
         yield
-    finally:
-        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
 
 
 def check_whole(model: torch.nn.Module, argument: str) -> None:
@@ -170,26 +138,14 @@ def gathered_for_generation(engine) -> Iterator[None]:
     """Under ZeRO-3, the whole actor on every process for the block, with DeepSpeed's per-module gather and
     release hooks lifted, so that ``generate`` runs as many forward passes on each process as its own
     completions need. Costs one whole copy of the actor per process while it lasts."""
-    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
-    if offload is None:
-        yield
-        return
-    import deepspeed
+    with compat.zero3_hooks_lifted(engine) as module:
+        if module is None:
+            yield
+            return
+        import deepspeed
 
-    module = offload.module
-    for param in module.parameters():
-        param.ds_active_sub_modules.clear()
-    for hook in offload.forward_hooks + offload.backward_hooks:
-        hook.remove()
-    offload.forward_hooks, offload.backward_hooks = [], []
-    try:
         with deepspeed.zero.GatheredParameters(list(module.parameters())):
             yield
-    finally:
-        coordinator = offload.param_coordinator
-        if not coordinator.is_invalid_trace():  # the generation passes are not the recorded training trace
-            coordinator._invalidate_trace()
-        offload._register_deepspeed_module(module)
 
 
 def inference_engine(model: torch.nn.Module, deepspeed_config: dict, offload: bool) -> torch.nn.Module:

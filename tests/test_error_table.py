@@ -130,6 +130,7 @@ def fake_vllm(ctx: Context, head_sizes: list[int]) -> None:
     for name in names:
         ctx.monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     sys.modules[names[-1]].CPUAttentionBackend = backend
+    sys.modules["vllm"].__version__ = "0.32.0"  # a tested version, for steadyrl.compat's check
 
 
 # config

