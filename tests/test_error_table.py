@@ -121,7 +121,7 @@ def classifier(vocab_size: int) -> Qwen2ForSequenceClassification:
     return Qwen2ForSequenceClassification(config)
 
 
-def fake_vllm(ctx: Context, head_sizes: list[int]) -> None:
+def fake_vllm(ctx: Context, head_sizes: list[int], version: str = "0.32.0") -> None:
     """Stand in for vLLM (importing the real one takes ~20 s): the modules steadyrl's checks import, with a CPU
     attention backend that supports ``head_sizes``. tests/test_vllm.py runs the same checks with the real vLLM."""
     backend = types.SimpleNamespace(get_supported_head_sizes=lambda: head_sizes)
@@ -130,7 +130,7 @@ def fake_vllm(ctx: Context, head_sizes: list[int]) -> None:
     for name in names:
         ctx.monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     sys.modules[names[-1]].CPUAttentionBackend = backend
-    sys.modules["vllm"].__version__ = "0.32.0"  # a tested version, for steadyrl.compat's check
+    sys.modules["vllm"].__version__ = version  # by default a tested one, for steadyrl.compat's check
 
 
 # config
@@ -408,6 +408,19 @@ def _(ctx):
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
     rloo(ctx, model=Qwen2ForCausalLM(config), processing_class=tokenizer,
          args=make_config(ctx.tmp_path, use_vllm=True, use_cpu=True))  # fmt: skip
+
+
+@trigger("untested-version")
+def _(ctx):
+    from steadyrl.compat import ALLOW_UNTESTED, require_tested
+
+    fake_vllm(ctx, head_sizes=[32, 64], version="0.40.0")
+    ctx.monkeypatch.delenv(ALLOW_UNTESTED, raising=False)
+    require_tested.cache_clear()  # the check runs once per package and process
+    try:
+        make_trainer(ctx.tmp_path, use_vllm=True)
+    finally:
+        require_tested.cache_clear()
 
 
 # command line
