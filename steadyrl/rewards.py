@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 RewardFunc = Callable[..., Sequence[float]]
+
+
+@dataclass
+class RewardInputs:
+    """What reward functions, reward models and judges read of one rollout's N completions."""
+
+    prompts: list  # as in the dataset: strings, or lists of {"role", "content"} messages
+    completions: list  # strings, or [{"role": "assistant", "content": text}] for conversations (TRL's convention)
+    completion_ids: list[list[int]]  # the sampled token ids, EOS included where one was sampled
+    columns: dict[str, list]  # the dataset's other columns, one value per completion
+    prompt_ids: list[list[int]]  # the prompt token ids the policy saw (chat template applied, truncated)
+    prompt_texts: list[str]  # the prompts as text, chat template applied
+    completion_texts: list[str]
 
 
 class RewardFunctionError(ValueError):
@@ -50,20 +64,19 @@ def check_reward_funcs(funcs: list, reward_weights: Sequence[float] | None) -> t
     return funcs, torch.tensor(weights, dtype=torch.float32)
 
 
-def score_completions(
-    funcs: list[RewardFunc],
-    prompts: list[str],
-    completions: list[str],
-    completion_ids: list[list[int]],
-    columns: dict[str, list],
-) -> torch.Tensor:
-    """Call every reward function; return scores of shape [num_completions, num_funcs]."""
-    n = len(completions)
+def score_completions(funcs: list[RewardFunc], inputs: RewardInputs) -> torch.Tensor:
+    """Call every reward function; return scores of shape [num_completions, num_funcs]. A reward model (an object
+    with ``score_inputs``) reads the token ids or texts itself; any other callable gets TRL's keyword arguments."""
+    n = len(inputs.completions)
     scores = torch.empty(n, len(funcs), dtype=torch.float32)
     for j, func in enumerate(funcs):
         name = reward_func_name(func)
         try:
-            values = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            if hasattr(func, "score_inputs"):
+                values = func.score_inputs(inputs)
+            else:
+                values = func(prompts=inputs.prompts, completions=inputs.completions,
+                              completion_ids=inputs.completion_ids, **inputs.columns)  # fmt: skip
         except Exception as err:
             raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
         try:
@@ -78,7 +91,7 @@ def score_completions(
         if bad:
             raise RewardFunctionError(
                 f"reward function {name!r} returned a non-finite value ({values[bad[0]]}) for completion {bad[0]} "
-                f"({completions[bad[0]]!r}); {len(bad)} of {n} values are not finite."
+                f"({inputs.completion_texts[bad[0]]!r}); {len(bad)} of {n} values are not finite."
             )
         scores[:, j] = torch.tensor(values, dtype=torch.float32)
     return scores

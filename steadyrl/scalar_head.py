@@ -42,16 +42,29 @@ def check_same_vocabulary(model: PreTrainedModel, role: str, policy: PreTrainedM
     policy_vocab = policy.config.get_text_config().vocab_size
     vocab = model.config.get_text_config().vocab_size
     if vocab != policy_vocab:
+        hint = (
+            " If it has a tokenizer of its own, pass it as reward_processing_class (or give the reward model as a "
+            "path, which loads its tokenizer): completions are then re-rendered for it."
+            if role == "reward_model" else ""
+        )
         raise ValueError(
             f"{role} has vocab_size={vocab} but the policy has vocab_size={policy_vocab}: it scores the policy's "
-            "token ids, so it must share the policy's tokenizer."
+            f"token ids, so it must share the policy's tokenizer.{hint}"
         )
     if own_tokenizer is not None and own_tokenizer.get_vocab() != tokenizer.get_vocab():
         differing = sorted(set(own_tokenizer.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))[:3]
         raise ValueError(
             f"{role}'s tokenizer does not match the policy's (processing_class): e.g. {differing}. "
-            "Use a reward model trained with the policy's tokenizer."
+            "Use a model trained with the policy's tokenizer."
         )
+
+
+def same_tokenizer(tokenizer, other, conversational: bool) -> bool:
+    """Whether ``other`` turns text (and, for conversations, messages) into the same token ids as ``tokenizer``."""
+    if other is tokenizer:
+        return True
+    same_template = not conversational or getattr(other, "chat_template", None) == tokenizer.chat_template
+    return other.get_vocab() == tokenizer.get_vocab() and same_template
 
 
 def token_scores(model: PreTrainedModel, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
@@ -111,19 +124,21 @@ def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:
 
 
 class RewardModelFunction:
-    """A reward model as a reward function with TRL's calling convention (``prompts``, ``completion_ids``).
+    """A reward model (a sequence classifier with one output) scoring a rollout's completions.
 
-    Prompts are tokenized with the policy's tokenizer exactly as the trainer does, so the model scores
-    the very token ids that were generated. With ``offload`` the model waits in CPU memory and visits
-    ``device`` only while it scores.
+    With the policy's tokenizer (``tokenizer=None``) it scores the very token ids the policy saw and sampled. With
+    a tokenizer of its own (another vocabulary or chat template, as most off-the-shelf reward models have) it
+    scores each prompt + completion re-rendered as text with that tokenizer and its chat template, as TRL does.
+    With ``offload`` the model waits in CPU memory and visits ``device`` only while it scores.
     """
 
     __name__ = "reward_model"
 
-    def __init__(self, model, tokenizer, max_prompt_length: int, batch_size: int, offload: bool = False) -> None:
+    def __init__(self, model, pad_token_id: int, batch_size: int, offload: bool = False, tokenizer=None,
+                 chat_template_kwargs: dict | None = None) -> None:  # fmt: skip
         self.model = model.eval().requires_grad_(False)
-        self.tokenizer, self.max_prompt_length, self.batch_size = tokenizer, max_prompt_length, batch_size
-        self.offload = offload
+        self.pad_token_id, self.batch_size, self.offload = pad_token_id, batch_size, offload
+        self.tokenizer, self.chat_template_kwargs = tokenizer, chat_template_kwargs or {}
         self.device = torch.device("cpu")
 
     def to(self, device) -> RewardModelFunction:
@@ -133,16 +148,32 @@ class RewardModelFunction:
         return self
 
     @torch.no_grad()
-    def __call__(self, prompts: list[str], completion_ids: list[list[int]], **kwargs) -> list[float]:
-        prompt_ids = [ids[-self.max_prompt_length :] for ids in self.tokenizer(prompts)["input_ids"]]
-        scores = []
+    def score_inputs(self, inputs) -> list[float]:
+        """One score per completion of ``inputs`` (a ``rewards.RewardInputs``)."""
+        n, step, scores = len(inputs.completion_ids), self.batch_size, []
         with offloaded(self.model, self.device, self.offload):
-            for i in range(0, len(prompt_ids), self.batch_size):
-                batch = pad_prompts_and_completions(
-                    prompt_ids[i : i + self.batch_size],
-                    completion_ids[i : i + self.batch_size],
-                    self.tokenizer.pad_token_id,
-                    self.device,
-                )
-                scores += sequence_scores(self.model, *batch.values()).tolist()
+            for i in range(0, n, step):
+                if self.tokenizer is None:
+                    batch = pad_prompts_and_completions(inputs.prompt_ids[i : i + step],
+                                                        inputs.completion_ids[i : i + step], self.pad_token_id,
+                                                        self.device)  # fmt: skip
+                    scores += sequence_scores(self.model, *batch.values()).tolist()
+                else:
+                    scores += self._text_scores(inputs, slice(i, i + step)).tolist()
         return scores
+
+    def _text_scores(self, inputs, rows: slice) -> torch.Tensor:
+        texts = []
+        for prompt, prompt_text, completion in zip(inputs.prompts[rows], inputs.prompt_texts[rows],
+                                                   inputs.completion_texts[rows]):  # fmt: skip
+            if isinstance(prompt, str):
+                texts.append(prompt_text + completion)
+            else:
+                messages = [*prompt, {"role": "assistant", "content": completion}]
+                texts.append(self.tokenizer.apply_chat_template(messages, tokenize=False, **self.chat_template_kwargs))
+        encoded = self.tokenizer(texts, padding=True, padding_side="right", add_special_tokens=False,
+                                 return_tensors="pt").to(self.device)  # fmt: skip
+        backbone = getattr(self.model, self.model.base_model_prefix)
+        hidden = backbone(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).last_hidden_state
+        last = encoded["attention_mask"].sum(1) - 1  # [B] the last real token of each right-padded row
+        return self.model.score(hidden).squeeze(-1).float().gather(1, last.unsqueeze(1)).squeeze(1)

@@ -23,6 +23,13 @@ class Generation:
     completion_ids: list[list[int]]  # per prompt row, ending with EOS if one was produced, without padding
     logprobs: list[list[float]] | None = None  # the engine's log-prob of each of those tokens, if it reports them
 
+    @classmethod
+    def concatenate(cls, parts: list[Generation]) -> Generation:
+        """The generations of consecutive chunks of prompt rows as one."""
+        ids = [row for part in parts for row in part.completion_ids]
+        reported = parts and all(part.logprobs is not None for part in parts)
+        return cls(ids, [row for part in parts for row in part.logprobs] if reported else None)
+
 
 class GenerationBackend(ABC):
     """Generates one completion per prompt row; rows that share a prompt are sampled independently."""

@@ -24,20 +24,16 @@ def check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
         )
 
 
-def check_dataset(dataset) -> None:
+def check_dataset(dataset, argument: str = "train_dataset") -> None:
+    """A ``datasets.Dataset`` with at least one row and a ``prompt`` column (its rows are checked by
+    ``prompts.check_prompts``)."""
     if dataset is None:
-        raise ValueError("train_dataset is required: a datasets.Dataset with a 'prompt' column.")
+        raise ValueError(f"{argument} is required: a datasets.Dataset with a 'prompt' column.")
     if not hasattr(dataset, "select"):
         kind = type(dataset).__name__
-        raise TypeError(f"train_dataset must be a datasets.Dataset with a 'prompt' column; got {kind}.")
+        raise TypeError(f"{argument} must be a datasets.Dataset with a 'prompt' column; got {kind}.")
     columns = getattr(dataset, "column_names", None)
     if columns is None or "prompt" not in columns:
-        raise ValueError(f"train_dataset needs a 'prompt' column of strings; its columns are {columns}.")
+        raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
     if len(dataset) == 0:
-        raise ValueError("train_dataset is empty: it needs at least one prompt.")
-    first = dataset[0]["prompt"]
-    if not isinstance(first, str):
-        raise ValueError(
-            f"train_dataset['prompt'] must hold strings; row 0 is {type(first).__name__}. "
-            "Conversational prompts are not supported yet: apply the chat template first."
-        )
+        raise ValueError(f"{argument} is empty: it needs at least one prompt.")

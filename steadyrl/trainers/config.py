@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
-from transformers.trainer_utils import SaveStrategy, SchedulerType
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -94,6 +94,12 @@ class OnPolicyConfig(TrainingArguments):
         metadata={"help": "With peft_config and push_to_hub: push the adapters merged into the base model (a full "
                   "model) instead of the adapters alone."},
     )  # fmt: skip
+    num_generations_eval: int | None = field(
+        default=None, metadata={"help": "Completions per prompt in evaluation; n_samples_per_prompt if unset."}
+    )
+    chat_template_kwargs: dict | None = field(
+        default=None, metadata={"help": "Keyword arguments for apply_chat_template when prompts are conversations."}
+    )
     ref_reward_offload: bool = field(
         default=False,
         metadata={
@@ -236,6 +242,11 @@ class OnPolicyConfig(TrainingArguments):
             raise ValueError(
                 f"save_steps={self.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
                 "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
+            )
+        if self.eval_strategy not in (IntervalStrategy.STEPS, IntervalStrategy.NO):
+            raise ValueError(
+                f"eval_strategy={self.eval_strategy.value!r} is not supported: steadyrl counts global steps. Use "
+                "eval_strategy='steps' with eval_steps=N, or 'no'."
             )
         if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
             raise ValueError(

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
 
 from ..generation.weights import is_peft
-from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model
+from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
 from ..zero import check_whole, whole_at_load
 from .checks import check_vocabulary
 
@@ -28,16 +28,27 @@ def load_policy(model: str | PreTrainedModel, tokenizer=None):
     return model, tokenizer
 
 
-def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer,
-                        args) -> RewardModelFunction:  # fmt: skip
-    """A reward model (path or model) as a reward function scoring the policy's own token ids."""
+def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer, args,
+                        conversational: bool) -> RewardModelFunction:  # fmt: skip
+    """A reward model (path or model) as a reward function: on the policy's own token ids when it shares the
+    policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template."""
     if isinstance(reward_model, str) and reward_tokenizer is None:
         reward_tokenizer = AutoTokenizer.from_pretrained(reward_model)
     model = load_scalar_model(reward_model, "reward_model")
-    check_same_vocabulary(model, "reward_model", policy, tokenizer, reward_tokenizer)
-    return RewardModelFunction(
-        model, tokenizer, args.max_prompt_length, args.micro_rollout_batch_size, offload=args.ref_reward_offload
-    )
+    if reward_tokenizer is None or same_tokenizer(tokenizer, reward_tokenizer, conversational):
+        check_same_vocabulary(model, "reward_model", policy, tokenizer)
+        reward_tokenizer = None  # the fast path: the policy's token ids as they are
+    else:
+        if conversational and not getattr(reward_tokenizer, "chat_template", None):
+            raise ValueError(
+                "reward_processing_class (the reward model's tokenizer) has no chat template, so the conversations "
+                "of train_dataset cannot be rendered for it: use the reward model's own chat tokenizer."
+            )
+        if reward_tokenizer.pad_token_id is None:
+            reward_tokenizer.pad_token = reward_tokenizer.eos_token
+    return RewardModelFunction(model, tokenizer.pad_token_id, args.micro_rollout_batch_size,
+                               offload=args.ref_reward_offload, tokenizer=reward_tokenizer,
+                               chat_template_kwargs=args.chat_template_kwargs)  # fmt: skip
 
 
 def policy_and_reference(model: PreTrainedModel, peft_config,

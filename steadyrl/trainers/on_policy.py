@@ -33,7 +33,8 @@ from ..checkpoint import checkpoint_name
 from ..generation import Generation, make_backend, sampling_seed
 from ..ops import batched_logprobs, ends_without_eos, pad_prompts_and_completions
 from ..placement import offloaded, place_frozen_models
-from ..rewards import as_list, check_reward_funcs, reward_func_name, score_completions
+from ..prompts import PromptTruncation, as_completions, check_prompts, prompt_texts, tokenize_prompts
+from ..rewards import RewardInputs, as_list, check_reward_funcs, reward_func_name, score_completions
 from ..rollout import (
     Advantages,
     Rollout,
@@ -49,6 +50,7 @@ from ..zero import bind_scheduler, gathered_for_generation
 from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, resolve_checkpoint, run_fingerprint
 from .checks import check_dataset, check_model_path
 from .config import OnPolicyConfig
+from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
 from .models import (
     check_deepspeed_support,
@@ -64,7 +66,7 @@ from .publish import PublishMixin
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(PublishMixin, Trainer):
+class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args:
@@ -83,7 +85,10 @@ class OnPolicyTrainer(PublishMixin, Trainer):
             schedule.
         reward_model: an ``AutoModelForSequenceClassification`` (``num_labels=1``) or its path, sharing the
             policy's tokenizer; its score counts as the last entry of ``reward_weights``.
-        reward_processing_class: the reward model's tokenizer, checked to equal the policy's.
+        reward_processing_class: the reward model's tokenizer; when it differs from the policy's, completions
+            are re-rendered with it (and its chat template) for the reward model.
+        eval_dataset: held-out prompts, like ``train_dataset``, for ``evaluate()`` (``eval_strategy="steps"``
+            evaluates every ``eval_steps``).
     """
 
     algorithm_name = "on-policy"
@@ -103,6 +108,7 @@ class OnPolicyTrainer(PublishMixin, Trainer):
         optimizers=(None, None),
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
+        eval_dataset=None,
     ):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -114,17 +120,21 @@ class OnPolicyTrainer(PublishMixin, Trainer):
         check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
         model, processing_class = load_policy(model, processing_class)
+        self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
+        if eval_dataset is not None:
+            check_eval_dataset(eval_dataset, processing_class, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
         if reward_model is not None:
-            scorer = reward_model_scorer(reward_model, reward_processing_class, model, processing_class, args)
+            scorer = reward_model_scorer(reward_model, reward_processing_class, model, processing_class, args,
+                                         self.conversational)  # fmt: skip
             self.reward_model = scorer.model
             reward_funcs.append(scorer)
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
         model, self.ref_model = policy_and_reference(model, peft_config, args.seed)
         callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
         super().__init__(
-            model=model, args=args, train_dataset=train_dataset, processing_class=processing_class,
-            callbacks=callbacks, optimizers=optimizers,
+            model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
         )  # fmt: skip
         self.zero_stage = None
         if self.is_deepspeed_enabled:
@@ -138,6 +148,7 @@ class OnPolicyTrainer(PublishMixin, Trainer):
                                              args.ref_reward_offload)  # fmt: skip
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
         self.loop = LoopState(PromptSampler(len(train_dataset), seed=args.seed), self.initial_algorithm_state())
+        self.truncate_prompts = PromptTruncation(args.max_prompt_length)
         self.checkpointer = Checkpointer(self.accelerator)
 
     @property
@@ -159,9 +170,9 @@ class OnPolicyTrainer(PublishMixin, Trainer):
         """The reward functions (a reward model last) and one weight each, checked."""
         return check_reward_funcs(reward_funcs, reward_weights)
 
-    def score(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]], columns: dict):
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
         """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them."""
-        return score_completions(self.reward_funcs, prompts, completions, completion_ids, columns)
+        return score_completions(self.reward_funcs, inputs)
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         """What the loss needs beyond the scored rollout, and the metrics to log; ``rollout`` stays unchanged."""
@@ -236,7 +247,8 @@ class OnPolicyTrainer(PublishMixin, Trainer):
         return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), metrics)
 
     def log_and_save(self) -> bool:
-        """Log and checkpoint as the callbacks decided; return whether a checkpoint was written."""
+        """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this
+        step's evaluation); return whether a checkpoint was written."""
         if self.control.should_log:
             logs = self.loop.take_means()
             if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
@@ -244,6 +256,9 @@ class OnPolicyTrainer(PublishMixin, Trainer):
                 logs = dict(zip(logs, means.tolist()))
             self.log(logs)
             self.control.should_log = False
+        if self.control.should_evaluate:
+            self.evaluate()
+            self.control.should_evaluate = False
         if self.control.should_save:
             self.save_checkpoint()
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
@@ -269,16 +284,20 @@ class OnPolicyTrainer(PublishMixin, Trainer):
     @torch.no_grad()
     def make_rollout(self) -> RolloutBuffer:
         """Generate, score and turn one rollout into a buffer with a fixed mini-batch schedule."""
-        args, tok = self.args, self.processing_class
+        args = self.args
         prompts, columns, first_prompt = self.next_prompts()
-        prompt_ids = [ids[-args.max_prompt_length :] for ids in tok(prompts)["input_ids"]]
-        generation, generation_time = self.generate(prompt_ids, first_prompt)
-        completion_ids = generation.completion_ids
-        completions = tok.batch_decode(completion_ids, skip_special_tokens=True)
-        scores = self.score(prompts, completions, completion_ids, columns)  # [N, num_rewards]
-        rollout = self.scored_rollout(prompt_ids, completion_ids, scores, generation.logprobs is not None)
+        prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
+        k, rollout = args.n_samples_per_prompt, self.loop.rollouts
+        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompt_ids))]
+        start = time.time()
+        generation = self.generate(prompt_ids, seeds)
+        generation_time = time.time() - start
+        inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
+        scores = self.score(inputs)  # [N, num_rewards]
+        rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None)
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
         metrics = rollout_metrics(rollout, scores, reward_names, generation_time)
+        metrics["prompts_truncated"] = truncated / len(prompts)
         if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
             diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.completion_mask)
             metrics["generation_logprob_diff"] = diff
@@ -302,18 +321,33 @@ class OnPolicyTrainer(PublishMixin, Trainer):
         columns = {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
         return prompts, columns, first
 
-    def generate(self, prompt_ids: list[list[int]], first_prompt: int) -> tuple[Generation, float]:
-        """One completion per prompt row with the current actor, and the seconds it took."""
-        args, k = self.args, self.args.n_samples_per_prompt
+    def tokenize(self, prompts: list) -> list[list[int]]:
+        """The token ids the policy sees for each prompt: the text, or the conversation rendered with the chat
+        template (``chat_template_kwargs``), before truncation to ``max_prompt_length``."""
+        return tokenize_prompts(prompts, self.processing_class, self.conversational, self.args.chat_template_kwargs)
+
+    def reward_inputs(self, prompts: list, prompt_ids, completion_ids, columns: dict) -> RewardInputs:
+        """What reward functions and judges see of the completions, in TRL's conventions."""
+        tok, kwargs = self.processing_class, self.args.chat_template_kwargs
+        texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
+        return RewardInputs(
+            prompts=prompts, completions=as_completions(texts, self.conversational), completion_ids=completion_ids,
+            columns=columns, prompt_ids=prompt_ids, completion_texts=texts,
+            prompt_texts=prompt_texts(prompts, tok, self.conversational, kwargs),
+        )  # fmt: skip
+
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
+        """One completion per prompt row with the current actor (``chunk`` rows per call to the backend), each
+        sampled with its seed where the backend takes seeds."""
         actor = self.accelerator.unwrap_model(self.model)
         self.backend.sync_weights(actor, version=self.state.global_step)
-        rollout = self.loop.rollouts
-        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompt_ids))]
-        start = time.time()
+        chunk = chunk or max(1, len(prompt_ids))
         training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3, gather the actor first
+        parts = []
         with gathered_for_generation(self.model_wrapped) if training_model else contextlib.nullcontext():
-            generation = self.backend.generate(actor, prompt_ids, seeds)
-        return generation, time.time() - start
+            for i in range(0, len(prompt_ids), chunk):
+                parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
+        return Generation.concatenate(parts)
 
     def scored_rollout(self, prompt_ids, completion_ids, scores: torch.Tensor, engine_logprobs: bool) -> Rollout:
         """The padded rollout with its weighted scores and the log-probs of the scoring passes."""

@@ -30,6 +30,7 @@ from ..ops import (
     pair_weights,
     preference_loss,
 )
+from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
@@ -136,14 +137,21 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         optimizers=(None, None),
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
+        eval_dataset=None,
         judge=None,
     ):
         if judge is not None:
             check_judge(judge)
+            if eval_dataset is not None:
+                raise ValueError(
+                    "eval_dataset with a judge is not supported: evaluation scores completions with reward_funcs or "
+                    "reward_model, and a pairwise judge gives no score. Pass reward_funcs / reward_model, or no "
+                    "eval_dataset."
+                )
         self.judge = judge
         super().__init__(
             model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
-            reward_model=reward_model, reward_processing_class=reward_processing_class,
+            reward_model=reward_model, reward_processing_class=reward_processing_class, eval_dataset=eval_dataset,
         )  # fmt: skip
 
     @property
@@ -170,12 +178,13 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             )
         return [], torch.ones(1)
 
-    def score(self, prompts, completions, completion_ids, columns) -> torch.Tensor:
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
         if self.judge is None:
-            return super().score(prompts, completions, completion_ids, columns)
-        pairs = [list(pair) for pair in zip(completions[0::2], completions[1::2])]
-        preferred = call_judge(self.judge, prompts[0::2], pairs)
-        scores = torch.zeros(len(completions), 1)
+            return super().score(inputs)
+        texts = inputs.completion_texts  # a judge reads text: the prompt as rendered for the policy, the completions
+        pairs = [list(pair) for pair in zip(texts[0::2], texts[1::2])]
+        preferred = call_judge(self.judge, inputs.prompt_texts[0::2], pairs)
+        scores = torch.zeros(len(texts), 1)
         scores[[2 * i + p for i, p in enumerate(preferred)]] = 1.0
         return scores
 

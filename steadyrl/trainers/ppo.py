@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, get_scheduler
+from transformers.utils import logging
 
 from ..ops import (
     RunningMoments,
@@ -32,11 +33,13 @@ from ..ops import (
     shaped_token_rewards,
 )
 from ..rollout import Advantages, Rollout
-from ..scalar_head import Critic, check_same_vocabulary, critic_from_policy, load_scalar_model
+from ..scalar_head import Critic, RewardModelFunction, check_same_vocabulary, critic_from_policy, load_scalar_model
 from .checkpointing import TrainedModule
 from .config import OnPolicyConfig
 from .models import enable_gradient_checkpointing
 from .on_policy import OnPolicyTrainer
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -150,21 +153,31 @@ class PPOTrainer(OnPolicyTrainer):
         optimizers=(None, None),
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
+        eval_dataset=None,
         value_model: str | PreTrainedModel | None = None,
     ):
         super().__init__(
             model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
-            reward_model=reward_model, reward_processing_class=reward_processing_class,
+            reward_model=reward_model, reward_processing_class=reward_processing_class, eval_dataset=eval_dataset,
         )  # fmt: skip
         actor = self.accelerator.unwrap_model(self.model)
         if value_model is not None:
             critic = load_scalar_model(value_model, "value_model")
             check_same_vocabulary(critic, "value_model", actor, self.processing_class)
-        elif self.reward_model is not None:
+        elif self.reward_model is not None and self.reward_model_reads_policy_tokens():
             critic = copy.deepcopy(self.reward_model)
         else:
+            if self.reward_model is not None:
+                logger.warning(
+                    "The critic starts from the policy's backbone, not from a copy of reward_model: the reward model "
+                    "has a tokenizer of its own, and the critic reads the policy's token ids."
+                )
             critic = critic_from_policy(actor, self.args.seed)
         self.critic = Critic(critic.train().requires_grad_(True)).to(self.accelerator.device)
+
+    def reward_model_reads_policy_tokens(self) -> bool:
+        scorer = next(func for func in self.reward_funcs if isinstance(func, RewardModelFunction))
+        return scorer.tokenizer is None
 
     def initial_algorithm_state(self) -> PPOState:
         return PPOState(kl_coef=self.args.beta)

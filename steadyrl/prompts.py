@@ -1,0 +1,115 @@
+"""Prompts as the model sees them: plain strings, or conversations rendered with the tokenizer's chat template.
+
+A dataset's ``prompt`` column holds either strings or, as in TRL's conversational format, lists of messages
+``{"role": ..., "content": ...}``. Conversations are rendered with ``add_generation_prompt=True``; reward functions
+then receive the messages as ``prompts`` and each completion as ``[{"role": "assistant", "content": text}]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+
+def is_conversation(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt)
+
+
+def _prompt_problem(prompt) -> str | None:
+    """Why ``prompt`` cannot be used, or None."""
+    if prompt is None:
+        return "is None"
+    if isinstance(prompt, str):
+        return "is an empty string" if not prompt.strip() else None
+    if not is_conversation(prompt):
+        return f"is a {type(prompt).__name__}, neither a string nor a list of {{'role', 'content'}} messages"
+    if not prompt:
+        return "is an empty list of messages"
+    for i, message in enumerate(prompt):
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            return f"has a message {i} without a 'role'"
+        if not isinstance(content, str):
+            return f"has a message {i} whose 'content' is {type(content).__name__}, not a string"
+    return None
+
+
+def check_prompts(dataset, argument: str, tokenizer) -> bool:
+    """Check every row's prompt before any work; return whether the prompts are conversations.
+
+    Every prompt must be a non-empty string or a non-empty list of messages, all rows of one kind, and a
+    conversation needs a tokenizer with a chat template."""
+    conversational = None
+    for row, prompt in enumerate(dataset["prompt"]):
+        problem = _prompt_problem(prompt)
+        if problem is not None:
+            raise ValueError(
+                f"{argument}['prompt'][{row}] {problem}: every prompt must be a non-empty string or a list of "
+                "{'role', 'content'} messages. Remove or fix that row."
+            )
+        kind = is_conversation(prompt)
+        if conversational is None:
+            conversational = kind
+        elif kind != conversational:
+            first, other = ("conversations", "a string") if conversational else ("strings", "a conversation")
+            raise ValueError(
+                f"{argument}['prompt'] mixes kinds: row 0 onwards holds {first}, but row {row} is {other}. Use one "
+                "kind for the whole dataset."
+            )
+    if conversational and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"{argument} holds conversations (lists of messages), but processing_class has no chat template to "
+            "render them: use the chat model's own tokenizer, set tokenizer.chat_template, or give plain-string "
+            "prompts."
+        )
+    return bool(conversational)
+
+
+def tokenize_prompts(prompts: Sequence, tokenizer, conversational: bool,
+                     chat_template_kwargs: dict | None) -> list[list[int]]:  # fmt: skip
+    """The token ids the model sees for each prompt (a conversation ends with the assistant's turn opening)."""
+    if not conversational:
+        return tokenizer(list(prompts))["input_ids"]
+    rendered = tokenizer.apply_chat_template(
+        list(prompts), add_generation_prompt=True, tokenize=True, return_dict=True, **(chat_template_kwargs or {})
+    )
+    return [list(ids) for ids in rendered["input_ids"]]
+
+
+def prompt_texts(prompts: Sequence, tokenizer, conversational: bool, chat_template_kwargs: dict | None) -> list[str]:
+    """Each prompt as text, a conversation rendered as the model sees it (what a pairwise judge reads)."""
+    if not conversational:
+        return list(prompts)
+    return [
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {}))
+        for p in prompts
+    ]
+
+
+def as_completions(texts: list[str], conversational: bool) -> list:
+    """Completions as reward functions receive them: strings, or TRL's one-message assistant turns."""
+    return [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+
+
+class PromptTruncation:
+    """Cuts prompts to their last ``max_length`` tokens, says so once per run, and counts how many it cut."""
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self.warned = False
+
+    def __call__(self, ids: list[list[int]]) -> tuple[list[list[int]], int]:
+        cut = sum(len(p) > self.max_length for p in ids)
+        if cut and not self.warned:
+            longest = max(len(p) for p in ids)
+            logger.warning(
+                f"{cut} of {len(ids)} prompts of this rollout are longer than max_prompt_length={self.max_length} "
+                f"tokens (the longest has {longest}); they are cut on the left, keeping their last "
+                f"{self.max_length} tokens. The share of cut prompts is logged as prompts_truncated; raise "
+                "max_prompt_length to keep them whole. (Said once per run.)"
+            )
+            self.warned = True
+        return [p[-self.max_length :] for p in ids], cut
