@@ -37,12 +37,9 @@ def _prompt_problem(prompt) -> str | None:
     return None
 
 
-def check_prompts(dataset, argument: str, tokenizer) -> bool:
-    """Check every row's prompt before any work; return whether the prompts are conversations.
-
-    Every prompt must be a non-empty string or a non-empty list of messages, all rows of one kind, and a
-    conversation needs a tokenizer with a chat template."""
-    conversational = None
+def prompt_kind(dataset, argument: str) -> bool:
+    """Check every row's prompt before any work (a non-empty string or a non-empty list of messages; a dataset
+    holds one kind); return whether they are conversations."""
     for row, prompt in enumerate(dataset["prompt"]):
         problem = _prompt_problem(prompt)
         if problem is not None:
@@ -50,22 +47,19 @@ def check_prompts(dataset, argument: str, tokenizer) -> bool:
                 f"{argument}['prompt'][{row}] {problem}: every prompt must be a non-empty string or a list of "
                 "{'role', 'content'} messages. Remove or fix that row."
             )
-        kind = is_conversation(prompt)
-        if conversational is None:
-            conversational = kind
-        elif kind != conversational:
-            first, other = ("conversations", "a string") if conversational else ("strings", "a conversation")
-            raise ValueError(
-                f"{argument}['prompt'] mixes kinds: row 0 onwards holds {first}, but row {row} is {other}. Use one "
-                "kind for the whole dataset."
-            )
+    return is_conversation(dataset[0]["prompt"])
+
+
+def check_prompts(dataset, argument: str, tokenizer) -> bool:
+    """``prompt_kind``, and a conversation needs a tokenizer with a chat template; whether they are conversations."""
+    conversational = prompt_kind(dataset, argument)
     if conversational and not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"{argument} holds conversations (lists of messages), but processing_class has no chat template to "
             "render them: use the chat model's own tokenizer, set tokenizer.chat_template, or give plain-string "
             "prompts."
         )
-    return bool(conversational)
+    return conversational
 
 
 def tokenize_prompts(prompts: Sequence, tokenizer, conversational: bool,

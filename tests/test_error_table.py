@@ -112,7 +112,8 @@ def trigger(row_id: str):
 def rloo(ctx: Context, **kwargs) -> RLOOTrainer:
     kwargs.setdefault("model", toy_model_path())
     kwargs.setdefault("args", make_config(ctx.tmp_path))
-    return RLOOTrainer(train_dataset=toy_dataset(), reward_funcs=[letters_reward], **kwargs)
+    kwargs.setdefault("train_dataset", toy_dataset())
+    return RLOOTrainer(reward_funcs=[letters_reward], **kwargs)
 
 
 def classifier(vocab_size: int) -> Qwen2ForSequenceClassification:
@@ -201,6 +202,11 @@ def _(ctx):
     make_config(ctx.tmp_path, missing_eos_penalty=-1.0)
 
 
+@trigger("eval-strategy")
+def _(ctx):
+    make_config(ctx.tmp_path, eval_strategy="epoch")
+
+
 # data
 
 
@@ -219,12 +225,51 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=[{"prompt": "abc:"}])
 
 
-@trigger("chat-prompts")
+def chat_tokenizer():
+    """The toy tokenizer with a chat template (its characters spell any ChatML role line)."""
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    return tokenizer
+
+
+def conversations(*contents):
+    prompts = [[{"role": "user", "content": content}] for content in contents]
+    return Dataset.from_dict({"prompt": prompts, "letters": ["ab"] * len(contents)})
+
+
+@trigger("chat-no-template")
 def _(ctx):
-    make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": [[{"role": "user", "content": "abc:"}]]}))
+    make_trainer(ctx.tmp_path, train_dataset=conversations("abc:"))
+
+
+@trigger("empty-prompt")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": ["ab:", "cd:", None], "letters": ["a"] * 3}))
+
+
+@trigger("bad-message")
+def _(ctx):
+    prompt = [[{"role": "user", "content": None}]]
+    make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": prompt, "letters": ["a"]}))
+
+
+@trigger("eval-kind")
+def _(ctx):
+    make_trainer(ctx.tmp_path, eval_dataset=conversations("ab:"))
+
+
+@trigger("eval-missing")
+def _(ctx):
+    make_trainer(ctx.tmp_path, eval_strategy="steps", eval_steps=2)
 
 
 # reward functions and judges
+
+
+@trigger("eval-judge")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="online-dpo", reward_funcs=[], judge=lambda prompts, pairs: [0] * len(pairs),
+                 eval_dataset=toy_dataset(num_prompts=4))  # fmt: skip
 
 
 @trigger("reward-not-callable")
@@ -294,6 +339,18 @@ def _(ctx):
 @trigger("reward-model-vocab")
 def _(ctx):
     rloo(ctx, reward_model=classifier(vocab_size=100))
+
+
+@trigger("reward-model-template")
+def _(ctx):
+    from transformers import AutoModelForSequenceClassification
+
+    reward_tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    reward_tokenizer.chat_template = None
+    reward_tokenizer.add_tokens(["<extra>"])  # another vocabulary: scored on re-rendered text
+    reward_model = AutoModelForSequenceClassification.from_pretrained(toy_model_path(), num_labels=1)
+    rloo(ctx, processing_class=chat_tokenizer(), reward_model=reward_model, reward_processing_class=reward_tokenizer,
+         train_dataset=conversations("ab:"))  # fmt: skip
 
 
 @trigger("reward-model-head")

@@ -16,17 +16,17 @@ from accelerate.utils import gather_object
 from ..checkpoint.rng import rng_untouched
 from ..generation import sampling_seed
 from ..ops import ends_without_eos, pad_prompts_and_completions
-from ..prompts import check_prompts
+from ..prompts import prompt_kind
 from ..rewards import reward_func_name
 from .checks import check_dataset
 
 EVAL_ROLLOUT = -1  # the rollout index in evaluation's sampling seeds, which no training rollout has
 
 
-def check_eval_dataset(dataset, tokenizer, conversational: bool) -> None:
+def check_eval_dataset(dataset, conversational: bool) -> None:
     """Refuse an eval_dataset whose prompts are unusable or of another kind than the training prompts."""
     check_dataset(dataset, "eval_dataset")
-    if check_prompts(dataset, "eval_dataset", tokenizer) != conversational:
+    if prompt_kind(dataset, "eval_dataset") != conversational:
         kinds = ("conversations", "strings") if conversational else ("strings", "conversations")
         raise ValueError(
             f"eval_dataset holds {kinds[1]} but train_dataset {kinds[0]}: give both the same kind of prompt."
@@ -66,7 +66,7 @@ class EvaluationMixin:
         if eval_dataset is None:
             eval_dataset = self.eval_dataset
         else:
-            check_eval_dataset(eval_dataset, self.processing_class, self.conversational)
+            check_eval_dataset(eval_dataset, self.conversational)
         if eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate().")
         if not self.reward_funcs:

@@ -116,13 +116,18 @@ class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         check_dataset(train_dataset)
+        if eval_dataset is None and args.eval_strategy != "no":
+            raise ValueError(
+                f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "
+                "prompts, like train_dataset), or set eval_strategy='no'."
+            )
         check_model_path(model, "model")
         check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
         model, processing_class = load_policy(model, processing_class)
         self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
         if eval_dataset is not None:
-            check_eval_dataset(eval_dataset, processing_class, self.conversational)
+            check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
         if reward_model is not None:
             scorer = reward_model_scorer(reward_model, reward_processing_class, model, processing_class, args,
