@@ -4,7 +4,7 @@ Shapes: N samples (this process's share of a rollout: prompts x ``n_samples_per_
 prompt consecutive), P prompt tokens, C completion tokens. Who fills what::
 
     generation          prompt_ids, prompt_mask, completion_ids, completion_mask
-    reward functions    scores
+    reward functions    scores, reward_scores
     scoring passes      ref_logprobs, old_logprobs (only where the loss or the vLLM check reads them)
     the algorithm       an ``Advantages``: advantages; values and returns (PPO); pair_weight and a row order
                         (online DPO)
@@ -44,6 +44,7 @@ class Rollout(TokenBatch):
 
     scores: torch.Tensor  # [N] float32: weighted sum of the rewards, minus missing_eos_penalty where no EOS
     ref_logprobs: torch.Tensor  # [N, C] float32: log-probs of the completion tokens under the reference
+    reward_scores: torch.Tensor | None = None  # [N, R] float32: each reward function's (or the judge's) score
     old_logprobs: torch.Tensor | None = None  # [N, C] float32: under the sampling policy (ratio-based losses)
     advantages: torch.Tensor | None = None  # RLOO [N], PPO [N, C] (whitened)
     values: torch.Tensor | None = None  # [N, C] PPO: the critic's values when the rollout was made
@@ -93,6 +94,7 @@ class RolloutBuffer:
     schedule: list[list[int]]
     metrics: dict[str, float] = field(default_factory=dict)
     cursor: int = 0
+    completions_logged: bool = False  # log_completions: its completions were written at a logging step
 
     @property
     def exhausted(self) -> bool:
@@ -105,11 +107,12 @@ class RolloutBuffer:
 
     def state_dict(self) -> dict:
         return {"rollout": self.rollout.tensors(), "schedule": self.schedule, "cursor": self.cursor,
-                "metrics": self.metrics}  # fmt: skip
+                "metrics": self.metrics, "completions_logged": self.completions_logged}  # fmt: skip
 
     @classmethod
     def from_state_dict(cls, state: dict) -> RolloutBuffer:
-        return cls(Rollout(**state["rollout"]), state["schedule"], state["metrics"], state["cursor"])
+        return cls(Rollout(**state["rollout"]), state["schedule"], state["metrics"], state["cursor"],
+                   state.get("completions_logged", False))  # fmt: skip
 
 
 def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1) -> list[list[int]]:
@@ -152,3 +155,20 @@ def engine_logprob_diff(engine_logprobs: list[list[float]], logprobs: torch.Tens
     for row, values in enumerate(engine_logprobs):
         reported[row, : len(values)] = torch.tensor(values)
     return masked_mean((reported - logprobs).abs(), mask).item()
+
+
+def completion_rows(rollout: Rollout, tokenizer, reward_names: list[str], advantages: torch.Tensor | None) -> list:
+    """The rollout's samples as the completion log shows them: the prompt as the model saw it (chat template
+    included), the completion as the reward functions read it, each reward, the total and the advantage."""
+    prompts = [tokenizer.decode(ids[mask.bool()]) for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)]
+    completions = tokenizer.batch_decode(
+        [ids[mask.bool()] for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)],
+        skip_special_tokens=True,
+    )
+    rows = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        rewards = {} if rollout.reward_scores is None else dict(zip(reward_names, rollout.reward_scores[i].tolist()))
+        advantage = None if advantages is None else advantages[i].item()
+        rows.append({"prompt": prompt, "completion": completion, "rewards": rewards,
+                     "reward": rollout.scores[i].item(), "advantage": advantage})  # fmt: skip
+    return rows

@@ -49,7 +49,8 @@ from ..zero import load_zero_state, modifiable, zero_optimizer, zero_state
 logger = logging.get_logger(__name__)
 
 STATE_NAME = "steadyrl_state.json"
-STATE_FORMAT = 2
+STATE_FORMAT = 3  # 3: the rollout buffer holds each reward function's scores and whether it was logged
+READABLE_FORMATS = (2, 3)  # a format-2 buffer lacks those two: its completions log without per-function rewards
 TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
 RESTORED_TRAINER_STATE = ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen")
 
@@ -191,7 +192,7 @@ class Checkpointer:
         if buffer is not None:
             tensors = {name: value.contiguous() for name, value in buffer["rollout"].items()}
             save_file(tensors, tmp / self._buffer_file(".safetensors"))
-            meta = {key: buffer[key] for key in ("schedule", "cursor", "metrics")}
+            meta = {key: buffer[key] for key in ("schedule", "cursor", "metrics", "completions_logged")}
             (tmp / self._buffer_file(".json")).write_text(json.dumps(meta))
         save_rng_state(tmp, self.rank)
 
@@ -203,10 +204,10 @@ class Checkpointer:
         the run's fingerprint; return the loop state to hand to ``LoopState.load_state_dict``. The RNG state
         comes separately (``restore_rng``), as the very last thing before training."""
         shared = json.loads((directory / STATE_NAME).read_text())
-        if shared.get("format") != STATE_FORMAT:
+        if shared.get("format") not in READABLE_FORMATS:
             raise CheckpointError(
                 f"{directory} was written in steadyrl state format {shared.get('format')}; this version reads "
-                f"format {STATE_FORMAT}: resume it with the steadyrl version that wrote it."
+                f"formats {', '.join(map(str, READABLE_FORMATS))}: resume it with the steadyrl version that wrote it."
             )
         saved, current = shared["fingerprint"], contents.fingerprint
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}

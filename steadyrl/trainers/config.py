@@ -94,6 +94,14 @@ class OnPolicyConfig(TrainingArguments):
         metadata={"help": "With peft_config and push_to_hub: push the adapters merged into the base model (a full "
                   "model) instead of the adapters alone."},
     )  # fmt: skip
+    log_completions: bool = field(
+        default=False,
+        metadata={"help": "At each logging step, print, log to report_to and append to output_dir/completions.jsonl "
+                  "the completions of the latest rollout with their prompts, rewards and advantages."},
+    )  # fmt: skip
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "Rows of the printed completions table (all if unset)."}
+    )
     num_generations_eval: int | None = field(
         default=None, metadata={"help": "Completions per prompt in evaluation; n_samples_per_prompt if unset."}
     )

@@ -10,8 +10,9 @@ One iteration::
     for each mini-batch: micro-batches -> compute_loss_on_batch -> backward; optimizer step; global_step += 1;
         callbacks decide logging and checkpointing
 
-An algorithm subclasses it with ``compute_advantages`` and ``compute_loss_on_batch``; one that trains more than
-the actor (PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
+The rollout stage lives in rollouts.py, evaluation in evaluation.py, the actor's export and Hub push in
+publish.py. An algorithm subclasses this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one
+that trains more than the actor (PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
 """
 
 from __future__ import annotations
@@ -30,23 +31,15 @@ from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ..checkpoint import checkpoint_name
-from ..generation import Generation, make_backend, sampling_seed
-from ..ops import batched_logprobs, ends_without_eos, pad_prompts_and_completions
-from ..placement import offloaded, place_frozen_models
-from ..prompts import PromptTruncation, as_completions, check_prompts, prompt_texts, tokenize_prompts
-from ..rewards import RewardInputs, as_list, check_reward_funcs, reward_func_name, score_completions
-from ..rollout import (
-    Advantages,
-    Rollout,
-    RolloutBuffer,
-    TokenBatch,
-    engine_logprob_diff,
-    minibatch_schedule,
-    rollout_metrics,
-)
+from ..completion_log import CompletionLog
+from ..generation import make_backend
+from ..placement import place_frozen_models
+from ..prompts import PromptTruncation, check_prompts
+from ..rewards import RewardInputs, as_list, check_reward_funcs, score_completions
+from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
-from ..zero import bind_scheduler, gathered_for_generation
+from ..zero import bind_scheduler
 from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, resolve_checkpoint, run_fingerprint
 from .checks import check_dataset, check_model_path
 from .config import OnPolicyConfig
@@ -62,22 +55,25 @@ from .models import (
 )
 from .preemption import StopSignals
 from .publish import PublishMixin
+from .rollouts import RolloutMixin
 
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
+class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args:
         model: the policy (actor) to train: a ``PreTrainedModel`` or a local path or Hub id of a causal LM.
         args: the algorithm's config (``RLOOConfig``, ``PPOConfig``, ...); default: its defaults with
             ``output_dir`` named after the model.
-        train_dataset: a ``datasets.Dataset`` with a ``prompt`` column of strings; its other columns reach the
-            reward functions as keyword arguments.
+        train_dataset: a ``datasets.Dataset`` with a ``prompt`` column of strings or of conversations (lists of
+            ``{"role", "content"}`` messages, rendered with the tokenizer's chat template); its other columns reach
+            the reward functions as keyword arguments.
         processing_class: the policy's tokenizer; default: loaded from the model's directory.
         reward_funcs: a callable or a list of them, called as ``func(prompts=..., completions=...,
-            completion_ids=..., **columns)`` and returning one float per completion.
+            completion_ids=..., **columns)`` and returning one float per completion; with conversations,
+            ``prompts`` are the message lists and each completion is ``[{"role": "assistant", "content": text}]``.
         callbacks: more ``TrainerCallback``s, after steadyrl's step and checkpoint callbacks.
         peft_config: a ``peft`` config to train adapters; the base model with adapters disabled is then the
             reference.
@@ -154,6 +150,8 @@ class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
         self.loop = LoopState(PromptSampler(len(train_dataset), seed=args.seed), self.initial_algorithm_state())
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
+        main = self.accelerator.is_main_process
+        self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print) if main else None
         self.checkpointer = Checkpointer(self.accelerator)
 
     @property
@@ -222,6 +220,8 @@ class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
         if checkpoint is not None:
             self.loop.load_state_dict(self.checkpointer.load(checkpoint, self.checkpoint_contents()))
         start_step, start_time = self.state.global_step, time.time()
+        if args.log_completions and self.completion_log is not None:  # lines a killed run wrote after its checkpoint
+            self.completion_log.truncate_after(start_step)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if checkpoint is not None:
             self.checkpointer.restore_rng(checkpoint)
@@ -260,6 +260,8 @@ class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
                 means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
                 logs = dict(zip(logs, means.tolist()))
             self.log(logs)
+            if self.args.log_completions:
+                self.log_completions()
             self.control.should_log = False
         if self.control.should_evaluate:
             self.evaluate()
@@ -283,104 +285,6 @@ class OnPolicyTrainer(EvaluationMixin, PublishMixin, Trainer):
             f"is in {self.args.output_dir}; run again with resume_from_checkpoint=True to continue."
         )
         raise SystemExit(0)
-
-    # ---- rollout -------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def make_rollout(self) -> RolloutBuffer:
-        """Generate, score and turn one rollout into a buffer with a fixed mini-batch schedule."""
-        args = self.args
-        prompts, columns, first_prompt = self.next_prompts()
-        prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
-        k, rollout = args.n_samples_per_prompt, self.loop.rollouts
-        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompt_ids))]
-        start = time.time()
-        generation = self.generate(prompt_ids, seeds)
-        generation_time = time.time() - start
-        inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
-        scores = self.score(inputs)  # [N, num_rewards]
-        rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None)
-        reward_names = [reward_func_name(func) for func in self.reward_funcs]
-        metrics = rollout_metrics(rollout, scores, reward_names, generation_time)
-        metrics["prompts_truncated"] = truncated / len(prompts)
-        if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
-            diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.completion_mask)
-            metrics["generation_logprob_diff"] = diff
-        added = self.compute_advantages(rollout)
-        rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
-        minibatch = args.train_batch_size // self.accelerator.num_processes
-        schedule = minibatch_schedule(len(rollout), minibatch, args.num_ppo_epochs, self.samples_per_group)
-        self.loop.rollouts += 1
-        return RolloutBuffer(rollout.to("cpu"), schedule, metrics)
-
-    def next_prompts(self) -> tuple[list[str], dict[str, list], int]:
-        """This process's share of the next rollout's prompts, each repeated ``n_samples_per_prompt`` times, the
-        dataset's other columns alike, and the index of its first prompt in the whole rollout."""
-        args, world = self.args, self.accelerator.num_processes
-        indices = self.loop.sampler.next(args.rollout_batch_size)
-        per_process = args.rollout_batch_size // world
-        first = self.accelerator.process_index * per_process
-        rows = self.train_dataset.select(indices[first : first + per_process]).to_dict()
-        k = args.n_samples_per_prompt
-        prompts = [p for p in rows.pop("prompt") for _ in range(k)]
-        columns = {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
-        return prompts, columns, first
-
-    def tokenize(self, prompts: list) -> list[list[int]]:
-        """The token ids the policy sees for each prompt: the text, or the conversation rendered with the chat
-        template (``chat_template_kwargs``), before truncation to ``max_prompt_length``."""
-        return tokenize_prompts(prompts, self.processing_class, self.conversational, self.args.chat_template_kwargs)
-
-    def reward_inputs(self, prompts: list, prompt_ids, completion_ids, columns: dict) -> RewardInputs:
-        """What reward functions and judges see of the completions, in TRL's conventions."""
-        tok, kwargs = self.processing_class, self.args.chat_template_kwargs
-        texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
-        return RewardInputs(
-            prompts=prompts, completions=as_completions(texts, self.conversational), completion_ids=completion_ids,
-            columns=columns, prompt_ids=prompt_ids, completion_texts=texts,
-            prompt_texts=prompt_texts(prompts, tok, self.conversational, kwargs),
-        )  # fmt: skip
-
-    def generate(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
-        """One completion per prompt row with the current actor (``chunk`` rows per call to the backend), each
-        sampled with its seed where the backend takes seeds."""
-        actor = self.accelerator.unwrap_model(self.model)
-        self.backend.sync_weights(actor, version=self.state.global_step)
-        chunk = chunk or max(1, len(prompt_ids))
-        training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3, gather the actor first
-        parts = []
-        with gathered_for_generation(self.model_wrapped) if training_model else contextlib.nullcontext():
-            for i in range(0, len(prompt_ids), chunk):
-                parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
-        return Generation.concatenate(parts)
-
-    def scored_rollout(self, prompt_ids, completion_ids, scores: torch.Tensor, engine_logprobs: bool) -> Rollout:
-        """The padded rollout with its weighted scores and the log-probs of the scoring passes."""
-        args, tok, device = self.args, self.processing_class, self.accelerator.device
-        tokens = TokenBatch(**pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device))
-        total = (scores * self.reward_weights).sum(1).to(device)  # [N]
-        if args.missing_eos_penalty is not None:
-            no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
-            total -= args.missing_eos_penalty * no_eos.float()
-        # the engine's own log-probs are checked against the trainer's
-        old_logprobs = self.policy_logprobs(self.model, tokens) if self.needs_old_logprobs or engine_logprobs else None
-        ref_logprobs = self.reference_logprobs(tokens)
-        return Rollout(**vars(tokens), scores=total, ref_logprobs=ref_logprobs, old_logprobs=old_logprobs)
-
-    def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
-        """[N, C] log-probs of the completion tokens under ``model``, at ``logprob_temperature``, in micro-batches
-        of ``micro_rollout_batch_size``."""
-        size = self.args.micro_rollout_batch_size
-        return batched_logprobs(model, tokens.token_tensors, self.logprob_temperature, size)
-
-    def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
-        """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""
-        if self.ref_model is not None:
-            offload = self.args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
-            with offloaded(self.ref_model, self.accelerator.device, offload):
-                return self.policy_logprobs(self.ref_model, tokens)
-        with self.accelerator.unwrap_model(self.model).disable_adapter():
-            return self.policy_logprobs(self.model, tokens)
 
     # ---- optimisation ---------------------------------------------------------------------------
 
