@@ -1,0 +1,68 @@
+"""Held-out evaluation: eval_* metrics every eval_steps, comparable runs, and training unchanged by it."""
+
+import pytest
+import torch
+from toy_run import make_trainer
+
+from steadyrl.toy import letters_reward, toy_dataset
+
+EVAL = dict(eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4)
+
+
+def training_logs(trainer):
+    return [{k: v for k, v in log.items() if k != "tokens_per_second"} for log in trainer.state.log_history
+            if "loss" in log]  # fmt: skip
+
+
+@pytest.mark.parametrize("use_vllm", [False, True], ids=["hf", "vllm"])
+def test_evaluation_logs_eval_metrics_and_leaves_training_unchanged(tmp_path, use_vllm):
+    plain = make_trainer(tmp_path / "plain", max_steps=6, save_steps=6, use_vllm=use_vllm)
+    plain.train()
+    held_out = toy_dataset(num_prompts=5, seed=1)  # 5 prompts: the last chunk of 4 is partial
+    evaluated = make_trainer(tmp_path / "eval", max_steps=6, save_steps=6, use_vllm=use_vllm, eval_dataset=held_out,
+                             num_generations_eval=3, **EVAL)  # fmt: skip
+    evaluated.train()
+
+    for name, param in plain.model.named_parameters():
+        assert torch.equal(param, evaluated.model.get_parameter(name)), name
+    assert training_logs(plain) == training_logs(evaluated)
+    evals = [log for log in evaluated.state.log_history if "eval_reward" in log]
+    assert [log["step"] for log in evals] == [2, 4, 6]
+    expected = {"eval_reward", "eval_reward_std", "eval_rewards/letters_reward/mean", "eval_rewards/letters_reward/std",
+                "eval_completions/mean_length", "eval_completions/min_length", "eval_completions/max_length",
+                "eval_completions/clipped_ratio", "step", "epoch"}  # fmt: skip
+    assert set(evals[0]) == expected
+    assert evals[0]["eval_reward"] == evals[0]["eval_rewards/letters_reward/mean"]  # one reward function, weight 1
+
+    again = evaluated.evaluate()  # the same policy and seeds: the same completions, so the same metrics
+    assert again == {key: value for key, value in evals[-1].items() if key != "step"}
+
+
+def test_evaluation_scores_exactly_the_completions_it_generates(tmp_path):
+    """The metrics are those of num_generations_eval completions of every held-out prompt, scored by the reward
+    functions: checked by recording what the reward function saw."""
+    seen = []
+
+    def recording(prompts, completions, letters, **kwargs):
+        values = letters_reward(completions, letters)
+        seen.append((list(prompts), values))
+        return values
+
+    held_out = toy_dataset(num_prompts=3, seed=2)
+    trainer = make_trainer(tmp_path, reward_funcs=[recording], eval_dataset=held_out, num_generations_eval=2,
+                           max_steps=1)  # fmt: skip
+    metrics = trainer.evaluate()
+    prompts, values = seen[-1]
+    assert prompts == [p for p in held_out["prompt"] for _ in range(2)]
+    assert metrics["eval_reward"] == pytest.approx(sum(values) / len(values))
+    assert metrics["eval_reward_std"] == pytest.approx(torch.tensor(values).std().item())
+
+
+def test_eval_dataset_of_another_dataset_in_evaluate(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1)
+    metrics = trainer.evaluate(toy_dataset(num_prompts=2, seed=3), metric_key_prefix="holdout")
+    assert {"holdout_reward", "holdout_completions/mean_length"} <= set(metrics)
+    with pytest.raises(ValueError, match="eval_dataset\\['prompt'\\]\\[1\\] is None"):
+        from datasets import Dataset
+
+        trainer.evaluate(Dataset.from_dict({"prompt": ["ab:", None], "letters": ["ab", "ab"]}))
