@@ -46,7 +46,7 @@ def check_reward_funcs(funcs: list, reward_weights: Sequence[float] | None) -> t
             "No reward: pass reward_funcs (callables returning one float per completion) and/or reward_model."
         )
     for i, func in enumerate(funcs):
-        if not callable(func):
+        if not callable(func) and not hasattr(func, "score_inputs"):
             raise TypeError(
                 f"reward_funcs[{i}]={func!r} is not callable; reward functions are called as "
                 "func(prompts=..., completions=..., completion_ids=..., **dataset_columns)."
