@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    make_cwd_importable()
     if argv and argv[0] in train_commands():
         from .scripts import train
         from .trainers import ALGORITHMS
@@ -103,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "checkpoints":
         return list_checkpoints(Path(args.output_dir))
     return 0
+
+
+def make_cwd_importable() -> None:
+    """Let ``--reward_funcs my_module:func`` find ``my_module.py`` in the current directory: ``python -m steadyrl``
+    puts the directory on ``sys.path``, but the ``steadyrl`` console script does not."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def list_checkpoints(output_dir: Path) -> int:

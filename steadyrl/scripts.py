@@ -2,21 +2,28 @@
 
 Arguments are the fields of the algorithm's config class plus ``ScriptArguments``, as flags
 (``transformers.HfArgumentParser``), from a YAML file (``--config cfg.yaml``, or the YAML file as the only
-argument), or both: flags override the file. A run trains ``--model_name_or_path`` on ``--dataset_name``, or
-with ``--toy`` the embedded toy task; anything else is refused before a model is loaded.
+argument), or both: flags override the file. A run trains ``--model_name_or_path`` on ``--dataset_name`` (a Hub
+dataset, or a local file or folder), or with ``--toy`` the embedded toy task; anything else, a local dataset path
+that does not exist included, is refused before a model is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import yaml
 from transformers import HfArgumentParser
 
 from .trainers import OnPolicyConfig, OnPolicyTrainer
+
+# file extension -> the datasets builder that reads it
+LOCAL_DATA_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+ACCEPTED_DATASETS = "a .json, .jsonl, .parquet or .csv file, a folder of data files, or a Hub dataset id (org/name)"
 
 
 @dataclass
@@ -26,17 +33,17 @@ class ScriptArguments:
     )
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "Dataset path or Hub id for datasets.load_dataset, with a 'prompt' column (required with "
-                  "--model_name_or_path)."},
+        metadata={"help": "A Hub dataset id, or a local .json/.jsonl/.parquet/.csv file or folder of data files, "
+                  "with a 'prompt' column of strings or of chat messages (required with --model_name_or_path)."},
     )  # fmt: skip
-    dataset_split: str = field(default="train")
+    dataset_split: str = field(default="train", metadata={"help": "The split to train on (a single file's is train)."})
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "A sequence classifier (num_labels=1) scoring completions, if any."}
     )
     reward_funcs: list[str] = field(
         default_factory=list,
-        metadata={"help": "Reward functions as module:function (TRL's calling convention); with --toy the default "
-                  "is steadyrl.toy:letters_reward."},
+        metadata={"help": "Reward functions as module:function or path/to/file.py:function (TRL's calling "
+                  "convention); with --toy the default is steadyrl.toy:letters_reward."},
     )  # fmt: skip
     toy: bool = field(
         default=False,
@@ -75,7 +82,8 @@ def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[Scrip
 
 
 def missing_or_conflicting_inputs(script: ScriptArguments) -> str | None:
-    """What is wrong with the choice of model and dataset, if anything: it is ``--toy``, or a model and a dataset."""
+    """What is wrong with the choice of model and dataset, if anything: it is ``--toy``, or a model and a dataset
+    (a local dataset path must exist and be of a readable type)."""
     if script.toy:
         own = {"--model_name_or_path": script.model_name_or_path, "--dataset_name": script.dataset_name}
         given = " and ".join(flag for flag, value in own.items() if value)
@@ -88,7 +96,32 @@ def missing_or_conflicting_inputs(script: ScriptArguments) -> str | None:
     elif not script.dataset_name:
         return ("--dataset_name is required with --model_name_or_path: give a dataset path or Hub id "
                 "with a 'prompt' column.")  # fmt: skip
+    else:
+        return local_dataset_problem(script.dataset_name)
     return None
+
+
+def local_dataset_problem(name: str) -> str | None:
+    """What is wrong with ``--dataset_name`` as a local path, if it is meant as one: a file of a type that cannot be
+    read, or a path that does not exist (a Hub id is ``name`` or ``org/name``, without a data file extension)."""
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix.lower() not in LOCAL_DATA_FORMATS:
+        return f"--dataset_name {name}: cannot read {path.suffix or 'extensionless'} files. Give {ACCEPTED_DATASETS}."
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or path.suffix.lower() in LOCAL_DATA_FORMATS
+    if looks_local and not path.exists():
+        return f"--dataset_name {name}: no such file or folder. Give {ACCEPTED_DATASETS}."
+    return None
+
+
+def load_prompt_dataset(name: str, split: str = "train"):
+    """``--dataset_name`` as a ``datasets.Dataset``: a .json/.jsonl/.parquet/.csv file (whose only split is
+    "train"), a folder of data files, or a Hub dataset id. Plain or conversational prompts alike."""
+    from datasets import load_dataset
+
+    path = Path(name).expanduser()
+    if path.is_file():
+        return load_dataset(LOCAL_DATA_FORMATS[path.suffix.lower()], data_files=str(path), split=split)
+    return load_dataset(str(path) if path.is_dir() else name, split=split)
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -114,12 +147,23 @@ def _read_yaml(path: str) -> dict:
 
 
 def load_reward_func(spec: str):
-    """``module:function`` (or ``module.function``) -> the function."""
-    module_name, _, name = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    """``module:function``, ``path/to/file.py:function`` (or ``module.function``) -> the function."""
+    source, _, name = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
     try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise SystemExit(f"--reward_funcs {spec!r}: cannot import it ({err}); use module:function") from err
+        module = _module_from_file(source) if source.endswith(".py") else importlib.import_module(source)
+        return getattr(module, name)
+    except (ImportError, AttributeError, ValueError, OSError) as err:
+        raise SystemExit(
+            f"--reward_funcs {spec!r}: cannot import it ({err}); use module:function or path/to/file.py:function"
+        ) from err
+
+
+def _module_from_file(path: str):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look a class's module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def train(
@@ -134,18 +178,16 @@ def train(
     ``trainer_kwargs`` go to the trainer (e.g. ``judge=``); ``--reward_funcs`` replaces their ``reward_funcs``.
     """
     script, config = parse(config_class, sys.argv[1:] if argv is None else argv, prog)
+    if script.reward_funcs:
+        trainer_kwargs["reward_funcs"] = [load_reward_func(spec) for spec in script.reward_funcs]
     if script.toy:
         from .toy import letters_reward, toy_dataset, toy_model_path
 
         model, dataset = toy_model_path(), toy_dataset()
         trainer_kwargs.setdefault("reward_funcs", [letters_reward])
     else:
-        from datasets import load_dataset
-
         model = script.model_name_or_path
-        dataset = load_dataset(script.dataset_name, split=script.dataset_split)
-    if script.reward_funcs:
-        trainer_kwargs["reward_funcs"] = [load_reward_func(spec) for spec in script.reward_funcs]
+        dataset = load_prompt_dataset(script.dataset_name, script.dataset_split)
     trainer = trainer_class(
         model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
         **trainer_kwargs,

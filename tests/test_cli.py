@@ -1,10 +1,16 @@
 """The ``steadyrl`` command line: training from a YAML file plus flags, listing checkpoints, exporting.
 Commands run in-process through ``steadyrl.cli.main`` (``python -m steadyrl`` is the same function)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import ROOT
+from datasets import Dataset
 
 from steadyrl.cli import main
+from steadyrl.scripts import load_prompt_dataset
+from steadyrl.toy import chat_dataset, toy_dataset
 
 
 def steadyrl(capsys, *args):
@@ -88,3 +94,74 @@ def test_demo_trains_the_toy_task(tmp_path, toy_path, capsys):
 def test_help_describes_each_command(capsys, args, expected):
     code, output = steadyrl(capsys, *args)
     assert code == 0 and all(text in output for text in expected), output
+
+
+REWARD_FILE = """
+from pathlib import Path
+
+
+def {name}(completions, letters, **kwargs):
+    Path(__file__).with_suffix(".called").touch()
+    return [sum(ch in word for ch in completion) / 4 for completion, word in zip(completions, letters)]
+"""
+SMALL_RUN = ["--max_steps", 2, "--save_steps", 2, "--rollout_batch_size", 4, "--n_samples_per_prompt", 2,
+             "--train_batch_size", 4, "--micro_train_batch_size", 4, "--micro_rollout_batch_size", 8,
+             "--max_completion_length", 4, "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+
+
+def write_dataset(dataset, path: Path) -> Path:
+    writers = {".jsonl": dataset.to_json, ".parquet": dataset.to_parquet, ".csv": dataset.to_csv}
+    writers[path.suffix](str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    "data_file, reward_from",
+    [("prompts.jsonl", "file"), ("prompts.parquet", "module in the cwd"), ("prompts.csv", "file")],
+)
+def test_trains_on_a_local_data_file_with_a_reward_function_from_a_file_or_the_cwd(
+    tmp_path, toy_path, capsys, monkeypatch, data_file, reward_from
+):
+    data = write_dataset(toy_dataset(num_prompts=16), tmp_path / "data" / data_file)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "cwd_rewards.py").write_text(REWARD_FILE.format(name="letters_seen"))
+    if reward_from == "file":
+        spec = f"{work / 'cwd_rewards.py'}:letters_seen"
+    else:  # importable only because the command puts the current directory on sys.path
+        monkeypatch.chdir(work)
+        monkeypatch.setattr(sys, "path", list(sys.path))  # undo the command's change after the test
+        monkeypatch.delitem(sys.modules, "cwd_rewards", raising=False)
+        spec = "cwd_rewards:letters_seen"
+    out = tmp_path / "out"
+    code, output = steadyrl(capsys, "rloo", "--model_name_or_path", toy_path, "--dataset_name", data,
+                            "--reward_funcs", spec, "--output_dir", out, *SMALL_RUN)  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert (out / "checkpoint-2").is_dir() and (out / "actor" / "model.safetensors").is_file()
+    assert (work / "cwd_rewards.called").is_file()
+
+
+def test_local_datasets_load_plain_or_conversational_from_a_file_or_folder(tmp_path):
+    chat = write_dataset(chat_dataset("eval"), tmp_path / "chat.jsonl")
+    dataset = load_prompt_dataset(str(chat))
+    assert isinstance(dataset, Dataset) and len(dataset) == 16
+    assert dataset[0]["prompt"][-1]["role"] == "user" and isinstance(dataset[0]["prompt"][-1]["content"], str)
+    folder = tmp_path / "folder"
+    write_dataset(toy_dataset(num_prompts=8), folder / "train.jsonl")
+    write_dataset(toy_dataset(num_prompts=4, seed=1), folder / "test.jsonl")
+    assert len(load_prompt_dataset(str(folder), "test")) == 4
+    assert load_prompt_dataset(str(folder))["prompt"] == toy_dataset(num_prompts=8)["prompt"]
+
+
+def test_bad_local_dataset_or_reward_file_names_it_before_loading_a_model(tmp_path, toy_path, capsys):
+    (tmp_path / "notes.txt").write_text("abc:\n")
+    run = ["rloo", "--model_name_or_path", toy_path, "--output_dir", tmp_path / "out"]
+    for dataset, problem in [(tmp_path / "missing.jsonl", "no such file or folder"),
+                             (tmp_path / "notes.txt", "cannot read .txt files")]:  # fmt: skip
+        code, output = steadyrl(capsys, *run, "--dataset_name", dataset)
+        assert code == 2 and f"--dataset_name {dataset}: {problem}. Give a .json, .jsonl, .parquet" in output, output
+    data = write_dataset(toy_dataset(num_prompts=8), tmp_path / "prompts.csv")
+    for spec in [f"{tmp_path / 'missing.py'}:score", "steadyrl.toy:no_such_reward"]:
+        code, output = steadyrl(capsys, *run, "--dataset_name", data, "--reward_funcs", spec)
+        assert isinstance(code, str) and code.startswith(f"--reward_funcs {spec!r}: cannot import it ("), code
+    assert not (tmp_path / "out").exists()

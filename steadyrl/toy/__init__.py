@@ -1,8 +1,17 @@
-"""The embedded toy task (``task``), its reward model (``reward_model``) and the demo (``demo``).
+"""The embedded toy task (``task``), its reward model (``reward_model``), the demo (``demo``), and a tiny chat model
+with a conversational dataset (``chat``).
 
 Tests, benchmarks, the demo and ``steadyrl <algorithm> --toy`` use it; the trainers never import it.
 """
 
+from .chat import (
+    ANSWER_LENGTH,
+    CHAT_TEMPLATE,
+    build_chat_tokenizer,
+    chat_dataset,
+    chat_model_path,
+    letters_in_answer,
+)
 from .reward_model import toy_reward_model_path
 from .task import (
     CHARACTERS,
@@ -18,13 +27,19 @@ from .task import (
 )
 
 __all__ = [
+    "ANSWER_LENGTH",
+    "CHAT_TEMPLATE",
     "CHARACTERS",
     "COMPLETION_LENGTH",
     "NUM_PROMPTS",
     "build_cached",
+    "build_chat_tokenizer",
     "build_model",
     "build_tokenizer",
     "cache_dir",
+    "chat_dataset",
+    "chat_model_path",
+    "letters_in_answer",
     "letters_reward",
     "toy_dataset",
     "toy_model_path",
