@@ -117,3 +117,16 @@ def test_masked_whiten_uses_completion_tokens_only():
     whitened = masked_whiten(values, torch.tensor([[1, 1, 0]]))
     # mean 2, unbiased variance 2 over the two real tokens; padding is zeroed
     torch.testing.assert_close(whitened, torch.tensor([[-(0.5**0.5), 0.5**0.5, 0.0]]), atol=1e-6, rtol=0)
+
+
+def test_clip_higher_lets_the_ratio_grow_further_than_it_may_shrink():
+    # ratio 1.25 with A=+1: clipped at 1.2 symmetric (gradient 0), free under epsilon_high=0.28 (gradient -r/1)
+    new = torch.log(torch.tensor([[1.25]])).requires_grad_(True)
+    loss, metrics = clipped_policy_loss(new, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.28)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.25) and metrics["clip_ratio"] == 0
+    assert new.grad.item() == pytest.approx(-1.25)
+    # ratio 0.75 with A=-1 is clipped at 1 - 0.2 whatever epsilon_high is
+    loss, _ = clipped_policy_loss(torch.log(torch.tensor([[0.75]])), torch.zeros(1, 1), -torch.ones(1, 1),
+                                  torch.ones(1, 1), 0.2, 0.28)  # fmt: skip
+    assert loss.item() == pytest.approx(0.8)

@@ -14,12 +14,15 @@ def clipped_policy_loss(
     advantages: torch.Tensor,  # [B, C] or [B, 1]
     mask: torch.Tensor,  # [B, C]
     cliprange: float,
+    cliprange_high: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate: mean over tokens of max(-A r, -A clip(r, 1 - eps, 1 + eps)), r = pi / pi_old."""
+    """PPO's clipped surrogate: mean over tokens of max(-A r, -A clip(r, 1 - eps, 1 + eps_high)), r = pi / pi_old;
+    ``cliprange_high`` (DAPO's clip-higher, TRL's ``epsilon_high``) defaults to ``cliprange``."""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)
+    high = cliprange if cliprange_high is None else cliprange_high
+    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + high)
     loss = masked_mean(torch.max(unclipped, clipped), mask)
     metrics = {
         "clip_ratio": masked_mean((clipped > unclipped).float(), mask).item(),
