@@ -129,3 +129,31 @@ def test_the_model_card_lists_metrics_the_trainer_logs(uninterrupted, algorithm)
     card = final_metrics(list(read_logs(uninterrupted).values()))
     own = {"rloo": {"rlhf_reward"}, "ppo": {"rlhf_reward", "score"}, "online-dpo": {"rewards/accuracies"}}
     assert set(card) == {"reward", "reward_std", "kl", "loss"} | own[algorithm], card
+
+
+@pytest.mark.parametrize("algorithm", ["rloo"], indirect=True)
+def test_a_checkpoint_of_the_previous_state_format_resumes_exactly(uninterrupted, tmp_path, algorithm):
+    """Format 2 (the version before log_completions) had no per-function scores or logged flag in its buffer."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from toy_run import make_trainer
+
+    from steadyrl.checkpoint.files import write_manifest
+
+    checkpoint = tmp_path / "checkpoint-6"  # mid-rollout: it holds a buffer
+    shutil.copytree(uninterrupted / "checkpoint-6", checkpoint)
+    tensors = load_file(checkpoint / "rollout_buffer_0.safetensors")
+    del tensors["reward_scores"]
+    save_file(tensors, checkpoint / "rollout_buffer_0.safetensors")
+    meta = json.loads((checkpoint / "rollout_buffer_0.json").read_text())
+    del meta["completions_logged"]
+    (checkpoint / "rollout_buffer_0.json").write_text(json.dumps(meta))
+    state = checkpoint / "steadyrl_state.json"
+    state.write_text(state.read_text().replace('"format": 3', '"format": 2'))
+    write_manifest(checkpoint, 6)
+    trainer = make_trainer(tmp_path, algorithm=algorithm)
+    trainer.train(resume_from_checkpoint=True)
+    trainer.save_model(str(tmp_path / "final-actor"))
+    expected = (uninterrupted / "final-actor" / "model.safetensors").read_bytes()
+    assert (tmp_path / "final-actor" / "model.safetensors").read_bytes() == expected
