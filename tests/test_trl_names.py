@@ -163,6 +163,23 @@ def test_resolution_over_several_processes():
     assert three.micro_rollout_batch_size == 4, "the largest divisor up to 8 of each process's 4 samples"
 
 
+@pytest.mark.parametrize(
+    "given, world, completions_per_item, micro",
+    [
+        (dict(train_batch_size=48), 1, 1, 8),  # the largest divisor of 48 up to 8
+        (dict(train_batch_size=12), 1, 1, 6),
+        (dict(train_batch_size=12), 2, 1, 6),  # 6 of the 12 per process
+        (dict(train_batch_size=16, gradient_accumulation_steps=4), 1, 1, 4),  # exactly the share
+        (dict(train_batch_size=8, rollout_batch_size=4), 1, 2, 8),  # online DPO: up to 16, even
+        (dict(train_batch_size=12, rollout_batch_size=6), 1, 2, 12),
+        (dict(), 1, 2, 16),  # online DPO's default: TRL's 8 prompts per device
+    ],
+)
+def test_micro_batch_follows_a_given_train_batch_size(given, world, completions_per_item, micro):
+    hierarchy = resolve_batch_hierarchy(BatchSettings(**given), 2, world, completions_per_item)
+    assert hierarchy.micro_train_batch_size == micro
+
+
 def test_a_resolved_config_is_accepted_again(tmp_path):
     for config_class, settings in [
         (RLOOConfig, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, steps_per_generation=4)),

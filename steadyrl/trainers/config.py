@@ -63,7 +63,8 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         train_batch_size: samples per optimizer step, i.e. per global step (global); default
             micro_train_batch_size x processes x gradient_accumulation_steps.
         micro_train_batch_size: samples per device per forward/backward (TRL: ``per_device_train_batch_size``);
-            default 8.
+            default 8 or, with ``train_batch_size`` given, the largest divisor of its share per process up to 8 (with
+            ``gradient_accumulation_steps`` given too, exactly that share / gradient_accumulation_steps).
         gradient_accumulation_steps: train_batch_size / (micro_train_batch_size x processes): derived when
             ``train_batch_size`` is given, else 1 by default.
         num_ppo_epochs: passes over each rollout (TRL: ``num_iterations``); default 1. One rollout gives
@@ -129,7 +130,8 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     )  # fmt: skip
     micro_train_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8."},
+        metadata={"help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8, "
+                  "or derived from train_batch_size if that is given."},
     )
     num_ppo_epochs: int | None = field(
         default=None, metadata={"help": "Passes over each rollout (TRL: num_iterations); default 1."}
@@ -302,7 +304,7 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         return math.ceil(self.num_train_epochs * num_prompts / self.rollout_batch_size) * self.steps_per_rollout
 
     def _check_ranges(self) -> None:
-        for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: when resolved
+        for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
             check_positive_int(name, getattr(self, name))
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} is invalid: it must be > 0.")

@@ -311,12 +311,16 @@ def resolve_batch_hierarchy(
         check_positive_int(name, value)
     check_positive_int(n_name, n)
 
-    micro = _micro_batch(given, completions_per_item)
+    micro = _micro_batch(given, completions_per_item, world)
     per_step = micro * world
     accumulation_given = given.gradient_accumulation_steps
     train = given.train_batch_size or per_step * (accumulation_given or 1)
     samples, origin = _samples_per_rollout(given, n, n_name, micro, world, train)
-    _check_whole_groups(given, samples, origin, n, n_name, train, per_step)
+    micro_given = given.micro_train_batch_size is not None or given.per_device_train_batch_size is not None
+    train_step = (
+        per_step if micro_given else world * completions_per_item
+    )  # what train_batch_size must be a multiple of
+    _check_whole_groups(given, samples, origin, n, n_name, train, per_step, train_step)
     _check_whole_steps(given, samples, origin, n, train, micro, world)
     accumulation = train // per_step
     if accumulation_given is not None and accumulation_given != accumulation:
@@ -339,7 +343,10 @@ def resolve_batch_hierarchy(
     )  # fmt: skip
 
 
-def _micro_batch(given: BatchSettings, completions_per_item: int) -> int:
+def _micro_batch(given: BatchSettings, completions_per_item: int, world: int) -> int:
+    """Given by either name; else derived from ``train_batch_size`` if given (the largest micro-batch up to the
+    default that divides it, or exactly its share with ``gradient_accumulation_steps``); else the default, 8
+    completions (online DPO: 8 prompts)."""
     own, trl = given.micro_train_batch_size, given.per_device_train_batch_size
     from_trl = None if trl is None else trl * completions_per_item
     if own is not None and from_trl is not None and own != from_trl:
@@ -353,7 +360,16 @@ def _micro_batch(given: BatchSettings, completions_per_item: int) -> int:
             f"per_device_train_batch_size counts prompts ({completions_per_item} completions each), so it sets "
             f"micro_train_batch_size={from_trl}; give one of them."
         )
-    return own or from_trl or DEFAULT_MICRO_BATCH * completions_per_item
+    default = DEFAULT_MICRO_BATCH * completions_per_item
+    train, accumulation = given.train_batch_size, given.gradient_accumulation_steps
+    if own is not None or from_trl is not None or train is None or train % world:
+        return own or from_trl or default
+    share = train // world
+    if accumulation is not None:
+        exact = share % accumulation == 0 and (share // accumulation) % completions_per_item == 0
+        return share // accumulation if exact else default
+    fitting = [d for d in divisors(share) if d <= default and d % completions_per_item == 0]
+    return max(fitting) if fitting else default
 
 
 def _samples_per_rollout(given: BatchSettings, n: int, n_name: str, micro: int, world: int, train: int):
@@ -392,7 +408,9 @@ def _train_term(given: BatchSettings, micro: int, world: int, train: int) -> str
     return f"micro_train_batch_size={micro} x {world} process(es) x gradient_accumulation_steps={accumulation}"
 
 
-def _check_whole_groups(given, samples: int, origin: str, n: int, n_name: str, train: int, per_step: int) -> None:
+def _check_whole_groups(
+    given, samples: int, origin: str, n: int, n_name: str, train: int, per_step: int, train_step: int
+) -> None:
     """A rollout holds whole groups of ``n`` completions per prompt."""
     if samples % n == 0:
         return
@@ -402,7 +420,7 @@ def _check_whole_groups(given, samples: int, origin: str, n: int, n_name: str, t
         step = math.lcm(n, train, per_step) // per_step
         fix = f"a steps_per_generation in {_multiples(step, given.steps_per_generation)}"
     elif given.train_batch_size is not None:
-        fix = f"a train_batch_size in {_multiples(math.lcm(n, per_step), train)}, or set rollout_batch_size"
+        fix = f"a train_batch_size in {_multiples(math.lcm(n, train_step), train)}, or set rollout_batch_size"
     else:
         accumulation = math.lcm(n, per_step) // per_step
         fix = f"gradient_accumulation_steps={accumulation}, or set rollout_batch_size or generation_batch_size"
