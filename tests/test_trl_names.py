@@ -344,7 +344,8 @@ def test_dict_fields_take_json_from_the_command_line(tmp_path):
     assert config.generation_kwargs == {"suppress_tokens": [0]}
     assert config.chat_template_kwargs == {"enable_thinking": False}
     _, error = build(RLOOConfig, tmp_path, generation_kwargs="{bad json")
-    assert error.startswith("generation_kwargs is invalid: give a dict, or on the command line a JSON object")
+    assert error.startswith("generation_kwargs='{bad json' is invalid: give a dict, or on the command line a JSON")
+    assert build(RLOOConfig, tmp_path, model_init_kwargs="[1]")[1].startswith("model_init_kwargs='[1]' is invalid")
 
 
 @pytest.mark.parametrize(

@@ -230,14 +230,17 @@ def resolve_max_prompt_length(max_prompt_length: int | None, max_length: int | N
 
 def parse_dict_field(name: str, value: Any, example: str) -> dict | None:
     """A dict or ``None``; a JSON object given as a string (the command line) is parsed."""
+    parsed = value
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            parsed = json.loads(value)
         except ValueError:
-            value = ...  # not JSON: refused below with the original text
-    if value is None or isinstance(value, dict):
-        return value
-    raise ValueError(f"{name} is invalid: give a dict, or on the command line a JSON object such as '{example}'.")
+            pass  # not JSON: refused below
+    if parsed is None or isinstance(parsed, dict):
+        return parsed
+    raise ValueError(
+        f"{name}={value!r} is invalid: give a dict, or on the command line a JSON object such as '{example}'."
+    )
 
 
 # ---- the batch hierarchy --------------------------------------------------------------------------------------------
