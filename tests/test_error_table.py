@@ -207,6 +207,59 @@ def _(ctx):
     make_config(ctx.tmp_path, eval_strategy="epoch")
 
 
+# TRL names: a config built with TRL's argument names. make_config's toy settings use steadyrl's names, so a TRL name
+# there contradicts them; UNSET_BATCH leaves the batch sizes to TRL's names alone.
+
+UNSET_BATCH = dict(rollout_batch_size=None, train_batch_size=None, micro_train_batch_size=None)
+
+
+def config_error(row_id: str, algorithm: str = "rloo", **settings) -> None:
+    """A row whose error is raised by building the toy run's config for ``algorithm`` with ``settings``."""
+    trigger(row_id)(lambda ctx: make_config(ctx.tmp_path, algorithm, **settings))
+
+
+config_error("trl-num-generations", num_generations=4)
+config_error("trl-per-device", per_device_train_batch_size=4)
+config_error("trl-per-device-dpo", "online-dpo", per_device_train_batch_size=2)
+config_error("trl-generation-batch", generation_batch_size=16)
+config_error("trl-steps-per-generation", steps_per_generation=2)
+config_error("trl-generation-and-steps", **UNSET_BATCH, generation_batch_size=16, steps_per_generation=1)
+config_error("trl-num-iterations", num_iterations=1)
+config_error("trl-epsilon", cliprange=0.2, epsilon=0.1)
+config_error("trl-epsilon-high", cliprange_high=0.3, epsilon_high=0.28)
+config_error("trl-vllm-max-model-length", vllm_max_model_len=1024, vllm_max_model_length=2048)
+config_error("trl-max-new-tokens", "online-dpo", max_new_tokens=16)
+config_error("trl-max-length", "online-dpo", max_prompt_length=512, max_length=100)
+config_error("trl-max-length-short", "online-dpo", max_length=8)
+config_error("trl-whole-groups", **UNSET_BATCH, generation_batch_size=5)
+config_error("trl-whole-steps", **UNSET_BATCH, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+             steps_per_generation=3)  # fmt: skip
+
+# TRL fields for what steadyrl does not do, each set to something else than TRL's default
+UNSUPPORTED_VALUES = {
+    "vllm_mode": "server",
+    "vllm_server_base_url": "http://localhost:8000",
+    "vllm_server_host": "10.0.0.1",
+    "vllm_server_port": 8001,
+    "vllm_server_timeout": 60.0,
+    "vllm_group_port": 51217,
+    "vllm_model_impl": "transformers",
+    "vllm_structured_outputs_regex": "[0-9]+",
+    "ds3_gather_for_generation": False,
+    "router_aux_loss_coef": 0.001,
+    "pad_to_multiple_of": 64,
+    "sync_ref_model": True,
+    "ref_model_mixup_alpha": 0.9,
+    "ref_model_sync_steps": 64,
+    "log_unique_prompts": True,
+    "use_transformers_continuous_batching": True,
+    "transformers_continuous_batching_config": {"max_batch_tokens": 512},
+    "use_transformers_paged": True,
+}
+for name, value in UNSUPPORTED_VALUES.items():
+    config_error(f"trl-{name.replace('_', '-')}", **{name: value})
+
+
 # data
 
 

@@ -4,49 +4,91 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 from transformers.utils import logging
 
+from .trl_names import (
+    SYNONYMS,
+    UNSUPPORTED,
+    BatchHierarchy,
+    BatchSettings,
+    TRLNames,
+    check_positive_int,
+    command_line_value,
+    given_name,
+    parse_dict_field,
+    refuse_unsupported,
+    resolve_batch_hierarchy,
+    resolve_synonym,
+)
+
 logger = logging.get_logger(__name__)
 
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+DEFAULT_MAX_PROMPT_LENGTH = 512
+DEFAULT_MAX_COMPLETION_LENGTH = 64
+DICT_FIELDS = {  # field -> an example for the command line
+    "generation_kwargs": '{"suppress_tokens": [0]}',
+    "chat_template_kwargs": '{"enable_thinking": false}',
+    "model_init_kwargs": '{"dtype": "bfloat16"}',
+}
 
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _closest(values: list[int], target: int, k: int = 3) -> str:
-    picked = sorted(sorted(values, key=lambda v: (abs(v - target), v))[:k])
-    return ", ".join(str(v) for v in picked)
-
-
 @dataclass
-class OnPolicyConfig(TrainingArguments):
+class OnPolicyConfig(TRLNames, TrainingArguments):
     r"""Configuration shared by steadyrl's on-policy trainers: ``TrainingArguments`` plus the batch hierarchy,
     generation, KL and vLLM settings. Every division of the batch hierarchy must be exact; a configuration that
     does not divide is refused here, with the numbers and valid alternatives.
 
+    TRL's names are accepted too (see "Coming from TRL" in the README): ``per_device_train_batch_size``,
+    ``gradient_accumulation_steps``, ``generation_batch_size``, ``steps_per_generation``, ``num_generations``,
+    ``num_iterations``, ``epsilon``, ``epsilon_high`` and ``vllm_max_model_length`` resolve onto the fields below;
+    giving both names of one setting with different values is refused. TRL fields for what steadyrl does not do
+    (``vllm_mode='server'``, ``sync_ref_model``, ...) are refused unless left at TRL's default.
+
     Args:
-        rollout_batch_size: prompts generated per rollout (global).
-        n_samples_per_prompt: completions per prompt.
-        micro_rollout_batch_size: samples per device in one generation or scoring forward pass.
-        train_batch_size: samples per optimizer step, i.e. per global step (global).
-        micro_train_batch_size: samples per device per forward/backward; overrides ``per_device_train_batch_size``.
-            ``gradient_accumulation_steps`` is derived: train_batch_size / (micro_train_batch_size x processes).
-        num_ppo_epochs: passes over each rollout. One rollout gives
+        rollout_batch_size: prompts generated per rollout (global). Default: ``train_batch_size /
+            n_samples_per_prompt``, one rollout per optimizer step (TRL's default).
+        n_samples_per_prompt: completions per prompt (TRL: ``num_generations``); default 4.
+        micro_rollout_batch_size: samples per device in one generation or scoring forward pass; default the largest
+            divisor, up to 8, of the samples each process generates per rollout.
+        train_batch_size: samples per optimizer step, i.e. per global step (global); default
+            micro_train_batch_size x processes x gradient_accumulation_steps.
+        micro_train_batch_size: samples per device per forward/backward (TRL: ``per_device_train_batch_size``);
+            default 8 or, with ``train_batch_size`` given, the largest divisor of its share per process up to 8 (with
+            ``gradient_accumulation_steps`` given too, exactly that share / gradient_accumulation_steps).
+        gradient_accumulation_steps: train_batch_size / (micro_train_batch_size x processes): derived when
+            ``train_batch_size`` is given, else 1 by default.
+        num_ppo_epochs: passes over each rollout (TRL: ``num_iterations``); default 1. One rollout gives
             rollout_batch_size x n_samples_per_prompt / train_batch_size x num_ppo_epochs global steps.
-        max_prompt_length: prompts are truncated on the left to this many tokens.
-        max_completion_length: most tokens generated per completion.
-        temperature, top_p, top_k: sampling settings (top_k 0: no top-k).
+        max_prompt_length: prompts are truncated on the left to this many tokens; default 512.
+        max_completion_length: most tokens generated per completion; default 64.
+        temperature, top_p, top_k, min_p, repetition_penalty: sampling settings (top_k 0: no top-k; min_p None:
+            none), as in TRL.
+        generation_kwargs: more keyword arguments for generation (``GenerationConfig``, or vLLM's ``SamplingParams``);
+            they override the settings above. chat_template_kwargs: keyword arguments for ``apply_chat_template``.
+            cache_implementation: transformers' KV cache for generation without vLLM.
+        model_init_kwargs: keyword arguments for ``from_pretrained`` when a model is given by name, e.g.
+            ``{"dtype": "bfloat16"}``; trust_remote_code: allow models and tokenizers with custom code.
+            The three dict fields also take a JSON object as a string (the command line).
+        disable_dropout: disable dropout in the trained and reference models.
+        shuffle_dataset: shuffle the prompts; remove_unused_columns: keep only the ``prompt`` column (default False,
+            as in TRL, so that every column reaches the reward functions).
+        mask_truncated_completions: leave completions that end without EOS out of the loss.
+        num_generations_eval: completions per prompt in evaluation (default ``n_samples_per_prompt``).
+        log_completions, num_completions_to_print: log a sample of prompts and completions every logging step;
+            log_multimodal: accepted for TRL's sake, without effect (no multimodal data).
         beta: KL penalty coefficient against the reference model.
-        cliprange: clipping range of the importance ratio.
+        cliprange: clipping range of the importance ratio (TRL: ``epsilon``); default 0.2. cliprange_high: its
+            upper bound, ratio <= 1 + cliprange_high (TRL: ``epsilon_high``); default ``cliprange``.
         reward_weights: one weight per reward function (then the reward model); all 1.0 if unset.
         missing_eos_penalty: subtracted from the score of a completion that ends without EOS.
         ref_reward_offload: keep the reference and reward models in CPU memory between rollouts.
@@ -54,8 +96,8 @@ class OnPolicyConfig(TrainingArguments):
         stop_on_signal: on SIGTERM / SIGINT finish the step, checkpoint and exit with status 0.
         hub_push_merged: with ``peft_config`` and ``push_to_hub``, push the adapters merged into the base model.
         use_vllm: generate with an in-process vLLM engine; ``vllm_gpu_memory_utilization``,
-            ``vllm_max_model_len``, ``vllm_tensor_parallel_size``, ``vllm_dtype``, ``vllm_enable_sleep_mode`` and
-            ``vllm_kv_cache_space`` (GiB, CPU) configure it.
+            ``vllm_max_model_len`` (TRL: ``vllm_max_model_length``), ``vllm_tensor_parallel_size``, ``vllm_dtype``,
+            ``vllm_enable_sleep_mode`` and ``vllm_kv_cache_space`` (GiB, CPU) configure it.
         learning_rate, logging_steps, save_steps, ...: as in ``TrainingArguments``, counted in global steps
             (``learning_rate`` defaults to 1e-6 and ``logging_steps`` to 1 here).
 
@@ -63,26 +105,103 @@ class OnPolicyConfig(TrainingArguments):
 
         OnPolicyConfig(output_dir="out", rollout_batch_size=64, n_samples_per_prompt=4,  # 256 samples a rollout
                        train_batch_size=64, micro_train_batch_size=8, save_steps=100)  # 4 global steps a rollout
+        OnPolicyConfig(output_dir="out", per_device_train_batch_size=8, gradient_accumulation_steps=8,  # TRL's names:
+                       steps_per_generation=32, num_generations=4)  # the same hierarchy on one process
     """
 
-    rollout_batch_size: int = field(default=8, metadata={"help": "Prompts per rollout (global)."})
-    n_samples_per_prompt: int = field(default=4, metadata={"help": "Completions generated per prompt."})
-    micro_rollout_batch_size: int = field(
-        default=8, metadata={"help": "Samples per device in one generation or scoring forward pass."}
+    _default_samples_per_prompt = 4
+    _completions_per_item = 1  # completions per unit of per_device_train_batch_size (online DPO: 2, a pair)
+
+    rollout_batch_size: int | None = field(
+        default=None, metadata={"help": "Prompts per rollout (global); default one rollout per optimizer step."}
     )
-    train_batch_size: int = field(default=16, metadata={"help": "Samples per optimizer step (global)."})
+    n_samples_per_prompt: int | None = field(
+        default=None, metadata={"help": "Completions generated per prompt (TRL: num_generations); default 4."}
+    )
+    micro_rollout_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Samples per device in one generation or scoring forward pass; default the largest "
+                  "divisor, up to 8, of each process's samples per rollout."},
+    )  # fmt: skip
+    train_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Samples per optimizer step (global); default micro_train_batch_size x processes x "
+                  "gradient_accumulation_steps."},
+    )  # fmt: skip
     micro_train_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Samples per device per forward/backward; overrides per_device_train_batch_size."},
+        metadata={"help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8, "
+                  "or derived from train_batch_size if that is given."},
     )
-    num_ppo_epochs: int = field(default=1, metadata={"help": "Passes over each rollout."})
-    max_prompt_length: int = field(default=512, metadata={"help": "Prompts are truncated on the left to this."})
-    max_completion_length: int = field(default=64, metadata={"help": "Maximum generated tokens per completion."})
+    num_ppo_epochs: int | None = field(
+        default=None, metadata={"help": "Passes over each rollout (TRL: num_iterations); default 1."}
+    )
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Prompts are truncated on the left to this; default 512."}
+    )
+    max_completion_length: int | None = field(
+        default=None, metadata={"help": "Maximum generated tokens per completion; default 64."}
+    )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (> 0)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass, in (0, 1]."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
+    min_p: float | None = field(
+        default=None, metadata={"help": "Min-p sampling, in [0, 1]: drop tokens below min_p x the top probability."}
+    )
+    repetition_penalty: float = field(
+        default=1.0, metadata={"help": "> 1 discourages tokens already in the prompt or completion; 1 is none."}
+    )
+    generation_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "More keyword arguments for generation (GenerationConfig, or vLLM's SamplingParams), "
+                  "overriding the settings above; a JSON object on the command line."},
+    )  # fmt: skip
+    chat_template_kwargs: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": "Keyword arguments for apply_chat_template; a JSON object on the command line."}
+    )
+    cache_implementation: str | None = field(
+        default=None, metadata={"help": "transformers' KV cache implementation for generation without vLLM."}
+    )
+    model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments for from_pretrained when a model is given by name, e.g. "
+                  "'{\"dtype\": \"bfloat16\"}'."},
+    )  # fmt: skip
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow models and tokenizers that ship custom code from the Hub."}
+    )
+    disable_dropout: bool = field(
+        default=False, metadata={"help": "Disable dropout in the trained and reference models."}
+    )
+    shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the prompts."})
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Keep only the 'prompt' column; False (as in TRL) passes every column to the reward "
+                  "functions."},
+    )  # fmt: skip
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Leave completions that end without EOS out of the loss."}
+    )
+    num_generations_eval: int | None = field(
+        default=None, metadata={"help": "Completions per prompt in evaluation; default n_samples_per_prompt."}
+    )
+    log_completions: bool = field(
+        default=False, metadata={"help": "Log a sample of prompts and completions every logging step."}
+    )
+    num_completions_to_print: int | None = field(
+        default=None, metadata={"help": "How many completions log_completions prints; all if unset."}
+    )
+    log_multimodal: bool = field(
+        default=True, metadata={"help": "Accepted for TRL's sake; no effect (steadyrl has no multimodal data)."}
+    )
     beta: float = field(default=0.05, metadata={"help": "KL penalty coefficient against the reference model."})
-    cliprange: float = field(default=0.2, metadata={"help": "Clipping range of the importance ratio."})
+    cliprange: float | None = field(
+        default=None, metadata={"help": "Clipping range of the importance ratio (TRL: epsilon); default 0.2."}
+    )
+    cliprange_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clipping bound: ratio <= 1 + cliprange_high (TRL: epsilon_high); default cliprange."},
+    )
     reward_weights: list[float] | None = field(
         default=None, metadata={"help": "One weight per reward function; all 1.0 if unset."}
     )
@@ -94,20 +213,6 @@ class OnPolicyConfig(TrainingArguments):
         metadata={"help": "With peft_config and push_to_hub: push the adapters merged into the base model (a full "
                   "model) instead of the adapters alone."},
     )  # fmt: skip
-    log_completions: bool = field(
-        default=False,
-        metadata={"help": "At each logging step, print, log to report_to and append to output_dir/completions.jsonl "
-                  "the completions of the latest rollout with their prompts, rewards and advantages."},
-    )  # fmt: skip
-    num_completions_to_print: int | None = field(
-        default=None, metadata={"help": "Rows of the printed completions table (all if unset)."}
-    )
-    num_generations_eval: int | None = field(
-        default=None, metadata={"help": "Completions per prompt in evaluation; n_samples_per_prompt if unset."}
-    )
-    chat_template_kwargs: dict | None = field(
-        default=None, metadata={"help": "Keyword arguments for apply_chat_template when prompts are conversations."}
-    )
     ref_reward_offload: bool = field(
         default=False,
         metadata={
@@ -152,8 +257,10 @@ class OnPolicyConfig(TrainingArguments):
     logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
 
     def __post_init__(self):
-        if self.micro_train_batch_size is not None:
-            self.per_device_train_batch_size = self.micro_train_batch_size
+        self._check_trl_fields()
+        names = self._resolve_synonyms()
+        self._check_samples_per_prompt(names["n_samples_per_prompt"])
+        self._resolve_lengths()
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not self.use_cpu and not torch.accelerator.is_available():
             # Without use_cpu, TrainingArguments finds no backend and every process would train alone on the
@@ -164,12 +271,22 @@ class OnPolicyConfig(TrainingArguments):
                 "to silence this."
             )
             self.use_cpu = True
+        # TrainingArguments (its DeepSpeed set-up) needs the per-device batch and gradient accumulation: resolve for
+        # the launched processes, and again below should TrainingArguments count other ones.
+        given = BatchSettings(**{f.name: getattr(self, f.name) for f in fields(BatchSettings)})
+
+        def hierarchy(processes: int) -> BatchHierarchy:
+            return resolve_batch_hierarchy(given, self.n_samples_per_prompt, processes, self._completions_per_item,
+                                           names["n_samples_per_prompt"])  # fmt: skip
+
+        self._apply(hierarchy(world))
         self._check_schedule()
         super().__post_init__()
-        self.micro_train_batch_size = self.per_device_train_batch_size
+        if self.world_size != world:
+            self._apply(hierarchy(self.world_size))
         self._check_ranges()
+        self._check_generation_and_logging()
         self._check_saving()
-        self._check_batch_hierarchy()
         self._check_vllm()
 
     @property
@@ -187,19 +304,8 @@ class OnPolicyConfig(TrainingArguments):
         return math.ceil(self.num_train_epochs * num_prompts / self.rollout_batch_size) * self.steps_per_rollout
 
     def _check_ranges(self) -> None:
-        for name in (
-            "rollout_batch_size",
-            "n_samples_per_prompt",
-            "micro_rollout_batch_size",
-            "train_batch_size",
-            "micro_train_batch_size",
-            "num_ppo_epochs",
-            "max_prompt_length",
-            "max_completion_length",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid: it must be a positive integer.")
+        for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
+            check_positive_int(name, getattr(self, name))
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} is invalid: it must be > 0.")
         if not 0 < self.top_p <= 1:
@@ -207,8 +313,9 @@ class OnPolicyConfig(TrainingArguments):
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} is invalid: use 0 to disable, or a positive integer.")
         self._check_beta()
-        if not self.cliprange > 0:
-            raise ValueError(f"cliprange={self.cliprange} is invalid: it must be > 0.")
+        for name in ("cliprange", "cliprange_high"):
+            if not (_finite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be a finite number > 0.")
         if not (_finite(self.learning_rate) and self.learning_rate >= 0):
             raise ValueError(f"learning_rate={self.learning_rate!r} is invalid: it must be a finite number >= 0.")
         if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**32):
@@ -225,6 +332,24 @@ class OnPolicyConfig(TrainingArguments):
                 f"reward_weights={weights!r} is invalid: give a list of finite numbers, one per reward function "
                 "(then one for the reward model, if any)."
             )
+
+    def _check_generation_and_logging(self) -> None:
+        if self.min_p is not None and not (_finite(self.min_p) and 0 <= self.min_p <= 1):
+            raise ValueError(f"min_p={self.min_p!r} is invalid: it must be in [0, 1] (None: no min-p sampling).")
+        if not (_finite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(
+                f"repetition_penalty={self.repetition_penalty!r} is invalid: it must be a finite number > 0 (1.0: "
+                "no penalty)."
+            )
+        for name in ("num_generations_eval", "num_completions_to_print"):
+            check_positive_int(name, getattr(self, name))
+        if self.cache_implementation is not None and not isinstance(self.cache_implementation, str):
+            raise ValueError(f"cache_implementation={self.cache_implementation!r} is invalid: give a name or None.")
+        flags = ("trust_remote_code", "disable_dropout", "shuffle_dataset", "remove_unused_columns",
+                 "mask_truncated_completions", "log_completions", "log_multimodal")  # fmt: skip
+        for name in flags:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be True or False.")
 
     def _check_schedule(self) -> None:
         """Before TrainingArguments' own checks, whose messages do not say what is valid."""
@@ -292,43 +417,50 @@ class OnPolicyConfig(TrainingArguments):
         if not self.beta >= 0:
             raise ValueError(f"beta={self.beta} is invalid: the KL coefficient must be >= 0.")
 
-    def _check_batch_hierarchy(self) -> None:
-        world = self.world_size
-        samples = self.samples_per_rollout
-        per_step = self.micro_train_batch_size * world
-        if samples % self.train_batch_size:
-            valid = [d for d in _divisors(samples) if d % per_step == 0] or _divisors(samples)
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} does not divide the {samples} samples of a rollout "
-                f"(rollout_batch_size={self.rollout_batch_size} x n_samples_per_prompt={self.n_samples_per_prompt}). "
-                f"Use a train_batch_size that divides {samples}, e.g. {_closest(valid, self.train_batch_size)}."
-            )
-        if self.train_batch_size % per_step:
-            valid = [m for m in range(per_step, samples + 1, per_step) if samples % m == 0]
-            batch_hint = f"a train_batch_size in {_closest(valid, self.train_batch_size)}, or " if valid else ""
-            micro = _closest(_divisors(max(1, self.train_batch_size // world)), self.micro_train_batch_size)
-            raise ValueError(
-                f"train_batch_size={self.train_batch_size} is not a multiple of micro_train_batch_size="
-                f"{self.micro_train_batch_size} x {world} process(es) = {per_step}, so gradient accumulation "
-                f"would not be whole. Use {batch_hint}a micro_train_batch_size in {micro}."
-            )
-        if self.rollout_batch_size % world:
-            raise ValueError(
-                f"rollout_batch_size={self.rollout_batch_size} cannot be split over {world} processes. "
-                f"Use a multiple of {world}, e.g. {world * max(1, self.rollout_batch_size // world)}."
-            )
-        per_device = samples // world
-        if per_device % self.micro_rollout_batch_size:
-            valid = _closest(_divisors(per_device), self.micro_rollout_batch_size)
-            raise ValueError(
-                f"micro_rollout_batch_size={self.micro_rollout_batch_size} does not divide the {per_device} samples "
-                f"each process generates per rollout. Use one of {valid}."
-            )
-        accumulation = self.train_batch_size // per_step
-        if self.gradient_accumulation_steps not in (1, accumulation):
-            raise ValueError(
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps} contradicts the batch hierarchy, "
-                f"which derives {accumulation} (train_batch_size={self.train_batch_size} / (micro_train_batch_size="
-                f"{self.micro_train_batch_size} x {world} processes)). Leave it unset."
-            )
-        self.gradient_accumulation_steps = accumulation
+    # ---- TRL's names ----------------------------------------------------------------------------------------------
+
+    def _check_trl_fields(self) -> None:
+        """Refuse TRL fields set for what steadyrl does not do; parse the dict fields given as JSON strings."""
+        for name in UNSUPPORTED:
+            value = command_line_value(name, getattr(self, name))
+            refuse_unsupported(name, value)
+            setattr(self, name, None if value == "auto" else value)  # 'auto' pads nowhere but on Neuron, as in TRL
+        for name, example in DICT_FIELDS.items():
+            setattr(self, name, parse_dict_field(name, getattr(self, name), example))
+
+    def _resolve_synonyms(self) -> dict[str, str]:
+        """Resolve each TRL synonym and steadyrl's name onto one value; return the name given for each setting."""
+        defaults = {"n_samples_per_prompt": self._default_samples_per_prompt, "num_ppo_epochs": 1, "cliprange": 0.2}
+        names = {}
+        for synonym in SYNONYMS:
+            trl_value, own_value = getattr(self, synonym.trl_name), getattr(self, synonym.own_name)
+            value = resolve_synonym(synonym, trl_value, own_value)
+            if value is None:
+                value = self.cliprange if synonym.own_name == "cliprange_high" else defaults.get(synonym.own_name)
+            setattr(self, synonym.own_name, value)
+            setattr(self, synonym.trl_name, value)
+            names[synonym.own_name] = given_name(synonym, trl_value, own_value)
+        return names
+
+    def _check_samples_per_prompt(self, name: str) -> None:
+        """What the algorithm needs of ``n_samples_per_prompt``, given as ``name``."""
+
+    def _resolve_lengths(self) -> None:
+        for name, default in (("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
+                              ("max_completion_length", DEFAULT_MAX_COMPLETION_LENGTH)):  # fmt: skip
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+
+    def _check_micro_batch(self, micro_train_batch_size: int) -> None:
+        """What the algorithm needs of the micro-batch, before TrainingArguments sees it."""
+
+    def _apply(self, hierarchy: BatchHierarchy) -> None:
+        self._check_micro_batch(hierarchy.micro_train_batch_size)
+        self.micro_train_batch_size = hierarchy.micro_train_batch_size
+        self.per_device_train_batch_size = hierarchy.micro_train_batch_size // self._completions_per_item
+        self.gradient_accumulation_steps = hierarchy.gradient_accumulation_steps
+        self.train_batch_size = hierarchy.train_batch_size
+        self.rollout_batch_size = hierarchy.rollout_batch_size
+        self.micro_rollout_batch_size = hierarchy.micro_rollout_batch_size
+        self.generation_batch_size = hierarchy.samples_per_rollout
+        self.steps_per_generation = hierarchy.steps_per_generation

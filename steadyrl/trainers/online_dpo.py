@@ -32,8 +32,9 @@ from ..ops import (
 )
 from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
-from .config import OnPolicyConfig
+from .config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
 from .on_policy import OnPolicyTrainer
+from .trl_names import MAX_NEW_TOKENS, check_positive_int, given_name, resolve_max_prompt_length, resolve_synonym
 
 LOSS_TYPES = ("sigmoid", "ipo")
 TIE_RULES = ("skip", "first")
@@ -41,8 +42,14 @@ TIE_RULES = ("skip", "first")
 
 @dataclass
 class OnlineDPOConfig(OnPolicyConfig):
-    """``OnPolicyConfig`` plus online DPO's options. Two completions per prompt; batch sizes count completions,
-    so ``train_batch_size`` and ``micro_train_batch_size`` must be even (whole pairs).
+    """``OnPolicyConfig`` plus online DPO's options. Two completions per prompt; steadyrl's batch sizes count
+    completions, so ``train_batch_size`` and ``micro_train_batch_size`` are even (whole pairs).
+
+    TRL's names count as in TRL's online DPO: ``per_device_train_batch_size`` counts prompts (micro_train_batch_size =
+    2 x per_device_train_batch_size) and, unless a rollout size is given, each optimizer step generates its own
+    pairs (rollout_batch_size = per_device_train_batch_size x processes x gradient_accumulation_steps prompts).
+    ``max_new_tokens`` is ``max_completion_length``, and ``max_length`` (prompt + completion) sets
+    max_prompt_length = max_length - max_completion_length.
 
     Args:
         beta: strength of the pull towards the reference (IPO: its tau); a float, or one value per epoch over the
@@ -50,6 +57,8 @@ class OnlineDPOConfig(OnPolicyConfig):
         loss_type: ``sigmoid`` (DPO) or ``ipo``.
         tie_rule: for a pair whose completions score the same, ``skip`` (weight 0) or ``first`` (the first
             sampled completion is chosen, as TRL does).
+        reward_model_path: path or Hub id of the reward model, when the trainer is given none.
+        disable_dropout: as in ``OnPolicyConfig``, but True by default, as in TRL's online DPO.
 
     Example::
 
@@ -57,7 +66,12 @@ class OnlineDPOConfig(OnPolicyConfig):
                         beta=[0.1, 0.05], loss_type="sigmoid", learning_rate=5e-7)
     """
 
-    n_samples_per_prompt: int = field(default=2, metadata={"help": "Completions per prompt: must be 2 (a pair)."})
+    _default_samples_per_prompt = 2
+    _completions_per_item = 2  # TRL's per_device_train_batch_size counts prompts, each with a pair of completions
+
+    n_samples_per_prompt: int | None = field(
+        default=None, metadata={"help": "Completions per prompt: must be 2 (a pair)."}
+    )
     beta: list[float] = field(
         default_factory=lambda: [0.1],
         metadata={
@@ -73,21 +87,51 @@ class OnlineDPOConfig(OnPolicyConfig):
             "'first' makes the first sampled completion the chosen one, as TRL does."
         },
     )
+    reward_model_path: str | None = field(
+        default=None, metadata={"help": "Path or Hub id of the reward model, when the trainer is given none."}
+    )
+    max_new_tokens: int | None = field(default=None, metadata={"help": "TRL's name of max_completion_length."})
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "TRL's name: prompt + completion tokens; sets max_prompt_length = max_length - "
+                  "max_completion_length."},
+    )  # fmt: skip
+    disable_dropout: bool = field(
+        default=True, metadata={"help": "Disable dropout in the trained and reference models."}
+    )
 
     def __post_init__(self):
-        if self.n_samples_per_prompt != 2:
-            raise ValueError(
-                f"n_samples_per_prompt={self.n_samples_per_prompt} is invalid for online DPO: it compares exactly "
-                "2 completions per prompt. Use n_samples_per_prompt=2."
-            )
         super().__post_init__()
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r} is invalid: use one of {', '.join(LOSS_TYPES)}.")
         if self.tie_rule not in TIE_RULES:
             raise ValueError(f"tie_rule={self.tie_rule!r} is invalid: use one of {', '.join(TIE_RULES)}.")
-        if self.micro_train_batch_size % 2:
+        if self.reward_model_path is not None and not isinstance(self.reward_model_path, str):
+            raise ValueError(f"reward_model_path={self.reward_model_path!r} is invalid: give a path, a Hub id or None.")
+
+    def _check_samples_per_prompt(self, name: str) -> None:
+        if self.n_samples_per_prompt != 2:
             raise ValueError(
-                f"micro_train_batch_size={self.micro_train_batch_size} is odd: online DPO trains on whole "
+                f"{name}={self.n_samples_per_prompt} is invalid for online DPO: it compares exactly 2 completions "
+                f"per prompt. Use {name}=2."
+            )
+
+    def _resolve_lengths(self) -> None:
+        for name in ("max_new_tokens", "max_length"):
+            check_positive_int(name, getattr(self, name))
+        completion = resolve_synonym(MAX_NEW_TOKENS, self.max_new_tokens, self.max_completion_length)
+        completion_name = given_name(MAX_NEW_TOKENS, self.max_new_tokens, self.max_completion_length)
+        self.max_completion_length = self.max_new_tokens = completion or DEFAULT_MAX_COMPLETION_LENGTH
+        self.max_prompt_length = resolve_max_prompt_length(
+            self.max_prompt_length, self.max_length, self.max_completion_length, completion_name,
+            DEFAULT_MAX_PROMPT_LENGTH,
+        )  # fmt: skip
+        self.max_length = self.max_prompt_length + self.max_completion_length
+
+    def _check_micro_batch(self, micro_train_batch_size: int) -> None:
+        if micro_train_batch_size % 2:
+            raise ValueError(
+                f"micro_train_batch_size={micro_train_batch_size} is odd: online DPO trains on whole "
                 "(chosen, rejected) pairs, so it must be even."
             )
 

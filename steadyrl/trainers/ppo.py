@@ -54,7 +54,7 @@ class PPOConfig(OnPolicyConfig):
             ``target_kl`` by at most 20% x samples / ``kl_horizon`` per rollout; off when ``target_kl`` is None.
         whiten_advantages: whiten the advantages over each rollout.
         normalize_reward: normalise scores by their running mean and std over the whole run.
-        reward_clip_range: clip the (normalised) scores to +-this.
+        reward_clip_range: clip the (normalised) scores to +-this (RLOOConfig's, as TRL's, is a (min, max) pair).
         critic_learning_rate: the critic's learning rate (default ``learning_rate``).
         critic_warmup_steps: first global steps in which only the critic learns.
 

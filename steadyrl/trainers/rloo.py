@@ -9,6 +9,7 @@ Shapes: P prompts x k samples = N sequences, C completion tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,10 +22,13 @@ from .on_policy import OnPolicyTrainer
 
 @dataclass
 class RLOOConfig(OnPolicyConfig):
-    """``OnPolicyConfig`` plus RLOO's options; ``n_samples_per_prompt`` (k) must be at least 2.
+    """``OnPolicyConfig`` plus RLOO's options; ``n_samples_per_prompt`` (k, TRL: ``num_generations``) must be at
+    least 2.
 
     Args:
         normalize_advantages: whiten the advantages over the rollout.
+        reward_clip_range: ``(min, max)``: clip each score to it before the KL penalty; ``None``: no clipping (as TRL's
+            RLOO; PPO's ``reward_clip_range`` is one bound, ``[-x, x]``).
 
     Example::
 
@@ -33,14 +37,29 @@ class RLOOConfig(OnPolicyConfig):
     """
 
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
+    reward_clip_range: list[float] | None = field(
+        default=None, metadata={"help": "(min, max): clip each score to this range; None: no clipping."}
+    )
 
     def __post_init__(self):
-        if self.n_samples_per_prompt < 2:
-            raise ValueError(
-                f"n_samples_per_prompt={self.n_samples_per_prompt} is invalid for RLOO: the leave-one-out "
-                "baseline needs at least 2 completions per prompt."
-            )
         super().__post_init__()
+        bounds = self.reward_clip_range
+        if bounds is not None:
+            numbers = isinstance(bounds, (list, tuple)) and len(bounds) == 2
+            numbers = numbers and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+            if not (numbers and math.isfinite(bounds[0]) and math.isfinite(bounds[1]) and bounds[0] < bounds[1]):
+                raise ValueError(
+                    f"reward_clip_range={bounds!r} is invalid: give (min, max), two finite numbers with min < max "
+                    "(None: no clipping)."
+                )
+            self.reward_clip_range = (float(bounds[0]), float(bounds[1]))
+
+    def _check_samples_per_prompt(self, name: str) -> None:
+        n = self.n_samples_per_prompt
+        if isinstance(n, int) and n < 2:
+            raise ValueError(
+                f"{name}={n} is invalid for RLOO: the leave-one-out baseline needs at least 2 completions per prompt."
+            )
 
 
 class RLOOTrainer(OnPolicyTrainer):
