@@ -6,21 +6,27 @@ import torch
 
 
 class PromptSampler:
-    """Walks an endless sequence of seeded per-epoch permutations of ``num_prompts`` indices.
+    """Walks an endless sequence of seeded per-epoch permutations of ``num_prompts`` indices (or, without
+    ``shuffle``, the indices in order).
 
     Its whole state is the number of prompts consumed, so resuming is exact.
     """
 
-    def __init__(self, num_prompts: int, seed: int) -> None:
+    def __init__(self, num_prompts: int, seed: int, shuffle: bool = True) -> None:
         self.num_prompts = num_prompts
         self.seed = seed
+        self.shuffle = shuffle  # False: the dataset's own order, every epoch
         self.consumed = 0
         self._epoch, self._perm = -1, None
 
     def _permutation(self, epoch: int) -> list[int]:
         if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            self._epoch, self._perm = epoch, torch.randperm(self.num_prompts, generator=generator).tolist()
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(self.seed + epoch)
+                self._perm = torch.randperm(self.num_prompts, generator=generator).tolist()
+            else:
+                self._perm = list(range(self.num_prompts))
+            self._epoch = epoch
         return self._perm
 
     def next(self, count: int) -> list[int]:

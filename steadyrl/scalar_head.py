@@ -14,11 +14,12 @@ from .placement import offloaded
 from .zero import check_whole, whole_at_load
 
 
-def load_scalar_model(model: str | PreTrainedModel, role: str) -> PreTrainedModel:
-    """Load ``model`` (a path or a loaded model) as a one-output sequence classifier; ``role`` names it in errors."""
+def load_scalar_model(model: str | PreTrainedModel, role: str, init_kwargs: dict | None = None) -> PreTrainedModel:
+    """Load ``model`` (a path or a loaded model, with ``from_pretrained``'s ``init_kwargs``) as a one-output
+    sequence classifier; ``role`` names it in errors."""
     if isinstance(model, str):
         with whole_at_load():
-            model = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1)
+            model = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, **(init_kwargs or {}))
     check_whole(model, role)
     head = getattr(model, "score", None)
     if not isinstance(head, torch.nn.Linear) or not hasattr(model, "base_model_prefix"):

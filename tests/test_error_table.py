@@ -394,6 +394,13 @@ def _(ctx):
     rloo(ctx, reward_model=classifier(vocab_size=100))
 
 
+@trigger("no-tokenizer")
+def _(ctx):
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    rloo(ctx, model=Qwen2ForCausalLM(config))
+
+
 @trigger("reward-model-template")
 def _(ctx):
     from transformers import AutoModelForSequenceClassification

@@ -28,10 +28,19 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        extra=dict(args.generation_kwargs or {}),
+        cache_implementation=args.cache_implementation,
         batch_size=args.micro_rollout_batch_size,
     )
     if not args.use_vllm:
         return HFGenerationBackend(tokenizer, settings)
+    if args.cache_implementation is not None:
+        raise ValueError(
+            f"cache_implementation={args.cache_implementation!r} is for transformers' generate; with use_vllm=True "
+            "vLLM manages its own KV cache. Leave cache_implementation unset, or use_vllm=False."
+        )
     import_vllm()
     check_mergeable(model)
     config = base_config(model)

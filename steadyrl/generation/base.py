@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,6 +15,10 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    extra: dict = field(default_factory=dict)  # generation_kwargs: more GenerationConfig / SamplingParams arguments
+    cache_implementation: str | None = None  # transformers' KV cache (HF generate only)
     batch_size: int = 8  # sequences per generation call (micro_rollout_batch_size)
 
 

@@ -19,8 +19,12 @@ class HFGenerationBackend(GenerationBackend):
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,  # 0: no top-k (None would let transformers fill in its default of 50)
+            min_p=s.min_p,
+            repetition_penalty=s.repetition_penalty,
+            cache_implementation=s.cache_implementation,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
+            **s.extra,
         )
 
     @torch.no_grad()

@@ -160,8 +160,8 @@ class VLLMGenerationBackend(GenerationBackend):
         s, tok = self.settings, self.tokenizer
         params = [
             SamplingParams(
-                max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=seed,
-                logprobs=0,
+                max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                min_p=s.min_p or 0.0, repetition_penalty=s.repetition_penalty, seed=seed, logprobs=0, **s.extra,
             )
             for seed in seeds
         ]  # fmt: skip

@@ -88,8 +88,7 @@ class EvaluationMixin:
         indices = range(rank * per_process, (rank + 1) * per_process)
         rows = dataset.select([i % len(dataset) for i in indices]).to_dict()
         counted = [i < len(dataset) for i in indices for _ in range(k)]
-        prompts = [p for p in rows.pop("prompt") for _ in range(k)]
-        columns = {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
+        prompts, columns = self.repeated_rows(rows, k)
         prompt_ids, _ = self.truncate_prompts(self.tokenize(prompts))
         seeds = [sampling_seed(args.seed, EVAL_ROLLOUT, indices[i // k], i % k) for i in range(len(prompts))]
         completion_ids = self.generate(prompt_ids, seeds, chunk=args.per_device_eval_batch_size).completion_ids

@@ -14,18 +14,48 @@ from ..zero import check_whole, whole_at_load
 from .checks import check_vocabulary
 
 
-def load_policy(model: str | PreTrainedModel, tokenizer=None):
+def from_pretrained_kwargs(args) -> dict:
+    """``model_init_kwargs`` (TRL's names: a ``dtype`` may be a string such as "bfloat16") and
+    ``trust_remote_code``, for every model loaded from a path or Hub id."""
+    kwargs = dict(args.model_init_kwargs or {})
+    dtype = kwargs.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(
+                f"model_init_kwargs={args.model_init_kwargs!r}: dtype={dtype!r} is not a torch dtype; use e.g. "
+                "'bfloat16', 'float16', 'float32' or 'auto'."
+            )
+        kwargs["dtype"] = getattr(torch, dtype)
+    return {**kwargs, "trust_remote_code": args.trust_remote_code}
+
+
+def load_policy(model: str | PreTrainedModel, tokenizer, args):
     """The policy (loaded whole from a path even under ZeRO-3) and its tokenizer, with a pad token."""
+    kwargs = from_pretrained_kwargs(args)
     if isinstance(model, str):
         with whole_at_load():
-            model = AutoModelForCausalLM.from_pretrained(model)
+            model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     check_whole(model, "model")
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path)
+        if not model.config._name_or_path:
+            raise ValueError(
+                "processing_class is required: model is a model object that was not loaded from a path or Hub id, "
+                "so its tokenizer cannot be found. Pass processing_class=<its tokenizer>."
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path,
+                                                  trust_remote_code=args.trust_remote_code)  # fmt: skip
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_vocabulary(model, tokenizer)
     return model, tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout layer's probability to 0 (``disable_dropout``): the reference and the trained policy then
+    give the same log-probs for the same weights."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer, args,
@@ -33,8 +63,8 @@ def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel,
     """A reward model (path or model) as a reward function: on the policy's own token ids when it shares the
     policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template."""
     if isinstance(reward_model, str) and reward_tokenizer is None:
-        reward_tokenizer = AutoTokenizer.from_pretrained(reward_model)
-    model = load_scalar_model(reward_model, "reward_model")
+        reward_tokenizer = AutoTokenizer.from_pretrained(reward_model, trust_remote_code=args.trust_remote_code)
+    model = load_scalar_model(reward_model, "reward_model", from_pretrained_kwargs(args))
     if reward_tokenizer is None or same_tokenizer(tokenizer, reward_tokenizer, conversational):
         check_same_vocabulary(model, "reward_model", policy, tokenizer)
         reward_tokenizer = None  # the fast path: the policy's token ids as they are

@@ -33,6 +33,7 @@ from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallba
 from ..checkpoint import checkpoint_name
 from ..completion_log import CompletionLog
 from ..generation import make_backend
+from ..ops import ends_without_eos
 from ..placement import place_frozen_models
 from ..prompts import PromptTruncation, check_prompts
 from ..rewards import RewardInputs, as_list, check_reward_funcs, score_completions
@@ -48,6 +49,7 @@ from .loop_state import LoopState, NoAlgorithmState, Stateful
 from .models import (
     check_deepspeed_support,
     deepspeed_backward,
+    disable_dropout,
     enable_gradient_checkpointing,
     load_policy,
     policy_and_reference,
@@ -120,7 +122,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         check_model_path(model, "model")
         check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
-        model, processing_class = load_policy(model, processing_class)
+        model, processing_class = load_policy(model, processing_class, args)
         self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
@@ -132,6 +134,10 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
             reward_funcs.append(scorer)
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
         model, self.ref_model = policy_and_reference(model, peft_config, args.seed)
+        if args.disable_dropout:
+            for module in (model, self.ref_model):
+                if module is not None:
+                    disable_dropout(module)
         callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
         super().__init__(
             model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
@@ -148,7 +154,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         self.ref_model = place_frozen_models(self.ref_model, scorers, self.accelerator.device, zero3_config,
                                              args.ref_reward_offload)  # fmt: skip
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
-        self.loop = LoopState(PromptSampler(len(train_dataset), seed=args.seed), self.initial_algorithm_state())
+        sampler = PromptSampler(len(train_dataset), seed=args.seed, shuffle=args.shuffle_dataset)
+        self.loop = LoopState(sampler, self.initial_algorithm_state())
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
         main = self.accelerator.is_main_process
         self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print) if main else None
@@ -185,6 +192,14 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         """The loss of one micro-batch and its metrics. An algorithm that trains several modules may return
         ``{module name: loss}`` instead, one term per module (their parameters must be disjoint)."""
         raise NotImplementedError
+
+    def loss_mask(self, batch: Rollout) -> torch.Tensor:
+        """[B, C] the completion tokens the loss averages over: all of them, or with
+        ``mask_truncated_completions`` only those of completions that ended with EOS."""
+        if not self.args.mask_truncated_completions:
+            return batch.completion_mask
+        cut = ends_without_eos(batch.completion_ids, batch.completion_mask, self.processing_class.eos_token_id)
+        return batch.completion_mask * (~cut).unsqueeze(1)
 
     def trained_modules(self) -> list[TrainedModule]:
         """Every model the run trains, the actor first."""

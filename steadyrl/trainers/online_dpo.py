@@ -193,6 +193,12 @@ class OnlineDPOTrainer(OnPolicyTrainer):
                     "eval_dataset."
                 )
         self.judge = judge
+        path = getattr(args, "reward_model_path", None)
+        if path is not None and reward_model is not None:
+            raise ValueError(
+                f"reward_model and args.reward_model_path={path!r} were both given: pass the reward model one way."
+            )
+        reward_model = path if reward_model is None else reward_model
         super().__init__(
             model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
             reward_model=reward_model, reward_processing_class=reward_processing_class, eval_dataset=eval_dataset,

@@ -36,7 +36,7 @@ from ..rollout import Advantages, Rollout
 from ..scalar_head import Critic, RewardModelFunction, check_same_vocabulary, critic_from_policy, load_scalar_model
 from .checkpointing import TrainedModule
 from .config import OnPolicyConfig
-from .models import enable_gradient_checkpointing
+from .models import disable_dropout, enable_gradient_checkpointing, from_pretrained_kwargs
 from .on_policy import OnPolicyTrainer
 
 logger = logging.get_logger(__name__)
@@ -162,7 +162,7 @@ class PPOTrainer(OnPolicyTrainer):
         )  # fmt: skip
         actor = self.accelerator.unwrap_model(self.model)
         if value_model is not None:
-            critic = load_scalar_model(value_model, "value_model")
+            critic = load_scalar_model(value_model, "value_model", from_pretrained_kwargs(self.args))
             check_same_vocabulary(critic, "value_model", actor, self.processing_class)
         elif self.reward_model is not None and self.reward_model_reads_policy_tokens():
             critic = copy.deepcopy(self.reward_model)
@@ -173,6 +173,8 @@ class PPOTrainer(OnPolicyTrainer):
                     "has a tokenizer of its own, and the critic reads the policy's token ids."
                 )
             critic = critic_from_policy(actor, self.args.seed)
+        if self.args.disable_dropout:
+            disable_dropout(critic)
         self.critic = Critic(critic.train().requires_grad_(True)).to(self.accelerator.device)
 
     def reward_model_reads_policy_tokens(self) -> bool:
@@ -256,14 +258,14 @@ class PPOTrainer(OnPolicyTrainer):
     # ---- loss -------------------------------------------------------------------------------------
 
     def compute_loss_on_batch(self, model, batch: Rollout):
-        args, mask = self.args, batch.completion_mask  # [B, C]
+        args, mask = self.args, self.loss_mask(batch)  # [B, C]
         actor_frozen = self.state.global_step < args.critic_warmup_steps
         with torch.no_grad() if actor_frozen else contextlib.nullcontext():
             logprobs, entropy = completion_logprobs(
                 model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
             )
             policy_loss, policy_metrics = clipped_policy_loss(
-                logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange
+                logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange, args.cliprange_high
             )
         values = self.critic_wrapped(*batch.token_tensors)  # [B, C]
         value_loss, value_metrics = clipped_value_loss(values, batch.values, batch.returns, mask, args.cliprange_value)

@@ -78,7 +78,10 @@ class RLOOTrainer(OnPolicyTrainer):
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.completion_mask)  # [N]
-        rewards = rollout.scores - self.args.beta * kl  # [N]
+        scores, clip = rollout.scores, self.args.reward_clip_range  # [N]; clip: TRL's (min, max) or None
+        if clip is not None:
+            scores = scores.clamp(*clip)
+        rewards = scores - self.args.beta * kl  # [N]
         advantages = leave_one_out_advantages(rewards, self.args.n_samples_per_prompt)  # [N]
         if self.args.normalize_advantages:
             advantages = whiten(advantages)
@@ -86,10 +89,11 @@ class RLOOTrainer(OnPolicyTrainer):
         return Advantages(advantages=advantages, metrics=metrics)
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = batch.completion_mask  # [B, C]
+        args, mask = self.args, self.loss_mask(batch)  # [B, C]
         logprobs, entropy = completion_logprobs(
-            model, *batch.token_tensors, temperature=self.args.temperature, with_entropy=True
+            model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
         )
         advantages = batch.advantages.unsqueeze(1)  # [B, 1]: one advantage for every token of a sequence
-        loss, metrics = clipped_policy_loss(logprobs, batch.old_logprobs, advantages, mask, self.args.cliprange)
+        loss, metrics = clipped_policy_loss(logprobs, batch.old_logprobs, advantages, mask, args.cliprange,
+                                            args.cliprange_high)  # fmt: skip
         return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}

@@ -74,9 +74,15 @@ class RolloutMixin:
         first = self.accelerator.process_index * per_process
         rows = self.train_dataset.select(indices[first : first + per_process]).to_dict()
         k = args.n_samples_per_prompt
+        return *self.repeated_rows(rows, k), first
+
+    def repeated_rows(self, rows: dict[str, list], k: int) -> tuple[list, dict[str, list]]:
+        """The prompts and the other columns of ``rows``, each row repeated ``k`` times (one per sample); with
+        ``remove_unused_columns`` no other column."""
         prompts = [p for p in rows.pop("prompt") for _ in range(k)]
-        columns = {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
-        return prompts, columns, first
+        if self.args.remove_unused_columns:
+            return prompts, {}
+        return prompts, {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
 
     def tokenize(self, prompts: list) -> list[list[int]]:
         """The token ids the policy sees for each prompt: the text, or the conversation rendered with the chat
