@@ -230,3 +230,9 @@ def test_chat_fixture_model_serves_with_vllm_as_with_transformers():
         from_hf.append(output[0, ids["input_ids"].shape[1] :].tolist())
     assert from_vllm == from_hf
     assert all(reply[-1] == tokenizer.eos_token_id for reply in from_vllm)
+
+
+def test_generation_settings_reach_vllms_sampling_params(tmp_path):
+    trainer = make_trainer(tmp_path, **VLLM, min_p=0.05, repetition_penalty=1.3, generation_kwargs={"min_tokens": 2})
+    params = trainer.backend.sampling_params(seed=7)  # no engine is started for this
+    assert (params.min_p, params.repetition_penalty, params.min_tokens, params.seed) == (0.05, 1.3, 2, 7)

@@ -153,18 +153,22 @@ class VLLMGenerationBackend(GenerationBackend):
         self._synced_version = version
 
     @torch.no_grad()
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+    def sampling_params(self, seed: int):
+        """vLLM's SamplingParams for one completion: the sampling settings, its seed, and its sampled tokens'
+        log-probs (for the trainer's check of the weight sync)."""
         from vllm import SamplingParams
+
+        s = self.settings
+        return SamplingParams(
+            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            min_p=s.min_p or 0.0, repetition_penalty=s.repetition_penalty, seed=seed, logprobs=0, **s.extra,
+        )  # fmt: skip
+
+    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
         from vllm.inputs import TokensPrompt
 
-        s, tok = self.settings, self.tokenizer
-        params = [
-            SamplingParams(
-                max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                min_p=s.min_p or 0.0, repetition_penalty=s.repetition_penalty, seed=seed, logprobs=0, **s.extra,
-            )
-            for seed in seeds
-        ]  # fmt: skip
+        tok = self.tokenizer
+        params = [self.sampling_params(seed) for seed in seeds]
         with rng_untouched():
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
         completions, logprobs = [], []
