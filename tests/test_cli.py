@@ -141,6 +141,19 @@ def test_trains_on_a_local_data_file_with_a_reward_function_from_a_file_or_the_c
     assert (work / "cwd_rewards.called").is_file()
 
 
+def test_trains_a_chat_model_on_a_conversational_data_file(tmp_path, capsys):
+    from steadyrl.toy import chat_model_path
+
+    data = write_dataset(chat_dataset("train"), tmp_path / "chat.jsonl")
+    out = tmp_path / "out"
+    code, output = steadyrl(capsys, "online-dpo", "--model_name_or_path", chat_model_path(), "--dataset_name", data,
+                            "--reward_funcs", "steadyrl.toy:letters_in_answer", "--output_dir", out,
+                            "--chat_template_kwargs", '{"enable_thinking": false}',
+                            *SMALL_RUN)  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert (out / "checkpoint-2").is_dir()
+
+
 def test_local_datasets_load_plain_or_conversational_from_a_file_or_folder(tmp_path):
     chat = write_dataset(chat_dataset("eval"), tmp_path / "chat.jsonl")
     dataset = load_prompt_dataset(str(chat))
