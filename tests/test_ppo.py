@@ -82,11 +82,17 @@ def test_reward_model_with_another_vocabulary_is_refused(tmp_path, toy_path):
         ppo_trainer(tmp_path, toy_path, reward_model=tiny_classifier(100))
 
 
-def test_reward_model_with_another_tokenizer_is_refused(tmp_path, toy_path, reward_model_path):
+def test_reward_model_with_another_tokenizer_scores_text_and_the_critic_starts_from_the_policy(
+    tmp_path, toy_path, reward_model_path, caplog
+):
     other = build_tokenizer()
     other.add_tokens(["<extra>"])
-    with pytest.raises(ValueError, match="reward_model's tokenizer does not match the policy's"):
-        ppo_trainer(tmp_path, toy_path, reward_model=reward_model_path, reward_processing_class=other)
+    trainer = ppo_trainer(tmp_path, toy_path, reward_model=reward_model_path, reward_processing_class=other)
+    assert trainer.reward_funcs[-1].tokenizer is other, "another vocabulary: the reward model reads re-rendered text"
+    assert "The critic starts from the policy's backbone, not from a copy of reward_model" in caplog.text
+    policy = trainer.model.model
+    for name, param in policy.named_parameters():
+        assert torch.equal(param, trainer.critic.model.model.get_parameter(name)), name
 
 
 def test_value_model_with_a_head_of_another_hidden_size_is_refused(tmp_path, toy_path):

@@ -16,7 +16,8 @@ from conftest import ROOT
 from transformers import TrainingArguments
 
 from steadyrl import OnlineDPOConfig, PPOConfig, RLOOConfig
-from steadyrl.trainers.trl_names import UNSUPPORTED, BatchSettings, resolve_batch_hierarchy
+from steadyrl.trainers.batch_hierarchy import BatchSettings, resolve_batch_hierarchy
+from steadyrl.trainers.trl_names import UNSUPPORTED
 
 SECTION = "## Coming from TRL"
 

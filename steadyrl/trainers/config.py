@@ -9,21 +9,18 @@ from typing import Any
 
 import torch
 from transformers import TrainingArguments
-from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 from transformers.utils import logging
 
+from .batch_hierarchy import BatchHierarchy, BatchSettings, resolve_batch_hierarchy
+from .config_checks import check_generation_and_logging, check_ranges, check_saving, check_schedule, check_vllm
 from .trl_names import (
     SYNONYMS,
     UNSUPPORTED,
-    BatchHierarchy,
-    BatchSettings,
     TRLNames,
-    check_positive_int,
     command_line_value,
     given_name,
     parse_dict_field,
     refuse_unsupported,
-    resolve_batch_hierarchy,
     resolve_synonym,
 )
 
@@ -37,9 +34,6 @@ DICT_FIELDS = {  # field -> an example for the command line
     "model_init_kwargs": '{"dtype": "bfloat16"}',
 }
 
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -280,14 +274,15 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
                                            names["n_samples_per_prompt"])  # fmt: skip
 
         self._apply(hierarchy(world))
-        self._check_schedule()
+        check_schedule(self)
         super().__post_init__()
         if self.world_size != world:
             self._apply(hierarchy(self.world_size))
-        self._check_ranges()
-        self._check_generation_and_logging()
-        self._check_saving()
-        self._check_vllm()
+        check_ranges(self)
+        self._check_beta()
+        check_generation_and_logging(self)
+        check_saving(self)
+        check_vllm(self)
 
     @property
     def samples_per_rollout(self) -> int:
@@ -302,116 +297,6 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         if self.max_steps > 0:
             return self.max_steps
         return math.ceil(self.num_train_epochs * num_prompts / self.rollout_batch_size) * self.steps_per_rollout
-
-    def _check_ranges(self) -> None:
-        for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
-            check_positive_int(name, getattr(self, name))
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} is invalid: it must be > 0.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} is invalid: it must be in (0, 1].")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} is invalid: use 0 to disable, or a positive integer.")
-        self._check_beta()
-        for name in ("cliprange", "cliprange_high"):
-            if not (_finite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be a finite number > 0.")
-        if not (_finite(self.learning_rate) and self.learning_rate >= 0):
-            raise ValueError(f"learning_rate={self.learning_rate!r} is invalid: it must be a finite number >= 0.")
-        if not (isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**32):
-            raise ValueError(f"seed={self.seed!r} is invalid: it must be an integer in [0, 2**32 - 1].")
-        penalty = self.missing_eos_penalty
-        if penalty is not None and not (_finite(penalty) and penalty >= 0):
-            raise ValueError(
-                f"missing_eos_penalty={penalty!r} is invalid: it is subtracted from the score of a completion "
-                "without EOS, so it must be a finite number >= 0 (None: no penalty)."
-            )
-        weights = self.reward_weights
-        if weights is not None and not (isinstance(weights, (list, tuple)) and all(_finite(w) for w in weights)):
-            raise ValueError(
-                f"reward_weights={weights!r} is invalid: give a list of finite numbers, one per reward function "
-                "(then one for the reward model, if any)."
-            )
-
-    def _check_generation_and_logging(self) -> None:
-        if self.min_p is not None and not (_finite(self.min_p) and 0 <= self.min_p <= 1):
-            raise ValueError(f"min_p={self.min_p!r} is invalid: it must be in [0, 1] (None: no min-p sampling).")
-        if not (_finite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(
-                f"repetition_penalty={self.repetition_penalty!r} is invalid: it must be a finite number > 0 (1.0: "
-                "no penalty)."
-            )
-        for name in ("num_generations_eval", "num_completions_to_print"):
-            check_positive_int(name, getattr(self, name))
-        if self.cache_implementation is not None and not isinstance(self.cache_implementation, str):
-            raise ValueError(f"cache_implementation={self.cache_implementation!r} is invalid: give a name or None.")
-        flags = ("trust_remote_code", "disable_dropout", "shuffle_dataset", "remove_unused_columns",
-                 "mask_truncated_completions", "log_completions", "log_multimodal")  # fmt: skip
-        for name in flags:
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: it must be True or False.")
-
-    def _check_schedule(self) -> None:
-        """Before TrainingArguments' own checks, whose messages do not say what is valid."""
-        schedulers = [kind.value for kind in SchedulerType]
-        if self.lr_scheduler_type not in schedulers:
-            raise ValueError(
-                f"lr_scheduler_type={self.lr_scheduler_type!r} is invalid: use one of {', '.join(schedulers)}."
-            )
-        if not (_finite(self.warmup_steps) and self.warmup_steps >= 0):
-            raise ValueError(
-                f"warmup_steps={self.warmup_steps!r} is invalid: it must be >= 0 (a number of global steps, or a "
-                "ratio of the total steps below 1)."
-            )
-
-    def _check_saving(self) -> None:
-        """Refuse settings under which the run would silently never write a checkpoint, or could not."""
-        if self.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.NO):
-            raise ValueError(
-                f"save_strategy={self.save_strategy.value!r} is not supported: steadyrl checkpoints by global step. "
-                "Use save_strategy='steps' with save_steps=N, or 'no' for no checkpoints."
-            )
-        if self.save_strategy == SaveStrategy.STEPS and not self.save_steps > 0:
-            raise ValueError(
-                f"save_steps={self.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
-                "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
-            )
-        if self.eval_strategy not in (IntervalStrategy.STEPS, IntervalStrategy.NO):
-            raise ValueError(
-                f"eval_strategy={self.eval_strategy.value!r} is not supported: steadyrl counts global steps. Use "
-                "eval_strategy='steps' with eval_steps=N, or 'no'."
-            )
-        if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
-            raise ValueError(
-                f"output_dir={self.output_dir!r} is not a directory: it must be a directory (created if missing) "
-                "for the checkpoints."
-            )
-
-    def _check_vllm(self) -> None:
-        needed = self.max_prompt_length + self.max_completion_length
-        if self.vllm_max_model_len is not None and self.vllm_max_model_len < needed:
-            raise ValueError(
-                f"vllm_max_model_len={self.vllm_max_model_len} is smaller than max_prompt_length="
-                f"{self.max_prompt_length} + max_completion_length={self.max_completion_length} = {needed}: "
-                f"use vllm_max_model_len >= {needed}, or shorten the prompts or completions."
-            )
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} is invalid: it must be in (0, 1]."
-            )
-        tp = self.vllm_tensor_parallel_size
-        if not isinstance(tp, int) or tp < 1 or self.world_size % tp:
-            raise ValueError(
-                f"vllm_tensor_parallel_size={tp} is invalid: it must be a positive integer that divides the "
-                f"{self.world_size} process(es)."
-            )
-        dtypes = ("auto", "float32", "float", "bfloat16", "float16", "half")
-        if self.vllm_dtype not in dtypes:
-            raise ValueError(f"vllm_dtype={self.vllm_dtype!r} is invalid: use one of {', '.join(dtypes)}.")
-        if not isinstance(self.vllm_kv_cache_space, int) or self.vllm_kv_cache_space < 1:
-            raise ValueError(
-                f"vllm_kv_cache_space={self.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
-            )
 
     def _check_beta(self) -> None:
         if not self.beta >= 0:

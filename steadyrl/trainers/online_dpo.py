@@ -32,9 +32,10 @@ from ..ops import (
 )
 from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
+from .batch_hierarchy import check_positive_int
 from .config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
 from .on_policy import OnPolicyTrainer
-from .trl_names import MAX_NEW_TOKENS, check_positive_int, given_name, resolve_max_prompt_length, resolve_synonym
+from .trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
 
 LOSS_TYPES = ("sigmoid", "ipo")
 TIE_RULES = ("skip", "first")

@@ -1,0 +1,130 @@
+"""Checks of an ``OnPolicyConfig``'s values that TrainingArguments does not make, or makes without saying what is
+valid: each names the field, the value and what would be valid."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
+
+from .batch_hierarchy import check_positive_int
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_ranges(config) -> None:
+    """Ranges of the generation, loss and run settings (the batch sizes are checked as they are resolved)."""
+    for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
+        check_positive_int(name, getattr(config, name))
+    if not config.temperature > 0:
+        raise ValueError(f"temperature={config.temperature} is invalid: it must be > 0.")
+    if not 0 < config.top_p <= 1:
+        raise ValueError(f"top_p={config.top_p} is invalid: it must be in (0, 1].")
+    if config.top_k < 0:
+        raise ValueError(f"top_k={config.top_k} is invalid: use 0 to disable, or a positive integer.")
+    for name in ("cliprange", "cliprange_high"):
+        if not (finite(getattr(config, name)) and getattr(config, name) > 0):
+            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: it must be a finite number > 0.")
+    if not (finite(config.learning_rate) and config.learning_rate >= 0):
+        raise ValueError(f"learning_rate={config.learning_rate!r} is invalid: it must be a finite number >= 0.")
+    if not (isinstance(config.seed, int) and not isinstance(config.seed, bool) and 0 <= config.seed < 2**32):
+        raise ValueError(f"seed={config.seed!r} is invalid: it must be an integer in [0, 2**32 - 1].")
+    penalty = config.missing_eos_penalty
+    if penalty is not None and not (finite(penalty) and penalty >= 0):
+        raise ValueError(
+            f"missing_eos_penalty={penalty!r} is invalid: it is subtracted from the score of a completion "
+            "without EOS, so it must be a finite number >= 0 (None: no penalty)."
+        )
+    weights = config.reward_weights
+    if weights is not None and not (isinstance(weights, (list, tuple)) and all(finite(w) for w in weights)):
+        raise ValueError(
+            f"reward_weights={weights!r} is invalid: give a list of finite numbers, one per reward function "
+            "(then one for the reward model, if any)."
+        )
+
+
+def check_generation_and_logging(config) -> None:
+    if config.min_p is not None and not (finite(config.min_p) and 0 <= config.min_p <= 1):
+        raise ValueError(f"min_p={config.min_p!r} is invalid: it must be in [0, 1] (None: no min-p sampling).")
+    if not (finite(config.repetition_penalty) and config.repetition_penalty > 0):
+        raise ValueError(
+            f"repetition_penalty={config.repetition_penalty!r} is invalid: it must be a finite number > 0 (1.0: "
+            "no penalty)."
+        )
+    for name in ("num_generations_eval", "num_completions_to_print"):
+        check_positive_int(name, getattr(config, name))
+    if config.cache_implementation is not None and not isinstance(config.cache_implementation, str):
+        raise ValueError(f"cache_implementation={config.cache_implementation!r} is invalid: give a name or None.")
+    flags = ("trust_remote_code", "disable_dropout", "shuffle_dataset", "remove_unused_columns",
+             "mask_truncated_completions", "log_completions", "log_multimodal")  # fmt: skip
+    for name in flags:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: it must be True or False.")
+
+
+def check_schedule(config) -> None:
+    """Before TrainingArguments' own checks, whose messages do not say what is valid."""
+    schedulers = [kind.value for kind in SchedulerType]
+    if config.lr_scheduler_type not in schedulers:
+        raise ValueError(
+            f"lr_scheduler_type={config.lr_scheduler_type!r} is invalid: use one of {', '.join(schedulers)}."
+        )
+    if not (finite(config.warmup_steps) and config.warmup_steps >= 0):
+        raise ValueError(
+            f"warmup_steps={config.warmup_steps!r} is invalid: it must be >= 0 (a number of global steps, or a "
+            "ratio of the total steps below 1)."
+        )
+
+
+def check_saving(config) -> None:
+    """Refuse settings under which the run would silently never write a checkpoint, or could not."""
+    if config.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.NO):
+        raise ValueError(
+            f"save_strategy={config.save_strategy.value!r} is not supported: steadyrl checkpoints by global step. "
+            "Use save_strategy='steps' with save_steps=N, or 'no' for no checkpoints."
+        )
+    if config.save_strategy == SaveStrategy.STEPS and not config.save_steps > 0:
+        raise ValueError(
+            f"save_steps={config.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
+            "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
+        )
+    if config.eval_strategy not in (IntervalStrategy.STEPS, IntervalStrategy.NO):
+        raise ValueError(
+            f"eval_strategy={config.eval_strategy.value!r} is not supported: steadyrl counts global steps. Use "
+            "eval_strategy='steps' with eval_steps=N, or 'no'."
+        )
+    if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
+        raise ValueError(
+            f"output_dir={config.output_dir!r} is not a directory: it must be a directory (created if missing) "
+            "for the checkpoints."
+        )
+
+
+def check_vllm(config) -> None:
+    needed = config.max_prompt_length + config.max_completion_length
+    if config.vllm_max_model_len is not None and config.vllm_max_model_len < needed:
+        raise ValueError(
+            f"vllm_max_model_len={config.vllm_max_model_len} is smaller than max_prompt_length="
+            f"{config.max_prompt_length} + max_completion_length={config.max_completion_length} = {needed}: "
+            f"use vllm_max_model_len >= {needed}, or shorten the prompts or completions."
+        )
+    if not 0 < config.vllm_gpu_memory_utilization <= 1:
+        raise ValueError(
+            f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} is invalid: it must be in (0, 1]."
+        )
+    tp = config.vllm_tensor_parallel_size
+    if not isinstance(tp, int) or tp < 1 or config.world_size % tp:
+        raise ValueError(
+            f"vllm_tensor_parallel_size={tp} is invalid: it must be a positive integer that divides the "
+            f"{config.world_size} process(es)."
+        )
+    dtypes = ("auto", "float32", "float", "bfloat16", "float16", "half")
+    if config.vllm_dtype not in dtypes:
+        raise ValueError(f"vllm_dtype={config.vllm_dtype!r} is invalid: use one of {', '.join(dtypes)}.")
+    if not isinstance(config.vllm_kv_cache_space, int) or config.vllm_kv_cache_space < 1:
+        raise ValueError(
+            f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
+        )
