@@ -78,3 +78,18 @@ def test_unsupported_deepspeed_settings_are_refused_before_any_work(tmp_path, ze
     _, output = run_toy(tmp_path / "out", *flags, *TWO_PROCESSES, accelerate_config=config, expect_failure=True)
     assert message in output
     assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
+    import json
+
+    # 5 held-out prompts over 2 processes: 3 each, the repeated one left out of the metrics
+    settings = [*TWO_PROCESSES[1:], "log_completions=true", "num_generations_eval=2"]  # one --set for all
+    run_toy(tmp_path, "--eval-prompts", "5", accelerate_config=MULTI_CPU, overrides=settings)
+    logs = json.loads((tmp_path / "log_history.json").read_text())
+    evals = [e for e in logs if "eval_reward" in e]
+    assert [e["step"] for e in evals] == [2, 4, 6, 8, 10, 12]
+    lengths = [e["eval_completions/mean_length"] for e in evals]
+    assert all(0 < length <= 8 for length in lengths)
+    lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [step for step in (1, 5, 9) for _ in range(8)], "8 samples a rollout"

@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, help="send --signal to itself as the step after this one begins")
     parser.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
     parser.add_argument("--signal-again", action="store_true", help="and a second one as that step ends")
+    parser.add_argument("--eval-prompts", type=int, help="evaluate on this many held-out toy prompts every 2 steps")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
@@ -181,6 +182,9 @@ def main() -> None:
         from peft import LoraConfig
 
         overrides["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    if opts.eval_prompts:
+        overrides.update(eval_dataset=toy_dataset(num_prompts=opts.eval_prompts, seed=1), eval_strategy="steps",
+                         eval_steps=2, per_device_eval_batch_size=4)  # fmt: skip
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)
