@@ -73,6 +73,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from real_shapes import PHASES, phase_shares  # noqa: E402
 
 ROWS = {  # name: (algorithm, backend)
     "rloo-hf": ("rloo", "hf"),
@@ -131,24 +134,24 @@ def sync_weights_by_reload(self) -> None:
     self.llm.reset_prefix_cache()
 
 
-def make_trainer(library: str, algorithm: str, backend: str, model_path: str, s: dict, callback):
-    from transformers import AutoTokenizer
-
-    from steadyrl.toy import letters_reward, toy_dataset
+def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict, callback):
+    from real_shapes import load_tokenizer, task
 
     common = dict(output_dir=s["output_dir"], max_steps=s["max_steps"], learning_rate=1e-5, temperature=1.0,
                   seed=0, report_to="none", disable_tqdm=True, logging_steps=1, use_vllm=backend == "vllm")  # fmt: skip
     P, T, M, L = s["prompts"], s["train_batch"], s["micro_batch"], s["completion_length"]
     K = s["samples"] if algorithm == "rloo" else 2
-    data = dict(train_dataset=toy_dataset(), reward_funcs=[letters_reward], callbacks=[callback])
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model_path, dataset, reward = task(model, s["prompt_length"])
+    data = dict(train_dataset=dataset, reward_funcs=[reward], callbacks=[callback])
+    tokenizer = load_tokenizer(model_path)
     if library == "steadyrl":
         import steadyrl
 
         batches = dict(rollout_batch_size=P, n_samples_per_prompt=K, train_batch_size=T, micro_train_batch_size=M,
                        max_completion_length=L, save_steps=10**9)  # fmt: skip
         if algorithm == "rloo":
-            extra = dict(micro_rollout_batch_size=P * K, num_ppo_epochs=s["epochs"], beta=0.05, vllm_dtype="float32")
+            extra = dict(micro_rollout_batch_size=s["micro_rollout_batch"] or P * K, num_ppo_epochs=s["epochs"],
+                         beta=0.05, vllm_dtype="float32")  # fmt: skip
         else:
             extra = dict(micro_rollout_batch_size=M, beta=0.1)
         config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
@@ -191,6 +194,7 @@ def worker(spec: dict) -> None:
         if command != "go":
             sys.exit(0)
         GEN.update(seconds=0.0, tokens=0, sequences=0, decode_steps=0)
+        PHASES.update(generate_s=0.0, rollout_s=0.0, train_s=0.0)
         clock["cpu"] = time.process_time()
         return time.perf_counter()
 
@@ -210,18 +214,19 @@ def worker(spec: dict) -> None:
             self.last = now
             if state.global_step % steps_per_round:
                 return
-            report = dict(GEN, round_s=now - self.start, cpu_s=time.process_time() - clock["cpu"], step_s=self.steps,
-                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # fmt: skip
+            report = dict(GEN, **PHASES, round_s=now - self.start, cpu_s=time.process_time() - clock["cpu"],
+                          step_s=self.steps, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             channel.write(json.dumps(report) + "\n")
             self.start = self.last = pause()  # after the last round too: the run ends only when both are done
             self.steps = []
 
-    from transformers import AutoTokenizer
+    from real_shapes import load_tokenizer, phase_timers, task
 
-    eos = AutoTokenizer.from_pretrained(spec["model_path"]).eos_token_id
+    eos = load_tokenizer(task(spec["model"], spec["settings"]["prompt_length"])[0]).eos_token_id
     instrument_generation(eos, spec["backend"] == "vllm")
-    trainer = make_trainer(spec["library"], spec["algorithm"], spec["backend"], spec["model_path"],
-                           spec["settings"], Pacer())  # fmt: skip
+    phase_timers(spec["library"])
+    trainer = make_trainer(spec["library"], spec["algorithm"], spec["backend"], spec["model"], spec["settings"],
+                           Pacer())  # fmt: skip
     if spec["profile"]:  # cProfile the measured rounds (not the warm-up) into <output_dir>.prof
         import cProfile
 
@@ -251,7 +256,8 @@ def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
     else:
         s = dict(prompts=opts.dpo_prompts, train_batch=opts.dpo_train_batch, micro_batch=opts.dpo_micro_batch)
         s["steps_per_round"] = opts.dpo_prompts * 2 // opts.dpo_train_batch
-    s.update(completion_length=opts.completion_length, output_dir=str(output_dir),
+    s.update(completion_length=opts.completion_length, output_dir=str(output_dir), prompt_length=opts.prompt_length,
+             micro_rollout_batch=opts.micro_rollout_batch,
              max_steps=rounds * s["steps_per_round"])  # fmt: skip
     return s
 
@@ -262,14 +268,14 @@ def worker_env(threads: int) -> dict:
     return dict(os.environ, **vllm, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
 
 
-def bench_row(model: str, model_path: str, row: str, measured: int, warmup: int, opts, out: Path) -> dict:
+def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path) -> dict:
     algorithm, backend = ROWS[row]
     rounds = warmup + measured
     env = worker_env(opts.threads)
     workers = {}
     for library in LIBRARIES:
         settings = settings_for(algorithm, opts, rounds, out / f"{model}-{row}-{library}")
-        spec = dict(library=library, algorithm=algorithm, backend=backend, model_path=model_path, settings=settings,
+        spec = dict(library=library, algorithm=algorithm, backend=backend, model=model, settings=settings,
                     warmup=warmup, profile=opts.profile)  # fmt: skip
         log = open(out / f"{model}-{row}-{library}.log", "w")
         command = [sys.executable, __file__, "--worker", json.dumps(spec)]
@@ -312,6 +318,8 @@ def bench_row(model: str, model_path: str, row: str, measured: int, warmup: int,
             "ms_per_token": statistics.median(1000 * r["round_s"] / r["tokens"] for r in rows),
             "sequences_per_round": rows[0]["sequences"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
+            "phases_s": {phase: statistics.median(phase_shares(r, library)[phase] / steps for r in rows)
+                         for phase in ("gen", "score", "train")},  # fmt: skip
         }
     result["raw"] = reports
     result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]
@@ -334,6 +342,9 @@ def main() -> None:
     parser.add_argument("--train_batch", type=int, default=16, help="RLOO: samples per optimizer step")
     parser.add_argument("--micro_batch", type=int, default=8, help="RLOO: samples per forward/backward")
     parser.add_argument("--epochs", type=int, default=2, help="RLOO: passes over a rollout")
+    parser.add_argument("--micro_rollout_batch", type=int, help="RLOO: steadyrl's micro_rollout_batch_size (default "
+                        "the whole rollout)")  # fmt: skip
+    parser.add_argument("--prompt_length", type=int, default=128, help="qwen-vocab: words per prompt")
     parser.add_argument("--dpo_prompts", type=int, default=16, help="online DPO: prompts per round")
     parser.add_argument("--dpo_train_batch", type=int, default=16, help="online DPO: sequences per optimizer step")
     parser.add_argument("--dpo_micro_batch", type=int, default=8, help="online DPO: sequences per forward/backward")
@@ -344,15 +355,10 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.worker:
         return worker(json.loads(opts.worker))
-    from vllm_vs_hf import model_25m_path
-
-    from steadyrl.toy import toy_model_path
-
-    paths = {"toy": toy_model_path, "25m": model_25m_path}
     out = Path(opts.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rounds, warmup = per_model(opts.rounds), per_model(opts.warmup)
-    results = [bench_row(model, paths[model](), row, rounds[model], warmup[model], opts, out)
+    results = [bench_row(model, row, rounds[model], warmup[model], opts, out)
                for model in opts.models.split(",") for row in opts.rows.split(",")]  # fmt: skip
     print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s) per worker; up to "
           f"{opts.completion_length} new tokens; medians of rounds {rounds} after warm-up {warmup}")  # fmt: skip
@@ -367,6 +373,11 @@ def main() -> None:
               f"{b['cpu_step_s']:.2f} | **{r['cpu_step_ratio']:.2f}** | {a['tokens_per_second']:.0f} / "
               f"{b['tokens_per_second']:.0f} | {a['completion_length']:.1f} / {b['completion_length']:.1f} | "
               f"{r['ms_per_token_ratio']:.2f} | {a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} |")  # fmt: skip
+    print("\n| model | row | steadyrl s/step: generate, score, train | TRL s/step: generate, score, train |")
+    print("|---|---|---|---|")
+    for r in results:
+        a, b = (", ".join(f"{r[lib]['phases_s'][p]:.3f}" for p in ("gen", "score", "train")) for lib in LIBRARIES)
+        print(f"| {r['model']} | {r['row']} | {a} | {b} |")
 
 
 def per_model(text: str) -> dict[str, int]:

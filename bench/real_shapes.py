@@ -1,0 +1,143 @@
+"""Models, data and rewards for benchmarks at the shapes users run, built offline and cached (steadyrl.toy's cache).
+
+- ``small100``: Qwen2, hidden 128, 2 layers, the chat fixture's 100-token character vocabulary, random weights (so
+  completions run to their full length); prompts: the toy task's.
+- ``qwen-vocab``: Qwen2, hidden 64, 2 layers, a word-level vocabulary of 151,936 tokens as Qwen2.5's: the LM head
+  and the [batch, tokens, vocabulary] logits dominate, as in real models; prompts of ``--prompt_length`` words.
+
+``phase_timers(library)`` instruments a trainer class so each round reports the seconds spent generating, scoring
+(the rest of making a rollout: tokenizing, reward functions, log-prob passes) and training (forward and backward
+of the optimizer steps).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+QWEN_VOCAB = 151_936
+SPECIALS = ["<pad>", "<unk>", "<eos>"]
+PHASES = {"generate_s": 0.0, "rollout_s": 0.0, "train_s": 0.0}
+
+
+def qwen_vocab_tokenizer():
+    """A word-level tokenizer with Qwen2.5's vocabulary size: tokens ``w0`` ... separated by spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIALS + [f"w{i}" for i in range(QWEN_VOCAB - len(SPECIALS))])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+                                   padding_side="left")  # fmt: skip
+
+
+def build(name: str, tokenizer, **shape) -> str:
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from steadyrl.toy import build_cached
+
+    def write(directory: Path) -> None:
+        import torch
+
+        config = Qwen2Config(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, **shape)  # fmt: skip
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    return build_cached(name, write)
+
+
+def small100_path() -> str:
+    from steadyrl.toy import build_chat_tokenizer
+
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    return build("bench-small100-v1", build_chat_tokenizer(), **shape)
+
+
+def qwen_vocab_path() -> str:
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, max_position_embeddings=1024)  # fmt: skip
+    return build("bench-qwen-vocab-v1", qwen_vocab_tokenizer(), **shape)
+
+
+def load_tokenizer(model_path: str):
+    """The model's own tokenizer (AutoTokenizer would read the word-level one as Qwen2's byte-level BPE)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if "qwen-vocab" in model_path:
+        return PreTrainedTokenizerFast.from_pretrained(model_path)
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def word_prompts(num_prompts: int, length: int, seed: int = 0):
+    """Prompts of ``length`` random words of the word-level vocabulary, as a ``datasets.Dataset``."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    prompts = [" ".join(f"w{rng.randrange(QWEN_VOCAB - len(SPECIALS))}" for _ in range(length))
+               for _ in range(num_prompts)]  # fmt: skip
+    return Dataset.from_dict({"prompt": prompts})
+
+
+def word_overlap(prompts, completions, **kwargs) -> list[float]:
+    """The share of a completion's words that are in its prompt."""
+    return [sum(w in set(p.split()) for w in c.split()) / max(1, len(c.split())) for p, c in zip(prompts, completions)]
+
+
+def task(model: str, prompt_length: int):
+    """``(model path, train_dataset, reward function)`` of a benchmark model name."""
+    from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
+
+    if model == "qwen-vocab":
+        return qwen_vocab_path(), word_prompts(512, prompt_length), word_overlap
+    if model == "small100":
+        return small100_path(), toy_dataset(), letters_reward
+    if model == "25m":
+        from vllm_vs_hf import model_25m_path
+
+        return model_25m_path(), toy_dataset(), letters_reward
+    return toy_model_path(), toy_dataset(), letters_reward
+
+
+def _timed(cls, method: str, phase: str) -> None:
+    original = getattr(cls, method)
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            PHASES[phase] += time.perf_counter() - start
+
+    setattr(cls, method, timed)
+
+
+def phase_timers(library: str) -> None:
+    """Time rollout making and training in either library (generation is timed inside the engine's generate)."""
+    if library == "steadyrl":
+        from steadyrl.trainers import OnPolicyTrainer
+
+        _timed(OnPolicyTrainer, "make_rollout", "rollout_s")
+        _timed(OnPolicyTrainer, "train_on_minibatch", "train_s")
+        return
+    from trl import RLOOTrainer
+
+    # TRL makes its rollouts inside _prepare_inputs, which training_step calls: train = training_step - rollout
+    _timed(RLOOTrainer, "_prepare_inputs", "rollout_s")
+    _timed(RLOOTrainer, "training_step", "train_s")
+
+
+def phase_shares(report: dict, library: str) -> dict[str, float]:
+    """Seconds of a round in generation, scoring (rollout minus generation) and training."""
+    rollout, train = report["rollout_s"], report["train_s"]
+    if library == "trl":
+        train -= rollout
+    return {"gen": report["seconds"], "score": rollout - report["seconds"], "train": train}
