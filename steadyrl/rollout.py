@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .ops import masked_mean, sequence_kl
+from .ops import masked_mean, sequence_kl, trim_padding
+
+PER_TOKEN_FIELDS = ("completion_ids", "completion_mask", "ref_logprobs", "old_logprobs", "advantages", "values",
+                    "returns")  # fmt: skip
 
 
 @dataclass
@@ -58,6 +61,17 @@ class Rollout(TokenBatch):
     def select(self, rows: torch.Tensor | slice) -> Rollout:
         """The rollout of the given rows (an index tensor or a slice), every field alike."""
         return dataclasses.replace(self, **{name: value[rows] for name, value in self.tensors().items()})
+
+    def trimmed(self) -> Rollout:
+        """This rollout without the columns that are padding in every row: prompt columns on the left, completion
+        columns (of every per-token field) on the right. A micro-batch then costs its own longest sequence."""
+        (prompt_ids, prompt_mask, *_), width = trim_padding(*self.token_tensors)
+        fields = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+        for name in PER_TOKEN_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value.dim() == 2:  # RLOO's advantages are one per sequence
+                fields[name] = value[:, :width]
+        return dataclasses.replace(self, **fields)
 
     def to(self, device: torch.device | str) -> Rollout:
         return dataclasses.replace(self, **{name: value.to(device) for name, value in self.tensors().items()})

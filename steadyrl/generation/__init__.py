@@ -32,7 +32,6 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
         repetition_penalty=args.repetition_penalty,
         extra=dict(args.generation_kwargs or {}),
         cache_implementation=args.cache_implementation,
-        batch_size=args.micro_rollout_batch_size,
     )
     if not args.use_vllm:
         return HFGenerationBackend(tokenizer, settings)

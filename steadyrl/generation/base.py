@@ -19,7 +19,6 @@ class SamplingSettings:
     repetition_penalty: float = 1.0
     extra: dict = field(default_factory=dict)  # generation_kwargs: more GenerationConfig / SamplingParams arguments
     cache_implementation: str | None = None  # transformers' KV cache (HF generate only)
-    batch_size: int = 8  # sequences per generation call (micro_rollout_batch_size)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from .base import Generation, GenerationBackend, trim_completion
 
 
 class HFGenerationBackend(GenerationBackend):
-    """Samples with the training model itself, in batches of ``settings.batch_size`` left-padded prompts."""
+    """Samples with the training model itself."""
 
     def generation_config(self) -> GenerationConfig:
         s, tok = self.settings, self.tokenizer
@@ -29,20 +29,18 @@ class HFGenerationBackend(GenerationBackend):
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+        """All rows in one ``generate`` call, left-padded to the longest prompt."""
+        if not prompt_ids:
+            return Generation([])
         config, tok = self.generation_config(), self.tokenizer
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        completions = []
         try:
-            for start in range(0, len(prompt_ids), self.settings.batch_size):
-                batch = prompt_ids[start : start + self.settings.batch_size]
-                width = max(len(p) for p in batch)
-                input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in batch], device=device)
-                attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-                for row in output[:, width:].tolist():
-                    completions.append(trim_completion(row, tok.eos_token_id))
+            width = max(len(p) for p in prompt_ids)
+            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids], device=device)
+            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
         finally:
             model.train(was_training)
-        return Generation(completions)
+        return Generation([trim_completion(row, tok.eos_token_id) for row in output[:, width:].tolist()])

@@ -14,6 +14,7 @@ from .advantages import (
 from .logprobs import (
     batched_forward,
     batched_logprobs,
+    completion_logits,
     completion_logprobs,
     ends_without_eos,
     joined_inputs,
@@ -21,6 +22,9 @@ from .logprobs import (
     last_token_index,
     pad_prompts_and_completions,
     sequence_kl,
+    token_entropy,
+    token_logprobs,
+    trim_padding,
 )
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss
 from .masked import masked_mean, masked_var, masked_whiten
@@ -33,6 +37,7 @@ __all__ = [
     "chosen_first_order",
     "clipped_policy_loss",
     "clipped_value_loss",
+    "completion_logits",
     "completion_logprobs",
     "dpo_logits",
     "ends_without_eos",
@@ -51,5 +56,8 @@ __all__ = [
     "preference_loss",
     "sequence_kl",
     "shaped_token_rewards",
+    "token_entropy",
+    "token_logprobs",
+    "trim_padding",
     "whiten",
 ]

@@ -38,6 +38,60 @@ def joined_inputs(
     }
 
 
+def completion_logits(model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """The logits [B, C, V] that predict each completion token: the LM head runs only on the last C + 1 positions
+    (``logits_to_keep``), not on the prompt's, for models that take it."""
+    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    keep = completion_ids.shape[1] + 1
+    try:
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+    except TypeError as err:  # a model without logits_to_keep: the LM head over every position
+        if "logits_to_keep" not in str(err):
+            raise
+        logits = model(**inputs, use_cache=False).logits
+    return logits[:, -keep:-1]  # position t predicts token t + 1
+
+
+class _GatheredLogSoftmax(torch.autograd.Function):
+    """log_softmax(logits / temperature) at token_ids, [B, C] from [B, C, V], one row at a time. The forward returns
+    log_softmax's own values but keeps no [B, C, V] log-softmax; the backward rebuilds each row's softmax from the
+    logits (which the graph holds anyway)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        rows = [F.log_softmax(row.float() / temperature, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+                for row, ids in zip(logits, token_ids)]  # fmt: skip
+        ctx.save_for_backward(logits, token_ids)
+        ctx.temperature = temperature
+        return torch.stack(rows)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, token_ids = ctx.saved_tensors
+        rows = []
+        for row, ids, g in zip(logits, token_ids, grad):  # d log p(t) / d x = onehot(t) - softmax(x), over T
+            row_grad = -torch.softmax(row.float() / ctx.temperature, dim=-1) * g.unsqueeze(-1)
+            row_grad.scatter_add_(-1, ids.unsqueeze(-1), g.unsqueeze(-1))
+            rows.append((row_grad / ctx.temperature).to(row.dtype))
+        return torch.stack(rows), None, None
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature) at ``token_ids``: [B, C] from [B, C, V], with no [B, C, V] log-softmax (or
+    float32 copy of bf16 logits) kept for the backward pass."""
+    return _GatheredLogSoftmax.apply(logits, token_ids, temperature)
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy [B, C] of softmax(logits / temperature), one row at a time: logsumexp - sum(p * logits)."""
+    rows = []
+    for row_logits in logits:
+        row = row_logits.float() / temperature
+        rows.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
+    return torch.stack(rows)
+
+
 def completion_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -48,16 +102,19 @@ def completion_logprobs(
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked)."""
-    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    logits = model(**inputs, use_cache=False).logits
-    logits = logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature  # [B, C, V]: token t predicts t+1
-    logp = F.log_softmax(logits, dim=-1)
-    token_logp = logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp.exp() * logp).sum(-1)
-    return token_logp, entropy
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # [B, C, V]
+    entropy = token_entropy(logits, temperature) if with_entropy else None
+    return token_logprobs(logits, completion_ids, temperature), entropy
+
+
+def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask) -> tuple[tuple[torch.Tensor, ...], int]:
+    """The token tensors without the prompt columns that are padding in every row (on the left) and the completion
+    columns that are padding in every row (on the right); and the completion width kept."""
+    used = prompt_mask.any(0).nonzero()
+    first = int(used[0]) if len(used) else prompt_mask.shape[1] - 1
+    used = completion_mask.any(0).nonzero()
+    width = int(used[-1]) + 1 if len(used) else 1
+    return (prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :width], completion_mask[:, :width]), width
 
 
 def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
@@ -86,16 +143,25 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"kl_estimator={estimator!r} is invalid: use 'k1' or 'k3'.")
 
 
-def batched_forward(model: torch.nn.Module, forward, tensors: tuple[torch.Tensor, ...],
+def batched_forward(model: torch.nn.Module, forward, tokens: tuple[torch.Tensor, ...],
                     batch_size: int) -> torch.Tensor:  # fmt: skip
-    """``forward(model, *rows)`` in eval mode over chunks of ``batch_size`` rows of ``tensors``, concatenated."""
+    """[N, C] ``forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask)`` in eval mode over chunks
+    of ``batch_size`` rows of ``tokens``: rows of similar length share a chunk, and each chunk is trimmed to its own
+    longest prompt and completion (the columns beyond a chunk's completions come back as 0)."""
     was_training = model.training
     model.eval()
-    chunks = []
-    for i in range(0, tensors[0].shape[0], batch_size):
-        chunks.append(forward(model, *(tensor[i : i + batch_size] for tensor in tensors)))
+    prompt_mask, completion_mask = tokens[1], tokens[3]
+    order = torch.argsort(prompt_mask.sum(1) * completion_mask.shape[1] + completion_mask.sum(1), stable=True)
+    output = None
+    for i in range(0, len(order), batch_size):
+        rows = order[i : i + batch_size]
+        chunk, width = trim_padding(*(tensor[rows] for tensor in tokens))
+        values = forward(model, *chunk)  # [b, width]
+        if output is None:
+            output = values.new_zeros(len(order), completion_mask.shape[1])
+        output[rows, :width] = values
     model.train(was_training)
-    return torch.cat(chunks)
+    return output
 
 
 def batched_logprobs(model: torch.nn.Module, tensors: tuple[torch.Tensor, ...], temperature: float,

@@ -52,8 +52,10 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         rollout_batch_size: prompts generated per rollout (global). Default: ``train_batch_size /
             n_samples_per_prompt``, one rollout per optimizer step (TRL's default).
         n_samples_per_prompt: completions per prompt (TRL: ``num_generations``); default 4.
-        micro_rollout_batch_size: samples per device in one generation or scoring forward pass; default the largest
-            divisor, up to 8, of the samples each process generates per rollout.
+        micro_rollout_batch_size: samples per device in one no-grad scoring pass (old, reference, reward model,
+            critic); default the largest divisor, up to 8, of the samples each process generates per rollout.
+        micro_generation_batch_size: samples per device in one HF ``generate`` call, to cap its memory; default
+            the process's whole share of the rollout in one call, as TRL (vLLM always gets it whole).
         train_batch_size: samples per optimizer step, i.e. per global step (global); default
             micro_train_batch_size x processes x gradient_accumulation_steps.
         micro_train_batch_size: samples per device per forward/backward (TRL: ``per_device_train_batch_size``);
@@ -114,8 +116,8 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     )
     micro_rollout_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Samples per device in one generation or scoring forward pass; default the largest "
-                  "divisor, up to 8, of each process's samples per rollout."},
+        metadata={"help": "Samples per device in one no-grad scoring pass (old, reference, reward model and critic "
+                  "log-probs or values); default the largest divisor, up to 8, of each process's samples per rollout."},
     )  # fmt: skip
     train_batch_size: int | None = field(
         default=None,
@@ -127,6 +129,11 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         metadata={"help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8, "
                   "or derived from train_batch_size if that is given."},
     )
+    micro_generation_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Per device: most sequences in one HF generate call, to cap its memory; default the "
+                  "process's whole share of the rollout in one call (vLLM always gets it whole)."},
+    )  # fmt: skip
     num_ppo_epochs: int | None = field(
         default=None, metadata={"help": "Passes over each rollout (TRL: num_iterations); default 1."}
     )

@@ -54,7 +54,7 @@ def check_generation_and_logging(config) -> None:
             f"repetition_penalty={config.repetition_penalty!r} is invalid: it must be a finite number > 0 (1.0: "
             "no penalty)."
         )
-    for name in ("num_generations_eval", "num_completions_to_print"):
+    for name in ("num_generations_eval", "num_completions_to_print", "micro_generation_batch_size"):
         check_positive_int(name, getattr(config, name))
     if config.cache_implementation is not None and not isinstance(config.cache_implementation, str):
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is invalid: give a name or None.")

@@ -92,7 +92,6 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
     algorithm_name = "on-policy"
     config_class = OnPolicyConfig
     samples_per_group = 1  # mini-batches never split a group of this many consecutive samples (DPO: a pair)
-    needs_old_logprobs = True  # the loss uses the sampling policy's log-probs (an importance ratio); DPO's does not
 
     def __init__(
         self,
@@ -171,6 +170,12 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
     def logprob_temperature(self) -> float:
         """Temperature of the log-probs the loss uses: the sampling temperature, the distribution samples came from."""
         return self.args.temperature
+
+    def needs_old_logprobs(self) -> bool:
+        """Whether the rollout needs a separate pass for the sampling policy's log-probs (the importance ratio's
+        denominator). Not when each rollout is trained exactly once, in one optimizer step: the policy being trained
+        is then the one that sampled, so the training pass's own log-probs (detached) are the same numbers."""
+        return self.args.steps_per_rollout > 1
 
     def initial_algorithm_state(self) -> Stateful:
         """What the algorithm carries from one rollout to the next (checkpointed with the loop state)."""
@@ -314,7 +319,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         num_micro = len(minibatch) // size
         metrics: dict[str, float] = defaultdict(float)
         for i in range(num_micro):
-            batch = minibatch.select(slice(i * size, (i + 1) * size)).to(device)
+            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(device)
             last = i == num_micro - 1
             with contextlib.ExitStack() as stack:
                 if not last:  # gradients are all-reduced on the last micro-batch only

@@ -168,7 +168,6 @@ class OnlineDPOTrainer(OnPolicyTrainer):
     algorithm_name = "online-dpo"
     config_class = OnlineDPOConfig
     samples_per_group = 2
-    needs_old_logprobs = False  # the loss compares the policy with the reference only
 
     def __init__(
         self,
@@ -208,6 +207,9 @@ class OnlineDPOTrainer(OnPolicyTrainer):
     @property
     def logprob_temperature(self) -> float:
         return 1.0
+
+    def needs_old_logprobs(self) -> bool:
+        return False  # the loss compares the policy with the reference only
 
     @property
     def beta(self) -> float:

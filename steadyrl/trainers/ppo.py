@@ -181,6 +181,9 @@ class PPOTrainer(OnPolicyTrainer):
         scorer = next(func for func in self.reward_funcs if isinstance(func, RewardModelFunction))
         return scorer.tokenizer is None
 
+    def needs_old_logprobs(self) -> bool:
+        return True  # the per-token KL penalty in the rewards is computed before any training pass
+
     def initial_algorithm_state(self) -> PPOState:
         return PPOState(kl_coef=self.args.beta)
 

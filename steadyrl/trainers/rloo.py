@@ -76,8 +76,14 @@ class RLOOTrainer(OnPolicyTrainer):
     algorithm_name = "rloo"
     config_class = RLOOConfig
 
+    def needs_old_logprobs(self) -> bool:
+        return super().needs_old_logprobs() or self.args.beta > 0  # the KL penalty is part of the reward
+
     def compute_advantages(self, rollout: Rollout) -> Advantages:
-        kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.completion_mask)  # [N]
+        if rollout.old_logprobs is None:  # beta is 0: no KL penalty to compute
+            kl = torch.zeros_like(rollout.scores)
+        else:
+            kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.completion_mask)  # [N]
         scores, clip = rollout.scores, self.args.reward_clip_range  # [N]; clip: TRL's (min, max) or None
         if clip is not None:
             scores = scores.clamp(*clip)
@@ -94,6 +100,10 @@ class RLOOTrainer(OnPolicyTrainer):
             model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
         )
         advantages = batch.advantages.unsqueeze(1)  # [B, 1]: one advantage for every token of a sequence
-        loss, metrics = clipped_policy_loss(logprobs, batch.old_logprobs, advantages, mask, args.cliprange,
-                                            args.cliprange_high)  # fmt: skip
-        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}
+        sampled = batch.old_logprobs
+        extra = {}
+        if sampled is None:  # trained once, in one step: this pass is the sampling policy's
+            sampled = logprobs.detach()
+            extra["kl"] = sequence_kl(sampled, batch.ref_logprobs, batch.completion_mask).mean().item()
+        loss, metrics = clipped_policy_loss(logprobs, sampled, advantages, mask, args.cliprange, args.cliprange_high)
+        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item(), **extra}

@@ -47,7 +47,7 @@ class RolloutMixin:
         k, rollout = args.n_samples_per_prompt, self.loop.rollouts
         seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompt_ids))]
         start = time.time()
-        generation = self.generate(prompt_ids, seeds)
+        generation = self.generate(prompt_ids, seeds, chunk=args.micro_generation_batch_size)
         generation_time = time.time() - start
         inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
         scores = self.score(inputs)  # [N, num_rewards]
@@ -100,12 +100,13 @@ class RolloutMixin:
         )  # fmt: skip
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
-        """One completion per prompt row with the current actor (``chunk`` rows per call to the backend), each
-        sampled with its seed where the backend takes seeds."""
+        """One completion per prompt row with the current actor, each sampled with its seed where the backend takes
+        seeds; with HF generate in calls of ``chunk`` rows (all at once if None)."""
         actor = self.accelerator.unwrap_model(self.model)
         self.backend.sync_weights(actor, version=self.state.global_step)
-        chunk = chunk or max(1, len(prompt_ids))
         training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3, gather the actor first
+        if not training_model or chunk is None:  # vLLM schedules its own batches: it gets every row at once
+            chunk = max(1, len(prompt_ids))
         parts = []
         with gathered_for_generation(self.model_wrapped) if training_model else contextlib.nullcontext():
             for i in range(0, len(prompt_ids), chunk):
@@ -121,7 +122,8 @@ class RolloutMixin:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
             total -= args.missing_eos_penalty * no_eos.float()
         # the engine's own log-probs are checked against the trainer's
-        old_logprobs = self.policy_logprobs(self.model, tokens) if self.needs_old_logprobs or engine_logprobs else None
+        needed = self.needs_old_logprobs() or engine_logprobs  # the engine's log-probs are checked against them
+        old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens)
         return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
                        old_logprobs=old_logprobs)
