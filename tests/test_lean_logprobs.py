@@ -6,8 +6,7 @@ time; padding trimmed per micro-batch. Same numbers within 1e-6 in float32 (rela
 their last bit or two, as logit - logsumexp and log-softmax round differently): log-probs, entropy, loss, gradients.
 """
 
-TOLERANCE = dict(atol=1e-6, rtol=1e-6)
-
+import pytest
 import torch
 import torch.nn.functional as F
 from toy_run import make_trainer
@@ -16,6 +15,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from steadyrl import RLOOTrainer
 from steadyrl.ops import batched_logprobs, completion_logprobs, joined_inputs, pad_prompts_and_completions
 
+TOLERANCE = dict(atol=1e-6, rtol=1e-6)
+
 
 def plain_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):
     logits = model(**joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask), use_cache=False).logits
@@ -23,7 +24,9 @@ def plain_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
     return logp.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
 
 
-def test_lean_logprobs_entropy_and_gradients_equal_the_plain_path():
+@pytest.mark.parametrize("chunk", [2**24, 32_000 * 6], ids=["all-rows-at-once", "one-row-at-a-time"])
+def test_lean_logprobs_entropy_and_gradients_equal_the_plain_path(monkeypatch, chunk):
+    monkeypatch.setattr("steadyrl.ops.logprobs.CHUNK_LOGITS", chunk)
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=32_000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip

@@ -40,7 +40,8 @@ class HFGenerationBackend(GenerationBackend):
             width = max(len(p) for p in prompt_ids)
             input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids], device=device)
             attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
-            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            with torch.inference_mode():  # the ids leave as Python lists: nothing here needs autograd's bookkeeping
+                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
         finally:
             model.train(was_training)
         return Generation([trim_completion(row, tok.eos_token_id) for row in output[:, width:].tolist()])

@@ -52,28 +52,39 @@ def completion_logits(model: torch.nn.Module, prompt_ids, prompt_mask, completio
     return logits[:, -keep:-1]  # position t predicts token t + 1
 
 
+CHUNK_LOGITS = 2**24  # logits (64 MiB in float32) per piece of the [B, C, V] logits worked on at once
+
+
+def row_chunks(logits: torch.Tensor) -> list[slice]:
+    """Slices of ``logits``' rows, each holding at most CHUNK_LOGITS logits (at least one row): a large vocabulary
+    is worked on a few rows at a time, a small one all at once."""
+    per_row = max(1, logits[0].numel()) if len(logits) else 1
+    rows = max(1, CHUNK_LOGITS // per_row)
+    return [slice(i, i + rows) for i in range(0, len(logits), rows)]
+
+
 class _GatheredLogSoftmax(torch.autograd.Function):
-    """log_softmax(logits / temperature) at token_ids, [B, C] from [B, C, V], one row at a time. The forward returns
-    log_softmax's own values but keeps no [B, C, V] log-softmax; the backward rebuilds each row's softmax from the
+    """log_softmax(logits / temperature) at token_ids, [B, C] from [B, C, V], a few rows at a time. The forward
+    returns log_softmax's own values but keeps no [B, C, V] log-softmax; the backward rebuilds the softmax from the
     logits (which the graph holds anyway)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        rows = [F.log_softmax(row.float() / temperature, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-                for row, ids in zip(logits, token_ids)]  # fmt: skip
+        parts = [F.log_softmax(logits[rows].float() / temperature, dim=-1).gather(-1, token_ids[rows].unsqueeze(-1))
+                 for rows in row_chunks(logits)]  # fmt: skip
         ctx.save_for_backward(logits, token_ids)
         ctx.temperature = temperature
-        return torch.stack(rows)
+        return torch.cat(parts).squeeze(-1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         logits, token_ids = ctx.saved_tensors
-        rows = []
-        for row, ids, g in zip(logits, token_ids, grad):  # d log p(t) / d x = onehot(t) - softmax(x), over T
-            row_grad = -torch.softmax(row.float() / ctx.temperature, dim=-1) * g.unsqueeze(-1)
-            row_grad.scatter_add_(-1, ids.unsqueeze(-1), g.unsqueeze(-1))
-            rows.append((row_grad / ctx.temperature).to(row.dtype))
-        return torch.stack(rows), None, None
+        parts = []
+        for rows in row_chunks(logits):  # d log p(t) / d x = (onehot(t) - softmax(x)) / T
+            part = -torch.softmax(logits[rows].float() / ctx.temperature, dim=-1) * grad[rows].unsqueeze(-1)
+            part.scatter_add_(-1, token_ids[rows].unsqueeze(-1), grad[rows].unsqueeze(-1))
+            parts.append((part / ctx.temperature).to(logits.dtype))
+        return torch.cat(parts), None, None
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -84,12 +95,12 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
 
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy [B, C] of softmax(logits / temperature), one row at a time: logsumexp - sum(p * logits)."""
-    rows = []
-    for row_logits in logits:
-        row = row_logits.float() / temperature
-        rows.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
-    return torch.stack(rows)
+    """Entropy [B, C] of softmax(logits / temperature), a few rows at a time: logsumexp - sum(p * logits)."""
+    parts = []
+    for rows in row_chunks(logits):
+        x = logits[rows].float() / temperature
+        parts.append(torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1))
+    return torch.cat(parts)
 
 
 def completion_logprobs(

@@ -86,7 +86,7 @@ class EvaluationMixin:
         # metrics): under ZeRO-3, generation and reward-model passes are collective and must match in number.
         per_process = math.ceil(len(dataset) / world)
         indices = range(rank * per_process, (rank + 1) * per_process)
-        rows = dataset.select([i % len(dataset) for i in indices]).to_dict()
+        rows = dataset[[i % len(dataset) for i in indices]]  # {column: values}
         counted = [i < len(dataset) for i in indices for _ in range(k)]
         prompts, columns = self.repeated_rows(rows, k)
         prompt_ids, _ = self.truncate_prompts(self.tokenize(prompts))

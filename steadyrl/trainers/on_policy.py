@@ -207,9 +207,9 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         return batch.completion_mask * (~cut).unsqueeze(1)
 
     def trained_modules(self) -> list[TrainedModule]:
-        """Every model the run trains, the actor first."""
-        actor = self.accelerator.unwrap_model(self.model_wrapped)
-        return [TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, actor, self.save_actor)]
+        """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""
+        return [TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, self.model,
+                              self.save_actor)]  # fmt: skip
 
     def prepare_for_training(self, max_steps: int) -> None:
         """Create the optimizers and schedulers and let accelerate prepare them with their models."""
@@ -360,7 +360,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
     def run_fingerprint(self) -> dict:
         """Settings a resumed run must share with the run that wrote the checkpoint."""
         modules = [module.name for module in self.trained_modules()]
-        model, processes = self.accelerator.unwrap_model(self.model), self.accelerator.num_processes
+        model, processes = self.model, self.accelerator.num_processes
         return run_fingerprint(self.algorithm_name, self.args, model, len(self.train_dataset), modules, processes,
                                self.zero_stage)  # fmt: skip
 

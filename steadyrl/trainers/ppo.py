@@ -160,7 +160,7 @@ class PPOTrainer(OnPolicyTrainer):
             model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
             reward_model=reward_model, reward_processing_class=reward_processing_class, eval_dataset=eval_dataset,
         )  # fmt: skip
-        actor = self.accelerator.unwrap_model(self.model)
+        actor = self.model
         if value_model is not None:
             critic = load_scalar_model(value_model, "value_model", from_pretrained_kwargs(self.args))
             check_same_vocabulary(critic, "value_model", actor, self.processing_class)

@@ -24,7 +24,7 @@ class PublishMixin:
     def save_actor(self, directory: Path) -> None:
         """The actor alone, in plain Hugging Face format, with its tokenizer. Under ZeRO-3 every process must call
         it (the weights are gathered); only the main process writes."""
-        self.save_pretrained_model(self.accelerator.unwrap_model(self.model), directory)
+        self.save_pretrained_model(self.model, directory)
         if self.processing_class is not None and self.accelerator.is_main_process:
             self.processing_class.save_pretrained(directory)
 

@@ -72,7 +72,7 @@ class RolloutMixin:
         indices = self.loop.sampler.next(args.rollout_batch_size)
         per_process = args.rollout_batch_size // world
         first = self.accelerator.process_index * per_process
-        rows = self.train_dataset.select(indices[first : first + per_process]).to_dict()
+        rows = self.train_dataset[indices[first : first + per_process]]  # {column: values}
         k = args.n_samples_per_prompt
         return *self.repeated_rows(rows, k), first
 
@@ -102,7 +102,7 @@ class RolloutMixin:
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
         """One completion per prompt row with the current actor, each sampled with its seed where the backend takes
         seeds; with HF generate in calls of ``chunk`` rows (all at once if None)."""
-        actor = self.accelerator.unwrap_model(self.model)
+        actor = self.model
         self.backend.sync_weights(actor, version=self.state.global_step)
         training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3, gather the actor first
         if not training_model or chunk is None:  # vLLM schedules its own batches: it gets every row at once
@@ -140,7 +140,7 @@ class RolloutMixin:
             offload = self.args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
             with offloaded(self.ref_model, self.accelerator.device, offload):
                 return self.policy_logprobs(self.ref_model, tokens)
-        with self.accelerator.unwrap_model(self.model).disable_adapter():
+        with self.model.disable_adapter():
             return self.policy_logprobs(self.model, tokens)
 
     def sample_advantages(self, rollout: Rollout) -> torch.Tensor | None:
