@@ -15,3 +15,18 @@ def test_top_k_0_means_no_top_k(tmp_path, top_k, warpers):
         logits_processor=None,
     )  # fmt: skip
     assert [type(p).__name__ for p in processors] == warpers
+
+
+@pytest.mark.parametrize("cap, calls", [(None, [8]), (3, [3, 3, 2])])
+def test_hf_generate_takes_the_whole_rollout_in_one_call_unless_capped(tmp_path, cap, calls):
+    """micro_generation_batch_size caps a generate call; the scoring passes keep micro_rollout_batch_size (2 here)."""
+    trainer = make_trainer(tmp_path, micro_rollout_batch_size=2, micro_generation_batch_size=cap)
+    sizes, generate = [], trainer.model.generate
+
+    def recording(input_ids, **kwargs):
+        sizes.append(len(input_ids))
+        return generate(input_ids=input_ids, **kwargs)
+
+    trainer.model.generate = recording
+    rollout = trainer.make_rollout().rollout
+    assert sizes == calls and len(rollout) == 8  # toy_run: 4 prompts x 2 samples

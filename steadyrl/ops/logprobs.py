@@ -52,7 +52,7 @@ def completion_logits(model: torch.nn.Module, prompt_ids, prompt_mask, completio
     return logits[:, -keep:-1]  # position t predicts token t + 1
 
 
-CHUNK_LOGITS = 2**24  # logits (64 MiB in float32) per piece of the [B, C, V] logits worked on at once
+CHUNK_LOGITS = 2**22  # logits (16 MiB in float32) per piece of the [B, C, V] logits worked on at once
 
 
 def row_chunks(logits: torch.Tensor) -> list[slice]:
@@ -63,6 +63,12 @@ def row_chunks(logits: torch.Tensor) -> list[slice]:
     return [slice(i, i + rows) for i in range(0, len(logits), rows)]
 
 
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits`` in float32 divided by ``temperature`` (no copy for float32 logits at temperature 1)."""
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
+
+
 class _GatheredLogSoftmax(torch.autograd.Function):
     """log_softmax(logits / temperature) at token_ids, [B, C] from [B, C, V], a few rows at a time. The forward
     returns log_softmax's own values but keeps no [B, C, V] log-softmax; the backward rebuilds the softmax from the
@@ -70,7 +76,7 @@ class _GatheredLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        parts = [F.log_softmax(logits[rows].float() / temperature, dim=-1).gather(-1, token_ids[rows].unsqueeze(-1))
+        parts = [F.log_softmax(scaled(logits[rows], temperature), dim=-1).gather(-1, token_ids[rows].unsqueeze(-1))
                  for rows in row_chunks(logits)]  # fmt: skip
         ctx.save_for_backward(logits, token_ids)
         ctx.temperature = temperature
@@ -81,9 +87,9 @@ class _GatheredLogSoftmax(torch.autograd.Function):
         logits, token_ids = ctx.saved_tensors
         parts = []
         for rows in row_chunks(logits):  # d log p(t) / d x = (onehot(t) - softmax(x)) / T
-            part = -torch.softmax(logits[rows].float() / ctx.temperature, dim=-1) * grad[rows].unsqueeze(-1)
+            part = torch.softmax(scaled(logits[rows], ctx.temperature), dim=-1).mul_(-grad[rows].unsqueeze(-1))
             part.scatter_add_(-1, token_ids[rows].unsqueeze(-1), grad[rows].unsqueeze(-1))
-            parts.append((part / ctx.temperature).to(logits.dtype))
+            parts.append((part if ctx.temperature == 1.0 else part.div_(ctx.temperature)).to(logits.dtype))
         return torch.cat(parts), None, None
 
 
@@ -98,7 +104,7 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     """Entropy [B, C] of softmax(logits / temperature), a few rows at a time: logsumexp - sum(p * logits)."""
     parts = []
     for rows in row_chunks(logits):
-        x = logits[rows].float() / temperature
+        x = scaled(logits[rows], temperature)
         parts.append(torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1))
     return torch.cat(parts)
 
