@@ -43,8 +43,10 @@ from ..checkpoint import (
     save_rng_state,
     verify_checkpoint,
 )
+from ..checkpoint.ownership import OutputDirLock, check_output_dir
 from ..generation.weights import is_peft
 from ..zero import load_zero_state, modifiable, zero_optimizer, zero_state
+from .fingerprint import check_resumable
 
 logger = logging.get_logger(__name__)
 
@@ -80,32 +82,8 @@ class CheckpointContents:
     modules: list[TrainedModule]
     trainer_state: TrainerState
     loop_state: dict  # LoopState.state_dict()
-    fingerprint: dict  # settings a resumed run must share with the run that wrote the checkpoint
-
-
-def run_fingerprint(algorithm: str, args, model: torch.nn.Module, num_prompts: int, modules: list[str],
-                    processes: int, zero_stage: int | None) -> dict:  # fmt: skip
-    """Settings a resumed run must share with the run that wrote the checkpoint: the batch hierarchy, the number
-    of processes, the model's shape, the dataset's size and what is trained."""
-    config = model.config
-    return {
-        "algorithm": algorithm,
-        "rollout_batch_size": args.rollout_batch_size,
-        "n_samples_per_prompt": args.n_samples_per_prompt,
-        "micro_rollout_batch_size": args.micro_rollout_batch_size,
-        "train_batch_size": args.train_batch_size,
-        "micro_train_batch_size": args.micro_train_batch_size,
-        "num_ppo_epochs": args.num_ppo_epochs,
-        "world_size": processes,
-        "model_type": config.model_type,
-        "vocab_size": config.vocab_size,
-        "hidden_size": getattr(config, "hidden_size", None),
-        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
-        "peft": is_peft(model),
-        "num_prompts": num_prompts,
-        "trained_modules": modules,
-        "zero_stage": zero_stage,
-    }
+    fingerprint: dict  # what a resumed run must share with the run that wrote the checkpoint (fingerprint.py)
+    free_settings: dict  # settings a resumed run may change; changes are logged
 
 
 def rank_file(name: str, rank: int) -> str:
@@ -114,15 +92,28 @@ def rank_file(name: str, rank: int) -> str:
     return f"{stem}_{rank}{suffix}"
 
 
-def resolve_checkpoint(value, output_dir: str, accelerator) -> Path | None:
+def on_main_process(accelerator, work: Callable[[], object]):
+    """Run ``work`` on the main process and hand every process its result, or raise its error on every process
+    (so that none is left waiting at the next collective)."""
+    result, error = None, None
+    if accelerator.is_main_process:
+        try:
+            result = work()
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every process
+            error = err
+    if accelerator.num_processes > 1:
+        result, error = broadcast_object_list([result, error])
+    if error is not None:
+        raise error
+    return result
+
+
+def find_checkpoint(value, output_dir: str) -> Path | None:
     """Turn ``resume_from_checkpoint`` (bool, "true"/"false", or a path) into a verified directory or None."""
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in FALSE_VALUES):
         return None
     if value is True or (isinstance(value, str) and value.strip().lower() in TRUE_VALUES):
-        found = [find_resumable_checkpoint(output_dir) if accelerator.is_main_process else None]
-        if accelerator.num_processes > 1:  # every process resumes from the checkpoint the main one chose
-            found = broadcast_object_list(found)
-        found = found[0]
+        found = find_resumable_checkpoint(output_dir)
         if found is None:
             logger.warning(f"No complete checkpoint in {output_dir}: starting from step 0.")
         else:
@@ -138,6 +129,26 @@ def resolve_checkpoint(value, output_dir: str, accelerator) -> Path | None:
         raise CheckpointError(f"resume_from_checkpoint={value!r} is not a directory.")
     verify_checkpoint(path)
     return path
+
+
+def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Path | None]:
+    """Lock ``output_dir`` (main process), find the checkpoint ``resume_from_checkpoint`` names, and refuse (or
+    with ``overwrite_output_dir`` delete) another run's checkpoints (ownership.py); every process gets the
+    checkpoint or the error."""
+    lock = OutputDirLock(args.output_dir) if accelerator.is_main_process else None
+    on_main_process(accelerator, lock.acquire if lock else None)
+
+    def resolve() -> Path | None:
+        checkpoint = find_checkpoint(value, args.output_dir)
+        check_output_dir(args.output_dir, checkpoint, args.overwrite_output_dir)
+        return checkpoint
+
+    try:
+        return lock, on_main_process(accelerator, resolve)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
 
 class Checkpointer:
@@ -183,6 +194,7 @@ class Checkpointer:
         if self.main:
             contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
             shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint}
+            shared["free_settings"] = contents.free_settings
             shared.update({key: loop[key] for key in ("sampler", "rollouts", "algorithm")})
             (tmp / STATE_NAME).write_text(json.dumps(shared))
         # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
@@ -209,19 +221,14 @@ class Checkpointer:
                 f"{directory} was written in steadyrl state format {shared.get('format')}; this version reads "
                 f"formats {', '.join(map(str, READABLE_FORMATS))}: resume it with the steadyrl version that wrote it."
             )
-        saved, current = shared["fingerprint"], contents.fingerprint
-        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
-        if changed:
-            details = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}" for k, (old, new) in changed.items())
-            raise CheckpointError(f"cannot resume from {directory}: the run's configuration changed ({details}).")
+        check_resumable(shared["fingerprint"], contents.fingerprint, shared.get("free_settings", {}),
+                        contents.free_settings, directory)  # fmt: skip
         for module in contents.modules:
             self._load_module(directory, module)
         state = contents.trainer_state
         restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         for name in RESTORED_TRAINER_STATE:
             setattr(state, name, getattr(restored, name))
-        if restored.max_steps != state.max_steps:
-            logger.warning(f"max_steps changed from {restored.max_steps} to {state.max_steps} since the checkpoint.")
         rank_state_path = directory / rank_file("rank_state.json", self.rank)
         if not rank_state_path.is_file():
             raise CheckpointError(f"{directory} has no state for process {self.rank} ({rank_state_path.name}).")

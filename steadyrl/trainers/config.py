@@ -89,6 +89,11 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         missing_eos_penalty: subtracted from the score of a completion that ends without EOS.
         ref_reward_offload: keep the reference and reward models in CPU memory between rollouts.
         save_final_checkpoint: also checkpoint the last step when it is not a multiple of ``save_steps``.
+        overwrite_output_dir: delete the checkpoints in ``output_dir`` before a fresh start; without it a fresh start
+            in a directory that holds checkpoints is refused (resume them with ``resume_from_checkpoint=True``).
+        allow_low_precision_weights: train bf16/fp16 parameters that have no float32 master copy (refused by
+            default: updates below their resolution are lost). A model given by name loads in float32 unless
+            ``model_init_kwargs`` names a dtype.
         stop_on_signal: on SIGTERM / SIGINT finish the step, checkpoint and exit with status 0.
         hub_push_merged: with ``peft_config`` and ``push_to_hub``, push the adapters merged into the base model.
         use_vllm: generate with an in-process vLLM engine; ``vllm_gpu_memory_utilization``,
@@ -254,6 +259,16 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         metadata={"help": "On CUDA, release vLLM's memory while training and wake it for generation."},
     )
     vllm_kv_cache_space: int = field(default=1, metadata={"help": "GiB of KV cache for vLLM on CPU."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Delete the checkpoints already in output_dir before a fresh start (without it, a fresh "
+                  "start in a directory holding checkpoints is refused)."},
+    )  # fmt: skip
+    allow_low_precision_weights: bool = field(
+        default=False,
+        metadata={"help": "Train bf16/fp16 parameters without float32 master weights (updates below their "
+                  "resolution are lost); refused by default."},
+    )  # fmt: skip
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial learning rate of the actor."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
 

@@ -31,7 +31,7 @@ def from_pretrained_kwargs(args) -> dict:
 
 def load_policy(model: str | PreTrainedModel, tokenizer, args):
     """The policy (loaded whole from a path even under ZeRO-3) and its tokenizer, with a pad token."""
-    kwargs = from_pretrained_kwargs(args)
+    kwargs = {"dtype": torch.float32, **from_pretrained_kwargs(args)}  # trained weights: float32 unless asked
     if isinstance(model, str):
         with whole_at_load():
             model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
@@ -48,6 +48,32 @@ def load_policy(model: str | PreTrainedModel, tokenizer, args):
         tokenizer.pad_token = tokenizer.eos_token
     check_vocabulary(model, tokenizer)
     return model, tokenizer
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def mixed_precision_engine(deepspeed_config: dict | None, args) -> bool:
+    """Whether DeepSpeed trains in bf16/fp16 with float32 master weights (its optimizer keeps them)."""
+    if deepspeed_config is None:
+        return False
+    enabled = {name: deepspeed_config.get(name, {}).get("enabled", False) for name in ("bf16", "fp16")}
+    return any(value is True or (value == "auto" and getattr(args, name)) for name, value in enabled.items())
+
+
+def check_master_weights(model: torch.nn.Module, name: str, args, deepspeed_config: dict | None) -> None:
+    """Refuse trainable bf16/fp16 parameters without float32 master weights: an update smaller than the weight's
+    resolution (1/256 of it in bf16) rounds away, so most of the run's updates would be silently lost."""
+    low = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype in LOW_PRECISION})
+    if not low or args.allow_low_precision_weights or mixed_precision_engine(deepspeed_config, args):
+        return
+    raise ValueError(
+        f"{name}'s trainable parameters are {', '.join(low)}, and nothing keeps float32 master weights: updates "
+        f"smaller than a weight's {low[0]} resolution would be rounded away. Load the model in float32 "
+        "(model_init_kwargs={'dtype': 'float32'}, or from_pretrained(..., dtype=torch.float32)) and set bf16=True to "
+        "compute in bfloat16 under autocast; or use DeepSpeed with bf16 enabled (it keeps float32 master weights); or "
+        "set allow_low_precision_weights=True to train the low-precision weights as they are."
+    )
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

@@ -18,6 +18,7 @@ that trains more than the actor (PPO's critic) extends ``trained_modules`` and `
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import time
 from collections import defaultdict
@@ -31,8 +32,10 @@ from transformers.utils import logging
 
 from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ..checkpoint import checkpoint_name
+from ..checkpoint.ownership import supersede_newer
 from ..completion_log import CompletionLog
 from ..generation import make_backend
+from ..generation.weights import is_peft
 from ..ops import ends_without_eos
 from ..placement import place_frozen_models
 from ..prompts import PromptTruncation, check_prompts
@@ -41,13 +44,15 @@ from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
-from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, resolve_checkpoint, run_fingerprint
+from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, on_main_process, take_output_dir
 from .checks import check_dataset, check_model_path
 from .config import OnPolicyConfig
 from .evaluation import EvaluationMixin, check_eval_dataset
+from .fingerprint import callable_identity, dataset_digest, model_identity, split_settings, tokenizer_digest
 from .loop_state import LoopState, NoAlgorithmState, Stateful
 from .models import (
     check_deepspeed_support,
+    check_master_weights,
     deepspeed_backward,
     disable_dropout,
     enable_gradient_checkpointing,
@@ -145,6 +150,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         self.zero_stage = None
         if self.is_deepspeed_enabled:
             self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model)
+        check_master_weights(self.model, "model", args, self.deepspeed_config)
+        self.identity = self.run_identity()
         self.zero3 = self.zero_stage == 3
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
@@ -161,8 +168,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         self.checkpointer = Checkpointer(self.accelerator)
 
     @property
-    def deepspeed_config(self) -> dict:
-        return self.accelerator.state.deepspeed_plugin.deepspeed_config
+    def deepspeed_config(self) -> dict | None:
+        return self.accelerator.state.deepspeed_plugin.deepspeed_config if self.is_deepspeed_enabled else None
 
     # ---- what each algorithm defines -------------------------------------------------------
 
@@ -225,7 +232,16 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         args = self.args
         if resume_from_checkpoint is None:
             resume_from_checkpoint = args.resume_from_checkpoint
-        checkpoint = resolve_checkpoint(resume_from_checkpoint, args.output_dir, self.accelerator)
+        lock, checkpoint = take_output_dir(resume_from_checkpoint, args, self.accelerator)
+        try:
+            return self.run_loop(checkpoint)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def run_loop(self, checkpoint: Path | None) -> TrainOutput:
+        """Train from ``checkpoint`` (or from the start) to ``max_steps``, with ``output_dir`` locked."""
+        args = self.args
         max_steps = args.total_steps(len(self.train_dataset))
         self.is_in_train = True
         self.prepare_for_training(max_steps)
@@ -239,6 +255,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         self.state.compute_steps(args, max_steps)
         if checkpoint is not None:
             self.loop.load_state_dict(self.checkpointer.load(checkpoint, self.checkpoint_contents()))
+            on_main_process(self.accelerator, functools.partial(supersede_newer, args.output_dir, checkpoint))
         start_step, start_time = self.state.global_step, time.time()
         if args.log_completions and self.completion_log is not None:  # lines a killed run wrote after its checkpoint
             self.completion_log.truncate_after(start_step)
@@ -357,15 +374,28 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
 
     # ---- checkpoints and export -----------------------------------------------------------------------
 
+    def run_identity(self) -> dict:
+        """What the run starts from: the models (config and initial weights), tokenizer, dataset and reward
+        functions; taken when the trainer is built, before any update."""
+        return {
+            **model_identity("model", self.model), **model_identity("reward_model", self.reward_model),
+            "tokenizer": tokenizer_digest(self.processing_class), "dataset": dataset_digest(self.train_dataset),
+            "num_prompts": len(self.train_dataset), "reward_funcs": [callable_identity(f) for f in self.reward_funcs],
+        }  # fmt: skip
+
     def run_fingerprint(self) -> dict:
-        """Settings a resumed run must share with the run that wrote the checkpoint."""
-        modules = [module.name for module in self.trained_modules()]
-        model, processes = self.model, self.accelerator.num_processes
-        return run_fingerprint(self.algorithm_name, self.args, model, len(self.train_dataset), modules, processes,
-                               self.zero_stage)  # fmt: skip
+        """What a resumed run must share with the run that wrote the checkpoint (fingerprint.py)."""
+        fixed, _ = split_settings(self.args)
+        return {
+            "algorithm": self.algorithm_name, "world_size": self.accelerator.num_processes,
+            "zero_stage": self.zero_stage, "peft": is_peft(self.model),
+            "trained_modules": [module.name for module in self.trained_modules()], **self.identity, **fixed,
+        }  # fmt: skip
 
     def checkpoint_contents(self) -> CheckpointContents:
-        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), self.run_fingerprint())
+        _, free = split_settings(self.args)
+        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), self.run_fingerprint(),
+                                  free)  # fmt: skip
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as

@@ -36,7 +36,8 @@ from ..rollout import Advantages, Rollout
 from ..scalar_head import Critic, RewardModelFunction, check_same_vocabulary, critic_from_policy, load_scalar_model
 from .checkpointing import TrainedModule
 from .config import OnPolicyConfig
-from .models import disable_dropout, enable_gradient_checkpointing, from_pretrained_kwargs
+from .fingerprint import model_identity
+from .models import check_master_weights, disable_dropout, enable_gradient_checkpointing, from_pretrained_kwargs
 from .on_policy import OnPolicyTrainer
 
 logger = logging.get_logger(__name__)
@@ -162,7 +163,8 @@ class PPOTrainer(OnPolicyTrainer):
         )  # fmt: skip
         actor = self.model
         if value_model is not None:
-            critic = load_scalar_model(value_model, "value_model", from_pretrained_kwargs(self.args))
+            critic = load_scalar_model(value_model, "value_model",
+                                       {"dtype": torch.float32, **from_pretrained_kwargs(self.args)})  # fmt: skip
             check_same_vocabulary(critic, "value_model", actor, self.processing_class)
         elif self.reward_model is not None and self.reward_model_reads_policy_tokens():
             critic = copy.deepcopy(self.reward_model)
@@ -176,6 +178,8 @@ class PPOTrainer(OnPolicyTrainer):
         if self.args.disable_dropout:
             disable_dropout(critic)
         self.critic = Critic(critic.train().requires_grad_(True)).to(self.accelerator.device)
+        check_master_weights(self.critic, "the critic", self.args, self.deepspeed_config)
+        self.identity.update(model_identity("critic", critic))
 
     def reward_model_reads_policy_tokens(self) -> bool:
         scorer = next(func for func in self.reward_funcs if isinstance(func, RewardModelFunction))
