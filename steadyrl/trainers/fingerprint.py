@@ -17,6 +17,7 @@ import torch
 from transformers.utils import logging
 
 from ..checkpoint import CheckpointError
+from .trl_names import MAX_NEW_TOKENS, SYNONYMS
 
 logger = logging.get_logger(__name__)
 
@@ -47,6 +48,9 @@ FREE_SETTINGS = frozenset({
     "vllm_gpu_memory_utilization", "vllm_kv_cache_space", "vllm_enable_sleep_mode", "vllm_server_base_url",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
 })  # fmt: skip
+# TRL's names for steadyrl's fields (trl_names.py): they restate a setting the fingerprint holds under its own name.
+MIRRORS = frozenset({synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)} |
+                    {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"})  # fmt: skip
 SAMPLED_VALUES = 64  # per tensor, in the weight digest
 SAMPLED_ROWS = 256  # in the dataset digest
 MODEL_CONFIG_IGNORED = {"_name_or_path", "transformers_version", "use_cache", "output_attentions",
@@ -114,7 +118,7 @@ def callable_identity(func) -> str:
 def split_settings(args) -> tuple[dict, dict]:
     """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``."""
     settings = _plain(args.to_dict())
-    fixed = {f"args.{k}": v for k, v in settings.items() if k not in FREE_SETTINGS}
+    fixed = {f"args.{k}": v for k, v in settings.items() if k not in FREE_SETTINGS | MIRRORS}
     free = {f"args.{k}": v for k, v in settings.items() if k in FREE_SETTINGS and k != "hub_token"}
     return fixed, free
 
