@@ -423,6 +423,13 @@ def _(ctx):
     rloo(ctx, model=str(ctx.tmp_path / "models" / "policy"))
 
 
+@trigger("low-precision-weights")
+def _(ctx):
+    import torch
+
+    rloo(ctx, model=AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16))
+
+
 @trigger("tokenizer-vocab")
 def _(ctx):
     model = AutoModelForCausalLM.from_pretrained(toy_model_path())
@@ -465,7 +472,25 @@ def _(ctx):
 
 @trigger("resume-changed")
 def _(ctx):
-    make_trainer(ctx.tmp_path, train_batch_size=8).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
+    make_trainer(ctx.tmp_path, learning_rate=5e-2).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
+
+
+@trigger("output-dir-other-run")
+def _(ctx):
+    shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
+    make_trainer(ctx.tmp_path).train()
+
+
+@trigger("output-dir-in-use")
+def _(ctx):
+    from steadyrl.checkpoint.ownership import OutputDirLock
+
+    other = OutputDirLock(ctx.tmp_path)  # another run's lock (flock: another open file conflicts, even in-process)
+    other.acquire()
+    try:
+        make_trainer(ctx.tmp_path).train()
+    finally:
+        other.release()
 
 
 @trigger("resume-value")
