@@ -42,7 +42,7 @@ from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
 from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, resolve_checkpoint, run_fingerprint
-from .checks import check_dataset, check_model_path
+from .checks import check_dataset, check_model_path, check_output_dir
 from .config import OnPolicyConfig
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
@@ -113,6 +113,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         check_dataset(train_dataset)
+        check_output_dir(args.output_dir)
         if eval_dataset is None and args.eval_strategy != "no":
             raise ValueError(
                 f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "
