@@ -36,13 +36,24 @@ class FakeHub:
     authorizations: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     card_metadata: list[dict] = field(default_factory=list)
-    failures: list[int | str] = field(default_factory=list)  # what the next POST requests get instead of an answer
+    failures: list[list] = field(default_factory=list)  # [how, path part, requests to let through first]
     failed: list[str] = field(default_factory=list)  # the requests that failed, as "POST <path> -> <how>"
 
-    def fail_next(self, times: int, how: int | str = 500) -> None:
-        """Fail the next ``times`` POST requests: with an HTTP status (500, 503, 429) or ``"drop"`` (the connection
-        is closed without an answer)."""
-        self.failures.extend([how] * times)
+    def fail_next(self, times: int, how: int | str = 500, path: str = "", after: int = 0) -> None:
+        """Fail the next ``times`` POST requests whose path contains ``path`` (after letting ``after`` of them
+        through): with an HTTP status (500, 503, 429) or ``"drop"`` (the connection is closed without an answer).
+        huggingface_hub retries a failed commit itself (1 s, 2 s, 4 s, ...), not a repository creation."""
+        self.failures.append([how, path, after])
+        self.failures.extend([how, path, 0] for _ in range(times - 1))
+
+    def failure_for(self, path: str) -> int | str | None:
+        """How this request fails, if it does."""
+        if not self.failures or self.failures[0][1] not in path:
+            return None
+        if self.failures[0][2] > 0:
+            self.failures[0][2] -= 1
+            return None
+        return self.failures.pop(0)[0]
 
     def files(self, repo_id: str) -> dict[str, bytes]:
         """The repository's files after all its commits."""
@@ -89,8 +100,8 @@ def _handler(hub: FakeHub):
             hub.authorizations.append(self.headers.get("authorization", ""))
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             path = self.path.split("?")[0]
-            if hub.failures:
-                return self._fail(hub.failures.pop(0))
+            if (how := hub.failure_for(path)) is not None:
+                return self._fail(how)
             if path == "/api/repos/create":
                 request = json.loads(body)
                 repo_id = (
