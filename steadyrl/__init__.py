@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from .callbacks import CheckpointCallback, GlobalStepCallback, GlobalStepError
 from .checkpoint import CheckpointError
+from .hub import HubPushError
 from .judges import JudgeError
 from .rewards import RewardFunctionError
 from .trainers import (
@@ -24,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "GlobalStepCallback",
     "GlobalStepError",
+    "HubPushError",
     "JudgeError",
     "OnlineDPOConfig",
     "OnlineDPOTrainer",

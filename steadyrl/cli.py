@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"Wrote the actor of {args.checkpoint} to {out}")
     elif args.command == "push":
-        from .hub import push_from_directory
+        from .hub import describe, network_errors, push_from_directory
 
         try:
             url = push_from_directory(Path(args.source), args.repo_id, args.token, args.merged, args.private,
@@ -101,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         except (CheckpointError, FileNotFoundError) as err:
             print(f"steadyrl push: error: {err}", file=sys.stderr)
             return 2
+        except network_errors() as err:
+            reason = f"could not push to the Hub repository {args.repo_id!r} ({describe(err)})"
+            print(f"steadyrl push: error: {reason}; run the same command again once the Hub is reachable.",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         print(f"Pushed the actor of {args.source} to {args.repo_id}: {url}")
     elif args.command == "checkpoints":
         return list_checkpoints(Path(args.output_dir))

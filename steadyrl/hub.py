@@ -8,12 +8,42 @@ usual places (an explicit ``token``/``hub_token``, ``HF_TOKEN``, the cached logi
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
 
 from . import __version__
 from .checkpoint import verify_checkpoint
+
+
+class HubPushError(RuntimeError):
+    """Publishing the actor failed because of the Hub or the network; the message says where the actor is kept
+    locally and the command that publishes it from there."""
+
+
+def network_errors() -> tuple[type[Exception], ...]:
+    """What a Hub request raises when the Hub or the network fails, as opposed to a programming error:
+    ``HfHubHTTPError`` (5xx, 429, ...) and ``ConnectionError`` / ``TimeoutError`` / ``requests``' errors, all
+    ``OSError``; and the HTTP client's own transport errors (httpx's, e.g. a connection dropped mid-request)."""
+    from huggingface_hub import errors
+
+    client_error = getattr(errors, "HTTPError", OSError)  # the base error of the HTTP client huggingface_hub uses
+    return (OSError, client_error)
+
+
+def describe(err: BaseException) -> str:
+    """``Type: first line of the message``: Hub errors append a URL of HTTP status explanations and the body."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else repr(err)}"
+
+
+def push_command(directory: Path, repo_id: str, merged: bool | None = False, private: bool | None = False,
+                 revision: str | None = None) -> str:  # fmt: skip
+    """The ``steadyrl push`` command line that publishes ``directory`` to ``repo_id``."""
+    words = ["steadyrl", "push", str(directory), repo_id]
+    words += ["--merged"] * bool(merged) + ["--private"] * bool(private)
+    return shlex.join(words + (["--revision", revision] if revision else []))
 
 
 def stage_actor(actor_dir: Path, out: Path, merged: bool) -> Path:

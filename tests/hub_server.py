@@ -5,7 +5,8 @@ uses to create a repository and commit files to it: ``POST /api/repos/create``, 
 (the model card's metadata header must parse),
 ``POST /api/models/<repo>/preupload/<rev>`` (every file is declared a regular upload, so its content travels
 inside the commit) and ``POST /api/models/<repo>/commit/<rev>`` (NDJSON: a header, then base64 files). Any other
-request is answered 404 and recorded, so a test sees it.
+request is answered 404 and recorded, so a test sees it. ``FakeHub.fail_next`` makes the next requests fail as the
+Hub or the network can: a 5xx, a 429 rate limit, or a connection dropped without an answer.
 """
 
 from __future__ import annotations
@@ -35,6 +36,24 @@ class FakeHub:
     authorizations: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     card_metadata: list[dict] = field(default_factory=list)
+    failures: list[list] = field(default_factory=list)  # [how, path part, requests to let through first]
+    failed: list[str] = field(default_factory=list)  # the requests that failed, as "POST <path> -> <how>"
+
+    def fail_next(self, times: int, how: int | str = 500, path: str = "", after: int = 0) -> None:
+        """Fail the next ``times`` POST requests whose path contains ``path`` (after letting ``after`` of them
+        through): with an HTTP status (500, 503, 429) or ``"drop"`` (the connection is closed without an answer).
+        huggingface_hub retries a failed commit itself (1 s, 2 s, 4 s, ...), not a repository creation."""
+        self.failures.append([how, path, after])
+        self.failures.extend([how, path, 0] for _ in range(times - 1))
+
+    def failure_for(self, path: str) -> int | str | None:
+        """How this request fails, if it does."""
+        if not self.failures or self.failures[0][1] not in path:
+            return None
+        if self.failures[0][2] > 0:
+            self.failures[0][2] -= 1
+            return None
+        return self.failures.pop(0)[0]
 
     def files(self, repo_id: str) -> dict[str, bytes]:
         """The repository's files after all its commits."""
@@ -63,10 +82,26 @@ def _handler(hub: FakeHub):
                 hub.unexpected.append(f"GET {self.path}")
             self._reply(404, {"error": "not in the stand-in"})
 
+        def _fail(self, how: int | str) -> None:
+            hub.failed.append(f"POST {self.path.split('?')[0]} -> {how}")
+            if how == "drop":
+                self.close_connection = True  # no status line: the client sees the connection closed
+                return
+            self.send_response(how)
+            if how == 429:
+                self.send_header("Retry-After", "1")
+            data = json.dumps({"error": "rate limited" if how == 429 else "internal error"}).encode()
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_POST(self):
             hub.authorizations.append(self.headers.get("authorization", ""))
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             path = self.path.split("?")[0]
+            if (how := hub.failure_for(path)) is not None:
+                return self._fail(how)
             if path == "/api/repos/create":
                 request = json.loads(body)
                 repo_id = (

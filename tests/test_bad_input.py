@@ -1,8 +1,14 @@
 """Bad input fails with a specific error before training starts, or before any checkpoint is harmed."""
 
 import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 from datasets import Dataset
 from toy_run import make_config, make_trainer
 
@@ -94,3 +100,51 @@ def test_reward_weights_must_match_functions(tmp_path):
 def test_non_callable_reward(tmp_path):
     with pytest.raises(TypeError, match=r"reward_funcs\[0\]='letters' is not callable"):
         make_trainer(tmp_path, reward_funcs=["letters"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(max_steps=0), r"max_steps=0 is invalid: use a positive number of optimizer steps, or -1 \(the default\)"),
+        (dict(max_steps=-2), r"max_steps=-2 is invalid"),
+        (dict(max_steps=-1, num_train_epochs=0), r"num_train_epochs=0 is invalid: with max_steps=-1 it sets the run's"),
+        (dict(max_steps=-1, num_train_epochs=-1.5), r"num_train_epochs=-1.5 is invalid: .* a finite number > 0"),
+        (dict(max_steps=-1, num_train_epochs=math.inf), r"num_train_epochs=inf is invalid"),
+    ],
+)
+def test_run_length_refused_at_construction(tmp_path, overrides, message):
+    """TrainingArguments would take max_steps=0 as -1 and train for 3 epochs; 0 epochs would train nothing."""
+    with pytest.raises(ValueError, match=message):
+        make_config(tmp_path, **overrides)
+    assert make_config(tmp_path, max_steps=-1, num_train_epochs=0.5).total_steps(8) == 4  # 4 of 8 prompts: 1 rollout
+
+
+def test_output_dir_that_cannot_be_written_is_refused_when_the_trainer_is_built(tmp_path):
+    (tmp_path / "file").write_text("")  # a path under a regular file: refused even as root, unlike a chmod
+    out = tmp_path / "file" / "out"
+    with pytest.raises(ValueError) as raised:
+        make_trainer(out)
+    assert str(raised.value) == (
+        f"output_dir={str(out)!r} is not writable ([Errno 20] Not a directory: {str(out)!r}): checkpoints are saved "
+        "there. Point output_dir at a directory this process can create and write files in (on a writable "
+        "filesystem, with write permission)."
+    )
+    make_trainer(tmp_path / "new" / "out")  # a missing directory is created, and the probe file removed
+    assert [p.name for p in (tmp_path / "new" / "out").iterdir()] == []
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux) for a read-only mount")
+def test_output_dir_on_a_read_only_filesystem_is_refused(tmp_path):
+    """A real read-only filesystem (a tmpfs mounted ro in a private mount namespace)."""
+    out = tmp_path / "ro"
+    out.mkdir()
+    check = f"from steadyrl.trainers.checks import check_output_dir; check_output_dir({str(out / 'run')!r})"
+    script = f"mount -t tmpfs -o ro,size=1m tmpfs {out} && {sys.executable} -c {shlex.quote(check)}"
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if "Traceback" not in proc.stderr:
+        pytest.skip(reason=f"no private read-only mount here (user namespaces disabled?): {proc.stderr.strip()[-300:]}")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ValueError: output_dir={str(out / 'run')!r} is not writable ([Errno 30] Read-only file "
+                           "system"), last  # fmt: skip

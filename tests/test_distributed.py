@@ -93,3 +93,23 @@ def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
     assert all(0 < length <= 8 for length in lengths)
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [step for step in (1, 5, 9) for _ in range(8)], "8 samples a rollout"
+
+
+def test_a_failing_hub_push_stops_no_process(tmp_path, toy_path, monkeypatch):
+    """The first push (the main process's, at checkpoint-3) fails: the main process still reaches the barrier the
+    other one waits at after each save, both train to the end, and checkpoint-6 is pushed."""
+    from hub_server import start
+
+    hub, server = start()
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    hub.fail_next(1, 500, path="/api/repos/create", after=1)  # the first one is the trainer's, as it is built
+    push = ["push_to_hub=true", "hub_strategy=every_save", "hub_model_id=someone/ddp", "hub_token=hf_x", "max_steps=6"]
+    try:
+        _, output = run_toy(tmp_path, *TWO_PROCESSES, *push, accelerate_config=MULTI_CPU)
+    finally:
+        server.shutdown()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    assert output.count("Could not push the actor of step 3 to the Hub repository 'someone/ddp'") == 1
+    assert "Hub push recovered: step 3 failed, step 6 pushed to 'someone/ddp'" in output
+    assert [c.message for c in hub.commits] == ["Training in progress, step 6", "Model save"]

@@ -608,6 +608,49 @@ def _(ctx):
     return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--toy", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
 
 
+
+@trigger("max-steps-zero")
+def _(ctx):
+    make_config(ctx.tmp_path, max_steps=0)
+
+
+@trigger("epochs-zero")
+def _(ctx):
+    make_config(ctx.tmp_path, max_steps=-1, num_train_epochs=0)
+
+
+@trigger("output-dir-unwritable")
+def _(ctx):
+    (ctx.tmp_path / "file").write_text("")
+    make_trainer(ctx.tmp_path / "file" / "out")
+
+
+@trigger("save-read-only")
+def _(ctx):
+    import torch
+
+    def read_only(obj, path, *args, **kwargs):
+        raise OSError(30, "Read-only file system", str(path))
+
+    trainer = make_trainer(ctx.tmp_path / "out", max_steps=1, save_steps=1)
+    ctx.monkeypatch.setattr(torch, "save", read_only)
+    trainer.train()
+
+
+@trigger("hub-push-failed")
+def _(ctx):
+    import huggingface_hub.constants
+    from hub_server import start
+
+    hub, server = start()
+    ctx.monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+    try:
+        trainer = make_trainer(ctx.tmp_path / "out", push_to_hub=True, hub_model_id="someone/toy", hub_token="hf_x")
+        hub.fail_next(1, 500)
+        trainer.push_to_hub()
+    finally:
+        server.shutdown()
+
 # ---- the test -------------------------------------------------------------------------------------------------------
 
 ROWS = readme_rows()

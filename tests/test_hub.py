@@ -1,8 +1,10 @@
 """Publishing the actor alone to the Hub, against the local stand-in in hub_server.py (the Hub itself cannot be
-reached from here): which files arrive, that they load as the live model, and that the token stays out of every
-file and log."""
+reached from here): which files arrive, that they load as the live model, that the token stays out of every
+file and log, and that a failing Hub never stops training nor loses the actor."""
 
 import logging
+import re
+import shlex
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from toy_run import make_trainer
 from transformers import AutoModelForCausalLM
 
 from steadyrl.cli import main
+from steadyrl.hub import HubPushError
 
 TOKEN = "hf_steadyrlTestTokenThatMustNotLeak"
 FORBIDDEN = ("critic", "optimizer", "scheduler", "rng_state", "rollout_buffer", "training_args", "manifest")
@@ -125,3 +128,87 @@ def test_steadyrl_push_publishes_a_checkpoint_after_the_fact(hub, tmp_path, toy_
     assert set(hub.authorizations) == {f"Bearer {TOKEN}"}
     assert main(["push", str(tmp_path / "run"), "someone/after"]) == 2  # an output dir is not a checkpoint
     assert "neither a steadyrl checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failures", [[500], [429], ["drop", 503]])
+def test_failed_checkpoint_pushes_never_stop_training(hub, tmp_path, toy_path, caplog, failures):
+    """The Hub fails the first push(es) of an every_save run: training and checkpointing go on, each failure is
+    logged with its step and cause, and the next save pushes its own newer actor."""
+    run = tmp_path / "run"
+    trainer = make_trainer(run, max_steps=6, save_steps=2, push_to_hub=True, hub_model_id="someone/flaky",
+                           hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+    hub.fail_next(1, failures[0])  # after the trainer made the repository
+    for how in failures[1:]:
+        hub.fail_next(1, how)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+
+    assert trainer.state.global_step == 6
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert len(hub.failed) == len(failures)
+    failed_steps = [2 * (i + 1) for i in range(len(failures))]
+    pushed = [c.message for c in hub.commits if c.message.startswith("Training in progress")]
+    assert pushed == [f"Training in progress, step {step}" for step in range(2, 7, 2) if step not in failed_steps]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for step, how in zip(failed_steps, failures):
+        [message] = [w for w in warnings if w.startswith(f"Could not push the actor of step {step} ")]
+        assert "'someone/flaky'" in message and "Training goes on" in message
+        cause = "RemoteProtocolError" if how == "drop" else f"HfHubHTTPError: {how} " if how == 429 else f"'{how} "
+        assert cause in message, message
+        command = shlex.split(message.rsplit("by hand: ", 1)[1])
+        assert command == ["steadyrl", "push", str((run / f"checkpoint-{step}").absolute()), "someone/flaky"]
+    if len(failures) > 1:
+        assert "Earlier failed pushes: step 2." in next(w for w in warnings if "of step 4 " in w)
+    steps = "steps 2, 4" if len(failures) > 1 else "step 2"
+    next_step = failed_steps[-1] + 2
+    recovered = f"Hub push recovered: {steps} failed, step {next_step} pushed to 'someone/flaky', superseding the"
+    assert [w for w in warnings if w.startswith("Hub push recovered")] == [recovered + " failed one(s)."]
+    assert trainer.failed_push_steps == ()
+    assert_token_nowhere(tmp_path, caplog.text)
+
+
+def test_programming_errors_in_a_checkpoint_push_are_not_swallowed(hub, tmp_path, toy_path, monkeypatch):
+    trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/bug",
+                           hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+
+    def broken(*args, **kwargs):
+        raise TypeError("a bug, not the network")
+
+    monkeypatch.setattr("steadyrl.trainers.publish.upload", broken)
+    with pytest.raises(TypeError, match="a bug, not the network"):
+        trainer.train()
+    assert (tmp_path / "run" / "checkpoint-2" / "manifest.json").is_file()  # the checkpoint was complete first
+
+
+def test_failed_final_push_says_where_the_actor_is_and_how_to_publish_it(hub, tmp_path, toy_path, capsys):
+    run = tmp_path / "run"
+    trainer = make_trainer(run, max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/final",
+                           hub_strategy="end", hub_token=TOKEN)  # fmt: skip
+    trainer.train()
+
+    hub.fail_next(1, 503)
+    with pytest.raises(HubPushError) as raised:
+        trainer.push_to_hub()
+    kept = (run / "actor-step-2").absolute()  # push_to_hub() alone staged the actor in a temporary directory
+    expected = (
+        r"Could not push the actor to the Hub repository 'someone/final' \(HfHubHTTPError: Server error '503 "
+        rf".*\)\. The actor is saved locally in {re.escape(str(kept))}; once the Hub is reachable, publish it "
+        rf"with: steadyrl push {re.escape(str(kept))} someone/final"
+    )
+    assert re.fullmatch(expected, str(raised.value)), str(raised.value)
+    assert (kept / "model.safetensors").is_file() and (kept / "tokenizer.json").is_file()
+
+    hub.fail_next(1, "drop")  # save_model with push_to_hub: the actor it just wrote is the local copy
+    with pytest.raises(HubPushError, match=r"RemoteProtocolError.*saved locally in .*final; .*steadyrl push .*final"):
+        trainer.save_model(str(run / "final"))
+    assert not hub.commits
+
+    hub.fail_next(1, 429)  # the command the message gives reports a failing Hub without a traceback
+    assert main(["push", str(kept), "someone/final"]) == 1
+    assert "steadyrl push: error: could not push to the Hub repository 'someone/final' (HfHubHTTPError: 429" in (
+        capsys.readouterr().err
+    )
+    assert main(["push", str(kept), "someone/final"]) == 0
+    pushed = load_pushed(hub.files("someone/final"), tmp_path / "pushed").state_dict()
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(pushed[name], value), name

@@ -3,6 +3,7 @@
 CI runs it with 10 kills per trainer; ``STEADYRL_FUZZ_KILLS=100 pytest -m reliability`` runs more.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -175,3 +176,55 @@ def test_second_signal_exits_at_once(tmp_path, toy_path):
     assert proc.returncode == -15, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
     assert "Stopped by" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "code, says, advice",
+    [
+        (errno.EROFS, ": its filesystem is read-only.", "Point output_dir at a writable filesystem"),
+        (errno.EACCES, ": permission denied.", "Give this process write permission on output_dir"),
+        (errno.EIO, "; free space on its filesystem: ", "Fix the cause of this error"),
+    ],
+)
+def test_failed_save_names_its_cause(tmp_path, monkeypatch, code, says, advice):
+    """A read-only filesystem or a denied permission (which cannot be produced as root here: the OSError is
+    injected into torch.save) is named as such; only a full disk is answered with advice to free space."""
+    import torch
+
+    def failing_save(obj, path, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(path))
+
+    trainer = make_trainer(tmp_path, max_steps=1, save_steps=1)
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(CheckpointError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    kind = "PermissionError" if code == errno.EACCES else "OSError"  # OSError(EACCES, ...) makes a PermissionError
+    assert message.startswith(f"Could not write the checkpoint {tmp_path / 'tmp-checkpoint-1'} ({kind}: [Errno {code}]")
+    assert says in message and advice in message and "resume_from_checkpoint=True" in message, message
+    assert "Free some space" not in message and "The partial directory was removed" in message
+
+
+def test_failed_save_finds_the_os_error_along_the_exception_chain(tmp_path):
+    from steadyrl.trainers.checkpointing import save_failure_message
+
+    tmp = tmp_path / "tmp-checkpoint-4"
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as disk:
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0") from disk
+    except RuntimeError as explicit:
+        assert "Free some space" in save_failure_message(tmp, explicit)
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system")
+        except OSError:
+            raise RuntimeError("file write failed")  # noqa: B904 (an implicit __context__, as libraries leave it)
+    except RuntimeError as implicit:
+        message = save_failure_message(tmp, implicit)
+        assert "(RuntimeError: file write failed): its filesystem is read-only." in message
+    quota = save_failure_message(tmp, OSError(errno.EDQUOT, "Disk quota exceeded"))
+    assert "but the disk quota is used up" in quota and "Free some space" in quota
+    unknown = save_failure_message(tmp, RuntimeError("file write failed"))
+    assert "Free some space" not in unknown and "Fix the cause of this error" in unknown

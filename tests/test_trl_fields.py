@@ -77,7 +77,7 @@ def test_cache_implementation_with_vllm_is_refused(tmp_path):
 
 
 def test_model_init_kwargs_load_the_policy_in_the_given_dtype(tmp_path):
-    trainer = make_trainer(tmp_path, model_init_kwargs={"dtype": "bfloat16"})
+    trainer = make_trainer(tmp_path, model_init_kwargs={"dtype": "bfloat16"}, allow_low_precision_weights=True)
     assert next(trainer.model.parameters()).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="dtype='bfloat17' is not a torch dtype"):
         make_trainer(tmp_path, model_init_kwargs={"dtype": "bfloat17"})

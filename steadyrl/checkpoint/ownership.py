@@ -115,7 +115,7 @@ def move_aside(output_dir: Path, paths: list[Path]) -> Path:
     return aside
 
 
-def check_output_dir(output_dir: str | os.PathLike, checkpoint: Path | None, overwrite: bool) -> None:
+def refuse_other_runs(output_dir: str | os.PathLike, checkpoint: Path | None, overwrite: bool) -> None:
     """Before a run starts from ``checkpoint`` (None: a fresh start) in ``output_dir`` (main process, under the
     lock): refuse another run's checkpoints, or with ``overwrite`` delete them."""
     output_dir = Path(output_dir)

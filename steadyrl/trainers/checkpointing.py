@@ -20,6 +20,7 @@ Nothing is unpickled on load: safetensors, JSON, and ``torch.load(weights_only=T
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ from ..checkpoint import (
     save_rng_state,
     verify_checkpoint,
 )
-from ..checkpoint.ownership import OutputDirLock, check_output_dir
+from ..checkpoint.ownership import OutputDirLock, refuse_other_runs
 from ..generation.weights import is_peft
 from ..zero import load_zero_state, modifiable, zero_optimizer, zero_state
 from .fingerprint import check_resumable
@@ -140,7 +141,7 @@ def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Pat
 
     def resolve() -> Path | None:
         checkpoint = find_checkpoint(value, args.output_dir)
-        check_output_dir(args.output_dir, checkpoint, args.overwrite_output_dir)
+        refuse_other_runs(args.output_dir, checkpoint, args.overwrite_output_dir)
         return checkpoint
 
     try:
@@ -291,16 +292,51 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
         )
 
 
+def os_error_in(err: BaseException) -> OSError | None:
+    """The first ``OSError`` with an errno in ``err``'s chain (itself, then its ``__cause__`` or ``__context__``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno is not None:
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+FULL_DISK = {errno.ENOSPC: "", errno.EDQUOT: ", but the disk quota is used up"}
+NOT_WRITABLE = {  # errno: (what it means, what to do)
+    errno.EROFS: (
+        "its filesystem is read-only",
+        "Point output_dir at a writable filesystem (or remount this one read-write)",
+    ),
+    errno.EACCES: ("permission denied", "Give this process write permission on output_dir (or point it elsewhere)"),
+}
+NOT_WRITABLE[errno.EPERM] = NOT_WRITABLE[errno.EACCES]
+RESUME = "and run again with resume_from_checkpoint=True."
+
+
 def save_failure_message(tmp: Path, err: Exception) -> str:
-    """Why writing ``tmp`` failed, how much room its filesystem has left, and what still stands."""
+    """Why writing ``tmp`` failed (a full disk, a read-only filesystem, a denied permission, or the error itself),
+    what still stands, and what to do: freeing space is advised only for a full disk."""
+    newest = find_resumable_checkpoint(tmp.parent)
+    kept = f"the newest complete checkpoint, {newest}, is intact" if newest else "no earlier checkpoint exists"
+    partial = "could not be removed (it is never resumed from)" if tmp.exists() else "was removed"
+    failure = f"Could not write the checkpoint {tmp} ({type(err).__name__}: {err})"
+    cause = os_error_in(err)
+    code = cause.errno if cause is not None else None
+    if code in NOT_WRITABLE:
+        meaning, advice = NOT_WRITABLE[code]
+        return f"{failure}: {meaning}. The partial directory {partial} and {kept}. {advice} {RESUME}"
     try:
         free = f"{shutil.disk_usage(tmp.parent).free / 2**20:.0f} MiB"
     except OSError:
         free = "unknown"
-    newest = find_resumable_checkpoint(tmp.parent)
-    kept = f"the newest complete checkpoint, {newest}, is intact" if newest else "no earlier checkpoint exists"
+    if code in FULL_DISK:
+        return (
+            f"{failure}; free space on its filesystem: {free}{FULL_DISK[code]}. The partial directory {partial} and "
+            f"{kept}. Free some space (or point output_dir elsewhere) {RESUME}"
+        )
     return (
-        f"Could not write the checkpoint {tmp} ({type(err).__name__}: {err}); free space on its filesystem: {free}. "
-        f"The partial directory was removed and {kept}. Free some space (or point output_dir elsewhere) and run "
-        "again with resume_from_checkpoint=True."
+        f"{failure}; free space on its filesystem: {free}. The partial directory {partial} and {kept}. Fix the cause "
+        f"of this error {RESUME}"
     )

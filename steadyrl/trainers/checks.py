@@ -1,8 +1,10 @@
-"""Checks of the trainer's inputs that run before any work: the model path, the tokenizer and the dataset."""
+"""Checks of the trainer's inputs that run before any work: the output directory, the model path, the tokenizer and
+the dataset."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 from transformers import PreTrainedModel
 
@@ -37,3 +39,18 @@ def check_dataset(dataset, argument: str = "train_dataset") -> None:
         raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{argument} is empty: it needs at least one prompt.")
+
+
+def check_output_dir(path: str, argument: str = "output_dir") -> None:
+    """Create ``path`` if missing and write and remove a small file in it, so that a directory the checkpoints
+    cannot be written to is refused now rather than at the first save."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(prefix=".steadyrl-write-test-", dir=path)
+        os.close(descriptor)
+        os.remove(probe)
+    except OSError as err:
+        raise ValueError(
+            f"{argument}={path!r} is not writable ({err}): checkpoints are saved there. Point {argument} at a "
+            "directory this process can create and write files in (on a writable filesystem, with write permission)."
+        ) from err

@@ -15,8 +15,27 @@ def finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def check_run_length(config) -> None:
+    """``max_steps``: a positive number of optimizer steps, or -1 to train for ``num_train_epochs`` (which must then
+    be > 0). TrainingArguments takes any ``max_steps <= 0`` as -1, so 0 would silently train for the epochs."""
+    steps = config.max_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or (steps <= 0 and steps != -1):
+        raise ValueError(
+            f"max_steps={steps!r} is invalid: use a positive number of optimizer steps, or -1 (the default) to train "
+            "for num_train_epochs."
+        )
+    epochs = config.num_train_epochs
+    if steps == -1 and not (finite(epochs) and epochs > 0):
+        raise ValueError(
+            f"num_train_epochs={epochs!r} is invalid: with max_steps=-1 it sets the run's length in passes over "
+            "train_dataset, so it must be a finite number > 0 (0.5: half of the prompts); or set max_steps to a "
+            "positive number of optimizer steps."
+        )
+
+
 def check_ranges(config) -> None:
     """Ranges of the generation, loss and run settings (the batch sizes are checked as they are resolved)."""
+    check_run_length(config)
     for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
         check_positive_int(name, getattr(config, name))
     if not config.temperature > 0:

@@ -45,7 +45,7 @@ from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
 from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, on_main_process, take_output_dir
-from .checks import check_dataset, check_model_path
+from .checks import check_dataset, check_model_path, check_output_dir
 from .config import OnPolicyConfig
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .fingerprint import callable_identity, dataset_digest, model_identity, split_settings, tokenizer_digest
@@ -118,6 +118,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
         check_dataset(train_dataset)
+        check_output_dir(args.output_dir)
         if eval_dataset is None and args.eval_strategy != "no":
             raise ValueError(
                 f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "

@@ -4,22 +4,37 @@ format (never the critic, reference, reward model or optimizer).
 ``hub_strategy`` keeps its ``TrainingArguments`` meaning: ``end`` publishes when ``push_to_hub()`` (or
 ``save_model`` with ``push_to_hub=True``) runs; ``every_save`` also publishes the actor of every checkpoint;
 ``checkpoint`` adds it under ``last-checkpoint/``; ``all_checkpoints`` under ``checkpoint-<step>/``.
+
+Publishing never stops training: a push at a checkpoint that fails for the Hub or the network is logged and the
+next save pushes its newer actor. A failed final push raises ``HubPushError``, which says where the actor is kept
+and the ``steadyrl push`` command that publishes it.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
 from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
+from transformers.utils import logging
 
-from ..hub import final_metrics, model_card, stage_actor, upload
+from ..hub import HubPushError, describe, final_metrics, model_card, network_errors, push_command, stage_actor, upload
 from ..zero import consolidated_state_dict
+
+logger = logging.get_logger(__name__)
+
+
+def steps_text(steps: tuple[int, ...]) -> str:
+    return f"step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}"
 
 
 class PublishMixin:
     """``save_model``, ``push_to_hub`` and per-checkpoint publishing for ``OnPolicyTrainer``."""
+
+    failed_push_steps: tuple[int, ...] = ()  # checkpoint pushes that failed since the last one that succeeded
+    saved_actor: tuple[Path, int] | None = None  # where save_model last wrote the actor, and at which global step
 
     def save_actor(self, directory: Path) -> None:
         """The actor alone, in plain Hugging Face format, with its tokenizer. Under ZeRO-3 every process must call
@@ -38,14 +53,18 @@ class PublishMixin:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         if not self.is_deepspeed_enabled:
             return super().save_model(output_dir, _internal_call)
-        self.save_actor(Path(output_dir or self.args.output_dir))  # every process: ZeRO-3 gathers the weights
+        directory = Path(output_dir or self.args.output_dir)
+        self.save_actor(directory)  # every process: ZeRO-3 gathers the weights
+        self.saved_actor = (directory, self.state.global_step)
         self.accelerator.wait_for_everyone()
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         """``save_model``: the actor and tokenizer only, in plain Hugging Face format (no pickled arguments)."""
-        self.save_actor(Path(output_dir or self.args.output_dir))
+        directory = Path(output_dir or self.args.output_dir)
+        self.save_actor(directory)
+        self.saved_actor = (directory, self.state.global_step)
 
     # ---- the Hub ---------------------------------------------------------------------------------
 
@@ -65,13 +84,43 @@ class PublishMixin:
     ) -> str | None:  # fmt: skip
         """Publish the live actor (with ``hub_push_merged``, a LoRA actor merged into its base) and a model card;
         return the commit URL on the main process. Every process must call it: under ZeRO-3 the weights are
-        gathered."""
+        gathered. A Hub or network failure raises ``HubPushError`` on the main process."""
+        revision = revision or self.args.hub_revision
         with tempfile.TemporaryDirectory() as tmp:
-            self.save_actor(Path(tmp) / "actor")
+            actor = Path(tmp) / "actor"
+            self.save_actor(actor)
             if not self.is_world_process_zero():
                 return None
-            return self.publish_actor(Path(tmp) / "actor", commit_message or "End of training", token=token,
-                                      revision=revision or self.args.hub_revision)  # fmt: skip
+            try:
+                return self.publish_actor(actor, commit_message or "End of training", token=token, revision=revision)
+            except network_errors() as err:
+                raise HubPushError(self.final_push_failure(err, actor, revision)) from err
+
+    def final_push_failure(self, err: Exception, actor: Path, revision: str | None) -> str:
+        """What failed, where the actor is kept (save_model's directory, or ``output_dir/actor-step-<N>``) and the
+        command that publishes it from there."""
+        args, repo = self.args, self.hub_model_id or self.args.hub_model_id
+        failure = f"Could not push the actor to the Hub repository {repo!r} ({describe(err)})."
+        try:
+            kept = self.keep_actor(actor)
+        except OSError as keep_err:
+            return (
+                f"{failure} Keeping it locally failed too ({describe(keep_err)}): save it with "
+                f"trainer.save_model(<directory>), then publish it with: steadyrl push <directory> {repo}"
+            )
+        command = push_command(kept, repo, args.hub_push_merged, args.hub_private_repo, revision)
+        return f"{failure} The actor is saved locally in {kept}; once the Hub is reachable, publish it with: {command}"
+
+    def keep_actor(self, actor: Path) -> Path:
+        """A lasting directory with the actor of ``actor`` (a temporary directory): where ``save_model`` wrote it
+        at this step, or else ``output_dir/actor-step-<N>``, replacing one an earlier failed push left there."""
+        step = self.state.global_step
+        if self.saved_actor is not None and self.saved_actor[1] == step and self.saved_actor[0].is_dir():
+            return self.saved_actor[0].absolute()
+        kept = Path(self.args.output_dir) / f"actor-step-{step}"
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.move(actor, kept)
+        return kept.absolute()
 
     def publish_actor(self, actor_dir: Path, message: str, path_in_repo: str | None = None, token=None, revision=None):
         args = self.args
@@ -84,10 +133,30 @@ class PublishMixin:
 
     def push_checkpoint(self, checkpoint: Path, step: int) -> None:
         """After ``checkpoint`` (of global step ``step``) is complete: publish its actor as ``hub_strategy`` asks
-        (main process)."""
+        (main process). A Hub or network failure is logged and the next save pushes again: training goes on,
+        and the main process reaches the barrier the others wait at. Any other error propagates."""
         args = self.args
         if not args.push_to_hub or args.hub_strategy == HubStrategy.END or not self.is_world_process_zero():
             return
+        repo = self.hub_model_id or args.hub_model_id
+        try:
+            self.publish_checkpoint(checkpoint, step)
+        except network_errors() as err:
+            earlier = f" Earlier failed pushes: {steps_text(self.failed_push_steps)}." if self.failed_push_steps else ""
+            self.failed_push_steps += (step,)
+            logger.warning(
+                f"Could not push the actor of step {step} to the Hub repository {repo!r} ({describe(err)}). Training "
+                f"goes on; the next save pushes its newer actor.{earlier} To publish this one by hand: "
+                f"{push_command(checkpoint.absolute(), repo, args.hub_push_merged, revision=args.hub_revision)}"
+            )
+            return
+        if self.failed_push_steps:
+            logger.warning(f"Hub push recovered: {steps_text(self.failed_push_steps)} failed, step {step} pushed to "
+                           f"{repo!r}, superseding the failed one(s).")  # fmt: skip
+            self.failed_push_steps = ()
+
+    def publish_checkpoint(self, checkpoint: Path, step: int) -> None:
+        args = self.args
         message = f"Training in progress, step {step}"
         self.publish_actor(checkpoint / "actor", message, revision=args.hub_revision)
         folder = {HubStrategy.CHECKPOINT: "last-checkpoint", HubStrategy.ALL_CHECKPOINTS: checkpoint.name}
