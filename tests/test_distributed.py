@@ -2,10 +2,12 @@
 checkpoints, exact resume, agreement between the engines, export of a sharded run, and what is refused."""
 
 import pytest
+import torch
 from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
 from test_resume import assert_same_result
 
 from steadyrl.checkpoint import CheckpointError
+from steadyrl.ops import leave_one_out_advantages, whiten
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +85,10 @@ def test_unsupported_deepspeed_settings_are_refused_before_any_work(tmp_path, ze
 def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
     import json
 
-    # 5 held-out prompts over 2 processes: 3 each, the repeated one left out of the metrics
-    settings = [*TWO_PROCESSES[1:], "log_completions=true", "num_generations_eval=2"]  # one --set for all
+    # 5 held-out prompts over 2 processes: 3 each, the repeated one left out of the metrics. The advantages are
+    # whitened (beta 0: each is the score's leave-one-out advantage) over the whole rollout, not each process's half.
+    settings = [*TWO_PROCESSES[1:], "log_completions=true", "num_generations_eval=2", "normalize_advantages=true",
+                "beta=0"]  # one --set for all  # fmt: skip
     run_toy(tmp_path, "--eval-prompts", "5", accelerate_config=MULTI_CPU, overrides=settings)
     logs = json.loads((tmp_path / "log_history.json").read_text())
     evals = [e for e in logs if "eval_reward" in e]
@@ -93,3 +97,9 @@ def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
     assert all(0 < length <= 8 for length in lengths)
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [step for step in (1, 5, 9) for _ in range(8)], "8 samples a rollout"
+    for first in range(0, len(lines), 8):  # what one process computes from the whole rollout (both processes' rows)
+        rollout = lines[first : first + 8]
+        rewards = torch.tensor([line["reward"] for line in rollout])
+        expected = whiten(leave_one_out_advantages(rewards, k=2))
+        advantages = torch.tensor([line["advantage"] for line in rollout])
+        torch.testing.assert_close(advantages, expected, rtol=1e-5, atol=1e-5)
