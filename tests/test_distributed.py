@@ -1,13 +1,23 @@
 """Two processes under ``accelerate launch`` (gloo on CPU), with DDP and with DeepSpeed ZeRO-2 and ZeRO-3:
 checkpoints, exact resume, agreement between the engines, export of a sharded run, and what is refused."""
 
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
 import torch
-from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
+from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy, toy_command
 from test_resume import assert_same_result
 
-from steadyrl.checkpoint import CheckpointError
+from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint
 from steadyrl.ops import leave_one_out_advantages, whiten
+from steadyrl.trainers.preemption import LAUNCHER_ENV
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +48,78 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-5"]
     names = {p.name for p in (tmp_path / "checkpoint-5").iterdir()}
     assert {"rank_state_0.json", "rank_state_1.json", "rng_state_0.json", "rng_state_1.json"} <= names
+
+
+class Launch:
+    """tests/toy_run.py under ``accelerate launch`` with 2 CPU processes, its output read as it comes, and its two
+    workers (the elastic agent's children, each in a session of its own); ``close`` kills whatever is left."""
+
+    def __init__(self, output_dir, *flags, overrides=()) -> None:
+        cmd = toy_command(output_dir, *flags, *TWO_PROCESSES, *overrides, accelerate_config=MULTI_CPU)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.output = ""
+        launcher, deadline = psutil.Process(self.proc.pid), time.monotonic() + 60
+        while len(launcher.children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.workers = launcher.children()
+        assert len(self.workers) == 2, self.workers
+
+    def read_until(self, text: str) -> None:
+        for line in self.proc.stdout:
+            self.output += line
+            if text in line:
+                return
+        raise AssertionError(f"the run ended before {text!r}:\n{self.output[-3000:]}")
+
+    def wait(self, timeout: float) -> int:
+        """The launcher's exit status, once it and both workers are gone (within ``timeout`` seconds in all)."""
+        self.output += self.proc.communicate(timeout=timeout)[0]
+        gone, alive = psutil.wait_procs(self.workers, timeout=5)
+        assert not alive, f"workers left alive: {alive}"
+        return self.proc.returncode
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for worker in self.workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+
+
+def test_sigterm_to_the_launcher_stops_every_worker_after_a_step_with_a_checkpoint(tmp_path, toy_path):
+    # torch's elastic agent forwards the SIGTERM it gets to each worker and SIGKILLs them 30 s later if they are still
+    # there. As SLURM signals every process of a job, one worker also gets its own SIGTERM, just before the launcher:
+    # the launcher's copy, arriving as that worker finishes its step, is not a second signal (which would end it at
+    # once, without a checkpoint).
+    launch = Launch(tmp_path, overrides=["max_steps=200"])
+    try:
+        launch.read_until("'loss'")  # a logged step: training is under way
+        os.kill(launch.workers[1].pid, signal.SIGTERM)
+        launch.read_until("Received SIGTERM")
+        launch.proc.send_signal(signal.SIGTERM)
+        launch.wait(timeout=120)
+    finally:
+        launch.close()
+    steps = re.findall(r"Stopped by SIGTERM after step (\d+): checkpoint-\1 is in", launch.output)
+    assert len(steps) == 2 and steps[0] == steps[1], launch.output[-3000:]
+    assert "The launcher SIGKILLs its workers" in launch.output  # and how long it waits
+    assert find_resumable_checkpoint(tmp_path) == tmp_path / f"checkpoint-{steps[0]}"  # complete: its manifest holds
+    assert not list(tmp_path.glob("tmp-checkpoint-*"))
+
+
+def test_under_a_launcher_a_repeated_signal_within_the_window_is_the_same_one():
+    code = (
+        "import os, signal\n"
+        "from steadyrl.trainers.preemption import StopSignals\n"
+        "with StopSignals() as stop:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"  # outside a launcher, the process would end here (status -15)
+        "print('received', stop.received)\n"
+    )
+    env = {**os.environ, LAUNCHER_ENV: "test"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "received 15" in proc.stdout, proc.stderr[-3000:]
 
 
 def test_resuming_with_another_number_of_processes_is_refused_before_any_step(uninterrupted, tmp_path):
