@@ -122,6 +122,26 @@ def test_under_a_launcher_a_repeated_signal_within_the_window_is_the_same_one():
     assert proc.returncode == 0 and "received 15" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_a_save_failing_on_one_process_stops_both_at_once_and_resume_uses_the_last_checkpoint(uninterrupted, tmp_path):
+    # process 1's part of checkpoint-6 fails as a full disk would; without an agreement the main process would wait
+    # at a barrier until the process group's timeout (30 minutes)
+    launch = Launch(tmp_path, "--fail-save", "1:6")
+    try:
+        status = launch.wait(timeout=120)
+    finally:
+        launch.close()
+    output = launch.output
+    assert status != 0
+    assert "CheckpointError: Process 1 of 2: Could not write the checkpoint" in output, output[-3000:]
+    assert "No space left on device" in output
+    assert "(CheckpointError: process 1 could not write its part of it; that process's error says why)" in output
+    assert "the newest complete checkpoint" in output and "checkpoint-3, is intact" in output
+    assert sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name) == ["checkpoint-3"]
+    _, output = run_toy(tmp_path, "--resume", *TWO_PROCESSES, accelerate_config=MULTI_CPU)
+    assert output.count("Resuming from") == 2 and "checkpoint-3" in output
+    assert_same_result(uninterrupted, tmp_path, after_step=3)
+
+
 def test_resuming_with_another_number_of_processes_is_refused_before_any_step(uninterrupted, tmp_path):
     import shutil
 
