@@ -60,15 +60,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False):
-    """Run tests/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
-    given); return (returncode, combined output)."""
+def toy_command(output_dir, *flags, overrides=(), accelerate_config=None) -> list[str]:
+    """The command line of tests/toy_run.py (under ``accelerate launch --config_file accelerate_config`` if given)."""
     cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags]
     if accelerate_config is not None:
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
         cmd = [*launcher, "--main_process_port", str(free_port()), *cmd[1:]]
     if overrides:
         cmd += ["--set", *overrides]
+    return cmd
+
+
+def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False):
+    """Run tests/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
+    given); return (returncode, combined output)."""
+    cmd = toy_command(output_dir, *flags, overrides=overrides, accelerate_config=accelerate_config)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr

@@ -1,11 +1,23 @@
 """Two processes under ``accelerate launch`` (gloo on CPU), with DDP and with DeepSpeed ZeRO-2 and ZeRO-3:
 checkpoints, exact resume, agreement between the engines, export of a sharded run, and what is refused."""
 
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
 import pytest
-from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
+import torch
+from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy, toy_command
 from test_resume import assert_same_result
 
-from steadyrl.checkpoint import CheckpointError
+from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint
+from steadyrl.ops import leave_one_out_advantages, whiten
+from steadyrl.trainers.preemption import LAUNCHER_ENV
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +48,98 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-5"]
     names = {p.name for p in (tmp_path / "checkpoint-5").iterdir()}
     assert {"rank_state_0.json", "rank_state_1.json", "rng_state_0.json", "rng_state_1.json"} <= names
+
+
+class Launch:
+    """tests/toy_run.py under ``accelerate launch`` with 2 CPU processes, its output read as it comes, and its two
+    workers (the elastic agent's children, each in a session of its own); ``close`` kills whatever is left."""
+
+    def __init__(self, output_dir, *flags, overrides=()) -> None:
+        cmd = toy_command(output_dir, *flags, *TWO_PROCESSES, *overrides, accelerate_config=MULTI_CPU)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.output = ""
+        launcher, deadline = psutil.Process(self.proc.pid), time.monotonic() + 60
+        while len(launcher.children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.workers = launcher.children()
+        assert len(self.workers) == 2, self.workers
+
+    def read_until(self, text: str) -> None:
+        for line in self.proc.stdout:
+            self.output += line
+            if text in line:
+                return
+        raise AssertionError(f"the run ended before {text!r}:\n{self.output[-3000:]}")
+
+    def wait(self, timeout: float) -> int:
+        """The launcher's exit status, once it and both workers are gone (within ``timeout`` seconds in all)."""
+        self.output += self.proc.communicate(timeout=timeout)[0]
+        gone, alive = psutil.wait_procs(self.workers, timeout=5)
+        assert not alive, f"workers left alive: {alive}"
+        return self.proc.returncode
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for worker in self.workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+
+
+def test_sigterm_to_the_launcher_stops_every_worker_after_a_step_with_a_checkpoint(tmp_path, toy_path):
+    # torch's elastic agent forwards the SIGTERM it gets to each worker and SIGKILLs them 30 s later if they are still
+    # there. As SLURM signals every process of a job, one worker also gets its own SIGTERM, just before the launcher:
+    # the launcher's copy, arriving as that worker finishes its step, is not a second signal (which would end it at
+    # once, without a checkpoint).
+    launch = Launch(tmp_path, overrides=["max_steps=200"])
+    try:
+        launch.read_until("'loss'")  # a logged step: training is under way
+        os.kill(launch.workers[1].pid, signal.SIGTERM)
+        launch.read_until("Received SIGTERM")
+        launch.proc.send_signal(signal.SIGTERM)
+        launch.wait(timeout=120)
+    finally:
+        launch.close()
+    steps = re.findall(r"Stopped by SIGTERM after step (\d+): checkpoint-\1 is in", launch.output)
+    assert len(steps) == 2 and steps[0] == steps[1], launch.output[-3000:]
+    assert "The launcher SIGKILLs its workers" in launch.output  # and how long it waits
+    assert find_resumable_checkpoint(tmp_path) == tmp_path / f"checkpoint-{steps[0]}"  # complete: its manifest holds
+    assert not list(tmp_path.glob("tmp-checkpoint-*"))
+
+
+def test_under_a_launcher_a_repeated_signal_within_the_window_is_the_same_one():
+    code = (
+        "import os, signal\n"
+        "from steadyrl.trainers.preemption import StopSignals\n"
+        "with StopSignals() as stop:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"  # outside a launcher, the process would end here (status -15)
+        "print('received', stop.received)\n"
+    )
+    env = {**os.environ, LAUNCHER_ENV: "test"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "received 15" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_a_save_failing_on_one_process_stops_both_at_once_and_resume_uses_the_last_checkpoint(uninterrupted, tmp_path):
+    # process 1's part of checkpoint-6 fails as a full disk would; without an agreement the main process would wait
+    # at a barrier until the process group's timeout (30 minutes)
+    launch = Launch(tmp_path, "--fail-save", "1:6")
+    try:
+        status = launch.wait(timeout=120)
+    finally:
+        launch.close()
+    output = launch.output
+    assert status != 0
+    assert "CheckpointError: Process 1 of 2: Could not write the checkpoint" in output, output[-3000:]
+    assert "No space left on device" in output
+    assert "(CheckpointError: process 1 could not write its part of it; that process's error says why)" in output
+    assert "the newest complete checkpoint" in output and "checkpoint-3, is intact" in output
+    assert sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name) == ["checkpoint-3"]
+    _, output = run_toy(tmp_path, "--resume", *TWO_PROCESSES, accelerate_config=MULTI_CPU)
+    assert output.count("Resuming from") == 2 and "checkpoint-3" in output
+    assert_same_result(uninterrupted, tmp_path, after_step=3)
 
 
 def test_resuming_with_another_number_of_processes_is_refused_before_any_step(uninterrupted, tmp_path):
@@ -83,8 +187,10 @@ def test_unsupported_deepspeed_settings_are_refused_before_any_work(tmp_path, ze
 def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
     import json
 
-    # 5 held-out prompts over 2 processes: 3 each, the repeated one left out of the metrics
-    settings = [*TWO_PROCESSES[1:], "log_completions=true", "num_generations_eval=2"]  # one --set for all
+    # 5 held-out prompts over 2 processes: 3 each, the repeated one left out of the metrics. The advantages are
+    # whitened (beta 0: each is the score's leave-one-out advantage) over the whole rollout, not each process's half.
+    settings = [*TWO_PROCESSES[1:], "log_completions=true", "num_generations_eval=2", "normalize_advantages=true",
+                "beta=0"]  # one --set for all  # fmt: skip
     run_toy(tmp_path, "--eval-prompts", "5", accelerate_config=MULTI_CPU, overrides=settings)
     logs = json.loads((tmp_path / "log_history.json").read_text())
     evals = [e for e in logs if "eval_reward" in e]
@@ -93,6 +199,12 @@ def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
     assert all(0 < length <= 8 for length in lengths)
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [step for step in (1, 5, 9) for _ in range(8)], "8 samples a rollout"
+    for first in range(0, len(lines), 8):  # what one process computes from the whole rollout (both processes' rows)
+        rollout = lines[first : first + 8]
+        rewards = torch.tensor([line["reward"] for line in rollout])
+        expected = whiten(leave_one_out_advantages(rewards, k=2))
+        advantages = torch.tensor([line["advantage"] for line in rollout])
+        torch.testing.assert_close(advantages, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_failing_hub_push_stops_no_process(tmp_path, toy_path, monkeypatch):

@@ -1,6 +1,7 @@
 """PPO's math against small examples worked out by hand: GAE, the clipped policy and value losses, KL estimators."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -12,8 +13,10 @@ from steadyrl.ops import (
     clipped_value_loss,
     generalized_advantage_estimation,
     kl_penalty,
+    masked_moments,
     masked_whiten,
     shaped_token_rewards,
+    whiten,
 )
 
 
@@ -117,6 +120,54 @@ def test_masked_whiten_uses_completion_tokens_only():
     whitened = masked_whiten(values, torch.tensor([[1, 1, 0]]))
     # mean 2, unbiased variance 2 over the two real tokens; padding is zeroed
     torch.testing.assert_close(whitened, torch.tensor([[-(0.5**0.5), 0.5**0.5, 0.0]]), atol=1e-6, rtol=0)
+
+
+class ThreadSums:
+    """``sum_over_processes`` for threads standing in for processes: each call returns the sum of every thread's
+    tensor at the same call."""
+
+    def __init__(self, threads: int) -> None:
+        self.barrier, self.parts, self.local = threading.Barrier(threads), [[] for _ in range(8)], threading.local()
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        call = self.local.calls = getattr(self.local, "calls", -1) + 1
+        self.parts[call].append(tensor)
+        self.barrier.wait(timeout=10)
+        return torch.stack(self.parts[call]).sum(0)
+
+
+def whiten_in_shares(values, mask, processes: int, whiten_share) -> torch.Tensor:
+    """Each of ``processes`` threads whitens its rows with the moments of every thread's rows; all rows, in order."""
+    sums, shares = ThreadSums(processes), list(zip(values.chunk(processes), mask.chunk(processes)))
+    results = [None] * processes
+
+    def process(rank: int) -> None:
+        share, share_mask = shares[rank]
+        results[rank] = whiten_share(share, share_mask, masked_moments(share, share_mask, sums))
+
+    threads = [threading.Thread(target=process, args=(rank,)) for rank in range(processes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return torch.cat(results)
+
+
+def test_whitening_with_every_process_moments_equals_whitening_the_whole_rollout():
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(6, 5, generator=generator) * 3 + 1  # [N, C]: 3 rows per process
+    mask = torch.rand(6, 5, generator=generator) > 0.3
+    mask[:3] &= torch.arange(5) < 2  # the first process's completions are shorter: unequal token counts
+    whole = masked_whiten(values, mask)
+    torch.testing.assert_close(whiten_in_shares(values, mask, 2, masked_whiten), whole)
+    own = torch.cat([masked_whiten(v, m) for v, m in zip(values.chunk(2), mask.chunk(2))])
+    assert not torch.allclose(own, whole, atol=1e-2), "each process's own moments differ from the rollout's"
+    sequence_values = values[:, 0]  # RLOO: one advantage per sequence, no mask
+    per_share = whiten_in_shares(sequence_values, torch.ones_like(sequence_values), 2, lambda v, m, mom: whiten(v, mom))
+    torch.testing.assert_close(per_share, whiten(sequence_values))
+    # one process: the moments are the tensor's own, computed exactly as before
+    mean, var = masked_moments(values, mask)
+    assert torch.equal(whole, (values - mean) * torch.rsqrt(var + 1e-8) * mask)
 
 
 def test_clip_higher_lets_the_ratio_grow_further_than_it_may_shrink():

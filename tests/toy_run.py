@@ -5,7 +5,7 @@ As a script::
 
     python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
-                            [--signal-at N [--signal TERM|INT] [--signal-again]]
+                            [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -146,6 +147,19 @@ def kill_during_save(trainer, step: int) -> None:
     trainer.save_actor = dying_save_actor
 
 
+def fail_save(trainer, rank: int, step: int) -> None:
+    """Make process ``rank``'s part of checkpoint-<step> fail as a full disk would (OSError ENOSPC); the other
+    processes write theirs."""
+    write = trainer.checkpointer._write
+
+    def failing_write(tmp, contents):
+        if trainer.accelerator.process_index == rank and trainer.state.global_step == step:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+        write(tmp, contents)
+
+    trainer.checkpointer._write = failing_write
+
+
 def _parse_value(text: str):
     try:
         return json.loads(text)
@@ -170,6 +184,7 @@ def main() -> None:
     parser.add_argument("--signal-at", type=int, help="send --signal to itself as the step after this one begins")
     parser.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
     parser.add_argument("--signal-again", action="store_true", help="and a second one as that step ends")
+    parser.add_argument("--fail-save", help="RANK:STEP: that process's part of checkpoint-STEP fails (no space)")
     parser.add_argument("--eval-prompts", type=int, help="evaluate on this many held-out toy prompts every 2 steps")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
@@ -188,6 +203,8 @@ def main() -> None:
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)
+    if opts.fail_save:
+        fail_save(trainer, *map(int, opts.fail_save.split(":")))
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
     trainer.save_model(os.path.join(opts.output_dir, "final-actor"))
     with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:

@@ -27,7 +27,7 @@ from .logprobs import (
     trim_padding,
 )
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss
-from .masked import masked_mean, masked_var, masked_whiten
+from .masked import masked_mean, masked_moments, masked_var, masked_whiten
 
 __all__ = [
     "RunningMoments",
@@ -47,6 +47,7 @@ __all__ = [
     "last_token_index",
     "leave_one_out_advantages",
     "masked_mean",
+    "masked_moments",
     "masked_var",
     "masked_whiten",
     "pad_prompts_and_completions",

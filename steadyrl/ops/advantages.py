@@ -20,9 +20,11 @@ def leave_one_out_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
     return (grouped - baseline).flatten()
 
 
-def whiten(values: torch.Tensor) -> torch.Tensor:
-    """(values - mean) / std over all entries."""
-    return (values - values.mean()) / (values.std() + 1e-8)
+def whiten(values: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """(values - mean) / std over all entries. ``moments``: the (mean, unbiased variance) to use instead of
+    ``values``' own (e.g. ``masked_moments`` of every process's values)."""
+    mean, std = (values.mean(), values.std()) if moments is None else (moments[0], moments[1].sqrt())
+    return (values - mean) / (std + 1e-8)
 
 
 def shaped_token_rewards(

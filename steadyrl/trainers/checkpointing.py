@@ -162,24 +162,47 @@ class Checkpointer:
         self.main = accelerator.is_main_process
 
     def save(self, output_dir: str, step: int, contents: CheckpointContents, save_total_limit: int | None) -> Path:
-        """Write ``checkpoint-<step>`` under a temporary name, commit it with its manifest, then rotate."""
+        """Write ``checkpoint-<step>`` under a temporary name, commit it with its manifest, then rotate. Each stage
+        (begin, write, commit) ends with every process learning whether it failed on any, so that all raise
+        together and none waits for a process that gave up."""
         tmp = Path(output_dir) / f"tmp-checkpoint-{step}"
-        try:
-            if self.main:
-                begin_checkpoint(output_dir, step)
-            self.accelerator.wait_for_everyone()
-            self._write(tmp, contents)
-            self.accelerator.wait_for_everyone()
-            final = Path(output_dir) / f"checkpoint-{step}"
-            if self.main:
-                final = commit_checkpoint(tmp, step)
-        except Exception as err:  # a full disk surfaces as OSError, torch's RuntimeError or safetensors' error
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(save_failure_message(tmp, err)) from err
+        self._save_stage(tmp, lambda: begin_checkpoint(output_dir, step) if self.main else None)
+        self._save_stage(tmp, lambda: self._write(tmp, contents))
+        self._save_stage(tmp, lambda: commit_checkpoint(tmp, step) if self.main else None)
         if self.main:
             for deleted in rotate_checkpoints(output_dir, save_total_limit):
                 logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={save_total_limit}).")
-        return final
+        return Path(output_dir) / f"checkpoint-{step}"
+
+    def _save_stage(self, tmp: Path, stage: Callable[[], object]) -> None:
+        """Run this process's part of one stage of a save; if it failed on any process, remove ``tmp`` and raise a
+        CheckpointError on every process: the failing one with its own error, the others naming it."""
+        error = None
+        try:
+            stage()
+        except Exception as err:  # a full disk surfaces as OSError, torch's RuntimeError or safetensors' error
+            error = err
+        failed = self._failed_processes(error is not None)
+        if not failed:
+            return
+        shutil.rmtree(tmp, ignore_errors=True)
+        if self.accelerator.num_processes == 1:
+            raise CheckpointError(save_failure_message(tmp, error)) from error
+        if error is not None:
+            message = save_failure_message(tmp, error)
+            raise CheckpointError(f"Process {self.rank} of {self.accelerator.num_processes}: {message}") from error
+        names = ", ".join(map(str, failed))
+        cause = CheckpointError(f"process {names} could not write its part of it; that process's error says why")
+        raise CheckpointError(save_failure_message(tmp, cause))
+
+    def _failed_processes(self, failed: bool) -> list[int]:
+        """The ranks of the processes for which ``failed`` is true, the same list on every process: an all-reduce of
+        one flag per process, which also waits for all of them as a barrier would."""
+        if self.accelerator.num_processes == 1:
+            return [self.rank] if failed else []
+        flags = torch.zeros(self.accelerator.num_processes, device=self.accelerator.device)
+        flags[self.rank] = float(failed)
+        return torch.nonzero(self.accelerator.reduce(flags, "sum")).flatten().tolist()
 
     def _write(self, tmp: Path, contents: CheckpointContents) -> None:
         for module in contents.modules:

@@ -28,6 +28,7 @@ from ..ops import (
     generalized_advantage_estimation,
     kl_penalty,
     masked_mean,
+    masked_moments,
     masked_var,
     masked_whiten,
     shaped_token_rewards,
@@ -245,18 +246,19 @@ class PPOTrainer(OnPolicyTrainer):
         token_kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs, args.kl_estimator) * mask  # [N, C]
         rewards, non_score_rewards = shaped_token_rewards(scores, token_kl, state.kl_coef, mask)
         advantages, returns = generalized_advantage_estimation(rewards, values, mask, args.gamma, args.lam)
+        moments = masked_moments(advantages, mask, self.sum_over_processes())  # over the whole rollout
         metrics = {
             "score": scores.mean().item(),
             "non_score_reward": non_score_rewards.sum(1).mean().item(),
             "rlhf_reward": rewards.sum(1).mean().item(),
             "kl_coef": state.kl_coef,
-            "advantages_mean": masked_mean(advantages, mask).item(),
-            "advantages_std": masked_var(advantages, mask).sqrt().item(),
+            "advantages_mean": moments[0].item(),
+            "advantages_std": moments[1].sqrt().item(),
             "value_mean": masked_mean(values, mask).item(),
             "explained_variance": 1 - (masked_var(returns - values, mask) / masked_var(returns, mask)).item(),
         }
         if args.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+            advantages = masked_whiten(advantages, mask, moments)
         if args.target_kl is not None:
             kl = self.accelerator.gather(token_kl.sum(1))  # [N x processes]
             state.kl_coef = adaptive_kl_coef(state.kl_coef, kl.mean().item(), args.target_kl, len(kl), args.kl_horizon)

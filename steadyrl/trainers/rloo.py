@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops import clipped_policy_loss, completion_logprobs, leave_one_out_advantages, masked_mean, sequence_kl, whiten
+from ..ops import (
+    clipped_policy_loss,
+    completion_logprobs,
+    leave_one_out_advantages,
+    masked_mean,
+    masked_moments,
+    sequence_kl,
+    whiten,
+)
 from ..rollout import Advantages, Rollout
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
@@ -89,8 +97,10 @@ class RLOOTrainer(OnPolicyTrainer):
             scores = scores.clamp(*clip)
         rewards = scores - self.args.beta * kl  # [N]
         advantages = leave_one_out_advantages(rewards, self.args.n_samples_per_prompt)  # [N]
-        if self.args.normalize_advantages:
-            advantages = whiten(advantages)
+        if self.args.normalize_advantages:  # over the whole rollout: every process's share
+            total = self.sum_over_processes()
+            moments = None if total is None else masked_moments(advantages, torch.ones_like(advantages), total)
+            advantages = whiten(advantages, moments)
         metrics = {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
         return Advantages(advantages=advantages, metrics=metrics)
 

@@ -13,6 +13,7 @@ its samples.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -20,6 +21,7 @@ from accelerate.utils import gather_object
 
 from ..generation import Generation, sampling_seed
 from ..ops import batched_logprobs, ends_without_eos, masked_mean, pad_prompts_and_completions
+from ..ops.masked import SumOverProcesses
 from ..placement import offloaded
 from ..prompts import as_completions, prompt_texts, tokenize_prompts
 from ..rewards import RewardInputs, reward_func_name
@@ -142,6 +144,13 @@ class RolloutMixin:
                 return self.policy_logprobs(self.ref_model, tokens)
         with self.model.disable_adapter():
             return self.policy_logprobs(self.model, tokens)
+
+    def sum_over_processes(self) -> SumOverProcesses | None:
+        """An all-reduce sum over the processes, for statistics of the whole rollout (``masked_moments``); None on
+        one process, whose share is the whole rollout."""
+        if self.accelerator.num_processes == 1:
+            return None
+        return functools.partial(self.accelerator.reduce, reduction="sum")
 
     def sample_advantages(self, rollout: Rollout) -> torch.Tensor | None:
         """One advantage per sample [N] for the completion log: RLOO's as they are, PPO's averaged over the
