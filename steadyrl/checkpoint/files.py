@@ -197,7 +197,8 @@ def _check_required(directory: Path, layout: str, names: set[str]) -> None:
     for stem, found in sorted(ranks.items()):
         if missing := sorted(set(range(processes)) - found):
             raise CheckpointError(
-                f"{directory}: the manifest lists {stem} files of {processes} processes, none of process(es) {missing}"
+                f"{directory}: the manifest lists files of {processes} processes but no {stem} file of "
+                f"process(es) {missing}"
             )
 
 
