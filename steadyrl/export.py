@@ -12,10 +12,14 @@ from .checkpoint import CheckpointError, verify_checkpoint
 ACTOR = "actor"
 
 
-def listed_actor_files(manifest: dict) -> list[str]:
-    """The files a verified checkpoint's manifest lists under ``actor/``, relative to it."""
+def listed_actor_files(checkpoint: Path, manifest: dict) -> list[str]:
+    """The files a verified checkpoint's manifest lists under ``actor/``, relative to it; none is an error (a plain
+    transformers.Trainer checkpoint has no actor/)."""
     prefix = ACTOR + "/"
-    return sorted(name.removeprefix(prefix) for name in manifest["files"] if name.startswith(prefix))
+    names = sorted(name.removeprefix(prefix) for name in manifest["files"] if name.startswith(prefix))
+    if not names:
+        raise CheckpointError(f"{checkpoint} has no {prefix}: its manifest lists no actor file to export or push.")
+    return names
 
 
 def regular_files(directory: Path) -> list[str]:
@@ -43,14 +47,14 @@ def export_actor(checkpoint: str | Path, output_dir: str | Path) -> Path:
         newest = max(checkpoint.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
         raise CheckpointError(f"{checkpoint} is an output directory, not a checkpoint: give one, e.g. {newest}.")
     manifest = verify_checkpoint(checkpoint)
-    actor = checkpoint / ACTOR
+    actor, files = checkpoint / ACTOR, listed_actor_files(checkpoint, manifest)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise FileExistsError(f"{output_dir} exists and is not empty: choose a new directory for the export.")
     output_dir.mkdir(parents=True, exist_ok=True)
     if (actor / "adapter_config.json").is_file():
         merge_adapter(actor, output_dir)
     else:
-        copy_files(actor, listed_actor_files(manifest), output_dir)
+        copy_files(actor, files, output_dir)
     return output_dir
 
 

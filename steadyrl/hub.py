@@ -35,7 +35,7 @@ def actor_of(path: Path) -> tuple[Path, list[str]]:
     """The actor directory of a checkpoint (verified against its manifest) or of a saved actor directory, and the
     files to publish from it: those the manifest lists under ``actor/``, or the saved directory's regular files."""
     if (path / "manifest.json").is_file() or (path / "manifest.json").is_symlink():
-        return path / ACTOR, listed_actor_files(verify_checkpoint(path))
+        return path / ACTOR, listed_actor_files(path, verify_checkpoint(path))
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path, regular_files(path)
     raise FileNotFoundError(

@@ -379,6 +379,17 @@ def test_export_refuses_a_checkpoint_with_an_unlisted_file_and_copies_only_liste
     assert {p.name for p in (tmp_path / "model").iterdir()} == listed
 
 
+def test_export_refuses_a_checkpoint_without_an_actor(tmp_path, capsys):
+    checkpoint = tmp_path / "checkpoint-3"  # a plain transformers.Trainer checkpoint: it verifies, but holds no actor/
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    write_manifest(checkpoint, 3)
+    assert steadyrl_main(["export", str(checkpoint), str(tmp_path / "model")]) == 2
+    assert "checkpoint-3 has no actor/: its manifest lists no actor file" in capsys.readouterr().err
+    assert not (tmp_path / "model").exists()
+
+
 def test_push_refuses_a_damaged_checkpoint_before_any_upload(out, monkeypatch, capsys):
     import steadyrl.hub
 
