@@ -120,6 +120,18 @@ def make_cwd_importable() -> None:
         sys.path.insert(0, cwd)
 
 
+def disk_size(directory: Path) -> int:
+    """Bytes of the files below ``directory``, counting a symlink as itself (never following it)."""
+    total = 0
+    for root, _, files in os.walk(directory):  # does not descend into symlinked directories
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # removed meanwhile: the table is a snapshot
+                pass
+    return total
+
+
 def list_checkpoints(output_dir: Path) -> int:
     from .checkpoint import scan_checkpoints
 
@@ -137,7 +149,7 @@ def list_checkpoints(output_dir: Path) -> int:
     rows.sort(key=lambda row: int(row[0].name.rsplit("-", 1)[1]))
     print(f"{'step':>8}  {'size':>9}  {'written':19}  {'state':10}  manifest")
     for path, state, check in rows:
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        size = disk_size(path)
         written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
         mark = "  <- resume_from_checkpoint=True" if path == scan.newest else ""
         print(f"{path.name.rsplit('-', 1)[1]:>8}  {size / 2**20:>7.1f}MB  {written}  {state:10}  {check}{mark}")

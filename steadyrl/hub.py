@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from . import __version__
 from .checkpoint import verify_checkpoint
+from .export import ACTOR, copy_files, listed_actor_files, merge_adapter, regular_files
 
 
 class HubPushError(RuntimeError):
@@ -46,28 +47,27 @@ def push_command(directory: Path, repo_id: str, merged: bool | None = False, pri
     return shlex.join(words + (["--revision", revision] if revision else []))
 
 
-def stage_actor(actor_dir: Path, out: Path, merged: bool) -> Path:
+def stage_actor(actor_dir: Path, out: Path, merged: bool, files: Iterable[str] | None = None) -> Path:
     """The files to publish from a plain actor directory (a checkpoint's ``actor/`` or a saved model): a LoRA
-    adapter as it is (``adapter_config.json`` + weights), or with ``merged`` merged into its base model."""
+    adapter as it is (``adapter_config.json`` + weights), or with ``merged`` merged into its base model.
+
+    ``files`` (names relative to ``actor_dir``, e.g. those a checkpoint's manifest lists) are copied; by default
+    the directory's regular files, never a symlink."""
     out.mkdir(parents=True, exist_ok=True)
     if merged and (actor_dir / "adapter_config.json").is_file():
-        from .export import merge_adapter
-
         merge_adapter(actor_dir, out)
     else:
-        for path in actor_dir.iterdir():
-            if path.is_file():
-                shutil.copy2(path, out / path.name)
+        copy_files(actor_dir, regular_files(actor_dir) if files is None else files, out)
     return out
 
 
-def actor_of(path: Path) -> Path:
-    """The actor directory of a checkpoint (verified against its manifest) or of a saved actor directory."""
-    if (path / "manifest.json").is_file():
-        verify_checkpoint(path)
-        return path / "actor"
+def actor_of(path: Path) -> tuple[Path, list[str]]:
+    """The actor directory of a checkpoint (verified against its manifest) or of a saved actor directory, and the
+    files to publish from it: those the manifest lists under ``actor/``, or the saved directory's regular files."""
+    if (path / "manifest.json").is_file() or (path / "manifest.json").is_symlink():
+        return path / ACTOR, listed_actor_files(path, verify_checkpoint(path))
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
-        return path
+        return path, regular_files(path)
     raise FileNotFoundError(
         f"{path} is neither a steadyrl checkpoint (no manifest.json) nor a saved actor (no config.json or "
         "adapter_config.json)."
@@ -128,7 +128,7 @@ def upload(folder: Path, repo_id: str, token: str | None, message: str, path_in_
 def push_from_directory(source: Path, repo_id: str, token: str | None, merged: bool, private: bool,
                         revision: str | None = None) -> str:  # fmt: skip
     """``steadyrl push``: the actor of a checkpoint (or a saved actor) with a card made from the checkpoint's state."""
-    actor = actor_of(source)
+    actor, files = actor_of(source)
     steps, metrics, algorithm = 0, {}, "rl"
     if (source / "trainer_state.json").is_file():
         state = json.loads((source / "trainer_state.json").read_text())
@@ -140,6 +140,6 @@ def push_from_directory(source: Path, repo_id: str, token: str | None, merged: b
     config = json.loads(config_file.read_text())
     base = config.get("base_model_name_or_path") or config.get("_name_or_path")
     with tempfile.TemporaryDirectory() as tmp:
-        staged = stage_actor(actor, Path(tmp) / "staged", merged)
+        staged = stage_actor(actor, Path(tmp) / "staged", merged, files)
         (staged / "README.md").write_text(model_card(repo_id, base, algorithm, None, steps, metrics))
         return upload(staged, repo_id, token, f"Upload the actor of {source.name}", revision=revision, private=private)

@@ -608,7 +608,6 @@ def _(ctx):
     return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--toy", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
 
 
-
 @trigger("max-steps-zero")
 def _(ctx):
     make_config(ctx.tmp_path, max_steps=0)
@@ -650,6 +649,37 @@ def _(ctx):
         trainer.push_to_hub()
     finally:
         server.shutdown()
+
+
+@trigger("export-unlisted")
+def _(ctx):
+    checkpoint = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
+    (checkpoint / "actor" / "notes.txt").write_text("my notes")
+    return ctx.cli("export", checkpoint, ctx.tmp_path / "actor")
+
+
+@trigger("export-symlink")
+def _(ctx):
+    checkpoint = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
+    tokenizer = checkpoint / "actor" / "tokenizer.json"
+    shutil.move(tokenizer, ctx.tmp_path / "tokenizer.json")
+    tokenizer.symlink_to(ctx.tmp_path / "tokenizer.json")
+    return ctx.cli("export", checkpoint, ctx.tmp_path / "actor")
+
+
+@trigger("resume-renamed")
+def _(ctx):
+    checkpoint = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-4")
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
+
+
+@trigger("resume-manifest-json")
+def _(ctx):
+    checkpoint = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
+    manifest = checkpoint / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
+
 
 # ---- the test -------------------------------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 A checkpoint is written under ``tmp-checkpoint-<step>``, every file is hashed and fsynced into
 ``manifest.json`` (written last), and only then is the directory renamed to ``checkpoint-<step>``.
-A directory without a manifest, or whose files do not match it, is never resumed from.
+A directory is damaged, and never resumed from, exported or pushed, when it has no manifest, when the manifest is
+malformed (fields, types, unsafe names, a global_step other than the directory's, a required file not listed), or
+when the directory does not hold exactly the regular files the manifest lists, each with its size and sha256.
 """
 
 from __future__ import annotations
@@ -23,6 +25,29 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TEMP_PATTERN = re.compile(r"^tmp-checkpoint-(\d+)$")
+STEP_PATTERN = re.compile(r"^(?:tmp-)?checkpoint-(\d+)$")  # a directory whose name gives the manifest's global_step
+ASIDE_PREFIX = "deleting-"  # a checkpoint renamed aside (atomic) before it is removed, by rotation or a re-commit
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+STATE_FILE = "steadyrl_state.json"
+
+# The files a manifest must list, by the manifest's "layout" ("a|b": either; "dir/": any file below dir).
+# "steadyrl" is what trainers/checkpointing.py writes (for process 0 at least; other processes add their own
+# rank_state_<rank>.json, rng_state_<rank>.json and, under DeepSpeed ZeRO, optimizer_<rank>.pt instead of
+# optimizer.pt); "transformers" is a plain transformers.Trainer checkpoint that CheckpointCallback adds a manifest to.
+REQUIRED_FILES = {
+    "steadyrl": (
+        "trainer_state.json",
+        STATE_FILE,
+        "scheduler.pt",
+        "optimizer.pt|optimizer_0.pt",
+        "rng_state_0.json",
+        "rank_state_0.json",
+        "actor/",
+    ),
+    "transformers": ("trainer_state.json",),
+}
+# Files each process writes for itself: a checkpoint holds them for processes 0..n-1, every kind alike.
+RANK_FILE_PATTERN = re.compile(r"(rng_state|rank_state|(?:\w+_)?optimizer)_(\d+)\.(?:json|pt)")
 
 
 class CheckpointError(RuntimeError):
@@ -50,16 +75,43 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(directory: str | os.PathLike, global_step: int) -> None:
-    """Hash, fsync and list every file below ``directory``; the manifest is the completion marker."""
+def _regular_files(directory: Path) -> set[str]:
+    """The relative names of every file below ``directory``, never following a link: a symlink (to a file or a
+    directory) or a special file anywhere below it is a CheckpointError."""
+    found, pending = set(), [directory]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                name = Path(entry.path).relative_to(directory).as_posix()
+                if entry.is_symlink():
+                    raise CheckpointError(f"{directory}: {name} is a symlink; a checkpoint holds only regular files")
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    found.add(name)
+                else:
+                    raise CheckpointError(f"{directory}: {name} is not a regular file; a checkpoint holds only those")
+    return found
+
+
+def write_manifest(directory: str | os.PathLike, global_step: int, layout: str | None = None) -> None:
+    """Hash, fsync and list every file below ``directory``; the manifest is the completion marker.
+
+    ``layout`` ("steadyrl" or "transformers", see REQUIRED_FILES) names the files the manifest must list; by
+    default "steadyrl" when the directory holds steadyrl_state.json. A directory that could not verify (a
+    symlink, a required file missing) is refused with a CheckpointError, before any manifest is written.
+    """
     directory = Path(directory)
-    files = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME):
-        files[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    for sub in sorted({p.parent for p in directory.rglob("*") if p.is_file()}):
-        _fsync_dir(sub)
-    manifest = {"format": MANIFEST_FORMAT, "global_step": global_step, "files": files}
     tmp = directory / (MANIFEST_NAME + ".tmp")
+    tmp.unlink(missing_ok=True)  # left by a write killed midway: it must not be listed
+    names = sorted(_regular_files(directory) - {MANIFEST_NAME})
+    if layout is None:
+        layout = "steadyrl" if STATE_FILE in names else "transformers"
+    files = {name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)} for name in names}
+    manifest = {"format": MANIFEST_FORMAT, "global_step": global_step, "layout": layout, "files": files}
+    check_manifest(directory, manifest)
+    for sub in sorted({(directory / name).parent for name in names} | {directory}):
+        _fsync_dir(sub)
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.flush()
@@ -68,20 +120,130 @@ def write_manifest(directory: str | os.PathLike, global_step: int) -> None:
     _fsync_dir(directory)
 
 
-def verify_checkpoint(directory: str | os.PathLike) -> dict:
-    """Return the manifest if every listed file exists with its recorded size and hash; else raise CheckpointError."""
-    directory = Path(directory)
-    manifest_path = directory / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{directory} has no {MANIFEST_NAME}: it was not completely written")
+def _read_manifest(directory: Path) -> dict:
+    """The parsed manifest of ``directory``; CheckpointError when it is absent or not valid JSON."""
+    path = directory / MANIFEST_NAME
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{manifest_path} is unreadable: {err}") from err
+        return json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError; deep nesting recurses
+        raise CheckpointError(f"{path} is not valid JSON ({type(err).__name__}: {err})") from err
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_fields(path: Path, manifest) -> None:
+    """The manifest's own shape: an object with an integer format and global_step, a known layout, files a dict."""
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(manifest).__name__}, not an object")
+    for key in ("format", "global_step", "files"):
+        if key not in manifest:
+            raise CheckpointError(f"{path} has no '{key}' field")
+    for key in ("format", "global_step"):
+        if not _is_int(manifest[key]) or manifest[key] < 0:
+            raise CheckpointError(f"{path}: '{key}' is {manifest[key]!r}; it must be a non-negative integer")
+    if manifest["format"] != MANIFEST_FORMAT:
+        raise CheckpointError(f"{path} has format {manifest['format']}; this steadyrl reads format {MANIFEST_FORMAT}")
+    layout = manifest.get("layout", "steadyrl")  # absent: written before layouts, by a steadyrl trainer
+    if not isinstance(layout, str) or layout not in REQUIRED_FILES:
+        raise CheckpointError(f"{path}: 'layout' is {layout!r}; it must be one of {', '.join(REQUIRED_FILES)}")
+    if not isinstance(manifest["files"], dict):
+        raise CheckpointError(f"{path}: 'files' is a JSON {type(manifest['files']).__name__}, not an object")
+
+
+def _check_name(directory: Path, name: str) -> None:
+    """A listed name is a plain relative POSIX path that stays inside ``directory``."""
+    if name.startswith("/"):
+        raise CheckpointError(f"{directory}: the manifest lists {name!r}, an absolute path outside the checkpoint")
+    if "\\" in name:
+        raise CheckpointError(f"{directory}: the manifest lists {name!r}, whose backslash is not a POSIX separator")
+    parts = name.split("/")
+    if ".." in parts:
+        raise CheckpointError(f"{directory}: the manifest lists {name!r}, whose '..' leaves the checkpoint")
+    if any(part in ("", ".") for part in parts) or "\0" in name or name == MANIFEST_NAME:
+        raise CheckpointError(f"{directory}: the manifest lists {name!r}, which is not a file name inside it")
+
+
+def _check_entry(directory: Path, name: str, entry) -> None:
+    """A listed file's record: {"size": non-negative int, "sha256": 64 lowercase hex digits}."""
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{directory}: the manifest's entry for {name} is a JSON {type(entry).__name__}")
+    size, digest = entry.get("size"), entry.get("sha256")
+    if not _is_int(size) or size < 0:
+        raise CheckpointError(f"{directory}: the manifest gives {name} the size {size!r}, not a byte count")
+    if not isinstance(digest, str) or not SHA256_PATTERN.fullmatch(digest):
+        raise CheckpointError(f"{directory}: the manifest gives {name} the sha256 {digest!r}, not 64 hex digits")
+
+
+def _lists(names: set[str], choice: str) -> bool:
+    return any(name.startswith(choice) for name in names) if choice.endswith("/") else choice in names
+
+
+def _check_required(directory: Path, layout: str, names: set[str]) -> None:
+    """Every file of REQUIRED_FILES[layout] is listed, and the per-process files cover processes 0..n-1 alike."""
+    for required in REQUIRED_FILES[layout]:
+        choices = required.split("|")
+        if not any(_lists(names, choice) for choice in choices):
+            wanted = " or ".join(f"a file under {c}" if c.endswith("/") else c for c in choices)
+            raise CheckpointError(
+                f"{directory}: the manifest does not list {wanted}, which a {layout} checkpoint holds"
+            )
+    ranks: dict[str, set[int]] = {}
+    for name in names:
+        if match := RANK_FILE_PATTERN.fullmatch(name):
+            ranks.setdefault(match.group(1), set()).add(int(match.group(2)))
+    processes = max((max(found) + 1 for found in ranks.values()), default=0)
+    for stem, found in sorted(ranks.items()):
+        if missing := sorted(set(range(processes)) - found):
+            raise CheckpointError(
+                f"{directory}: the manifest lists files of {processes} processes but no {stem} file of "
+                f"process(es) {missing}"
+            )
+
+
+def check_manifest(directory: str | os.PathLike, manifest) -> None:
+    """Raise CheckpointError unless ``manifest`` is well formed for ``directory``: its fields and their types, safe
+    file names, a global_step equal to the directory's step, and every file its layout requires. Reads no file."""
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    _check_fields(path, manifest)
+    for name, entry in manifest["files"].items():
+        _check_name(directory, name)
+        _check_entry(directory, name, entry)
+    named = STEP_PATTERN.match(directory.name)
+    if named and int(named.group(1)) != manifest["global_step"]:
+        raise CheckpointError(
+            f"{path} says global_step {manifest['global_step']}, but the directory is named {directory.name}"
+        )
+    _check_required(directory, manifest.get("layout", "steadyrl"), set(manifest["files"]))
+
+
+def verify_checkpoint(directory: str | os.PathLike) -> dict:
+    """Return the manifest if it is well formed and the directory holds exactly the regular files it lists, each
+    with its recorded size and sha256; else raise CheckpointError (also for any file the directory cannot read)."""
+    directory = Path(directory)
+    try:
+        return _verify(directory)
+    except OSError as err:
+        raise CheckpointError(f"{directory} cannot be read: {err}") from err
+
+
+def _verify(directory: Path) -> dict:
+    if not (directory / MANIFEST_NAME).is_file() and not (directory / MANIFEST_NAME).is_symlink():
+        raise CheckpointError(f"{directory} has no {MANIFEST_NAME}: it was not completely written")
+    on_disk = _regular_files(directory)
+    manifest = _read_manifest(directory)
+    check_manifest(directory, manifest)
+    files = manifest["files"]
+    unlisted = sorted(on_disk - set(files) - {MANIFEST_NAME})
+    if unlisted:
+        raise CheckpointError(
+            f"{directory}: file {unlisted[0]} is not listed in the manifest; a checkpoint holds only the files it lists"
+        )
     for name, expected in files.items():
         path = directory / name
-        if not path.is_file():
+        if name not in on_disk:
             raise CheckpointError(f"{directory}: file {name} listed in the manifest is missing")
         size = path.stat().st_size
         if size != expected["size"]:
@@ -102,16 +264,80 @@ def begin_checkpoint(output_dir: str | os.PathLike, step: int) -> Path:
 def commit_checkpoint(tmp: str | os.PathLike, step: int) -> Path:
     """Write the manifest of a filled temporary directory, then rename it to ``checkpoint-<step>``.
 
-    Until the rename, nothing under the final name changes; a crash leaves only the temporary directory.
+    Until the rename, nothing under the final name changes. A ``checkpoint-<step>`` already there (a stale or damaged
+    copy left from before a resume to an older step) is renamed aside and removed only once the new one is in place:
+    a crash at any point leaves a state that recover_interrupted_commits turns into a complete ``checkpoint-<step>``.
     """
     tmp = Path(tmp)
-    final = tmp.parent / checkpoint_name(step)
-    write_manifest(tmp, step)
-    if final.exists():  # a stale or damaged copy left from before a resume to an older step
-        shutil.rmtree(final)
+    write_manifest(tmp, step, layout="steadyrl")
+    return _install(tmp, tmp.parent / checkpoint_name(step))
+
+
+def _exists(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _remove(path: Path) -> None:
+    """Delete a directory tree, or a file or symlink (never what a symlink points to); a missing path is fine."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _install(tmp: Path, final: Path) -> Path:
+    """Rename the complete ``tmp`` to ``final``. A ``final`` already there is first renamed (atomically) to
+    ``deleting-<final>`` and removed last, so some complete copy exists under one of the three names throughout."""
+    aside = final.with_name(ASIDE_PREFIX + final.name)
+    replacing = _exists(final)
+    if replacing:
+        _remove(aside)  # left by an earlier crash: the rename needs the name free
+        os.rename(final, aside)
     os.rename(tmp, final)
-    _fsync_dir(tmp.parent)
+    _fsync_dir(final.parent)
+    if replacing:
+        _remove(aside)
     return final
+
+
+def recover_interrupted_commits(output_dir: str | os.PathLike) -> list[str]:
+    """Finish what a crashed commit, re-commit or rotation left in ``output_dir``; return one line per action.
+
+    A complete ``tmp-checkpoint-N`` (its manifest verifies: the crash fell between the manifest and the rename)
+    becomes ``checkpoint-N`` when there is none or only a damaged one, and is removed when a complete one exists.
+    Incomplete ones stay as they are (the scan reports them; the next save of that step replaces them). Then every
+    ``deleting-checkpoint-*`` is removed: each was renamed aside only once a complete successor existed. Call it on
+    the main process alone, before any other process scans ``output_dir``.
+    """
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    done = []
+    for tmp in sorted(output_dir.iterdir()):
+        if TEMP_PATTERN.match(tmp.name) and tmp.is_dir() and not tmp.is_symlink():
+            done += _recover(tmp)
+    for aside in sorted(output_dir.glob(ASIDE_PREFIX + "checkpoint-*")):
+        _remove(aside)
+        done.append(f"Removed {aside}, left by a rotation or re-commit that stopped before deleting it.")
+    return done
+
+
+def _recover(tmp: Path) -> list[str]:
+    final = tmp.with_name(tmp.name.removeprefix("tmp-"))
+    try:
+        verify_checkpoint(tmp)
+    except CheckpointError:
+        return []
+    if not _exists(final):
+        _install(tmp, final)
+        return [f"Promoted {tmp} to {final}: it was complete, and the run stopped before renaming it."]
+    try:
+        verify_checkpoint(final)
+    except CheckpointError as err:
+        _install(tmp, final)
+        return [f"Replaced {final} with the complete {tmp}: {err}"]
+    _remove(tmp)
+    return [f"Removed {tmp}: it was complete, but so is {final}, which stays."]
 
 
 @dataclass
@@ -169,14 +395,17 @@ def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | No
     """Delete the oldest complete checkpoints beyond ``save_total_limit`` (never the newest); return them.
 
     Each is first renamed to ``deleting-checkpoint-<step>`` (atomic), so a crash mid-deletion leaves no
-    half-deleted ``checkpoint-<step>``; leftovers of such a crash are removed by the next rotation.
+    half-deleted ``checkpoint-<step>``; leftovers of such a crash are removed by the next rotation (and by
+    recover_interrupted_commits).
     """
     if not save_total_limit or save_total_limit < 1:
         return []
     complete = scan_checkpoints(output_dir, verify=False).complete
     doomed = [path for _, path in complete[: max(0, len(complete) - save_total_limit)]]
     for path in doomed:
-        os.rename(path, path.with_name(f"deleting-{path.name}"))
-    for path in Path(output_dir).glob("deleting-checkpoint-*"):
-        shutil.rmtree(path, ignore_errors=True)
+        aside = path.with_name(ASIDE_PREFIX + path.name)
+        _remove(aside)  # a leftover of a crashed re-commit of that step: the rename needs the name free
+        os.rename(path, aside)
+    for path in Path(output_dir).glob(ASIDE_PREFIX + "checkpoint-*"):
+        _remove(path)
     return doomed

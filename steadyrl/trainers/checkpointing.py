@@ -40,6 +40,7 @@ from ..checkpoint import (
     commit_checkpoint,
     find_resumable_checkpoint,
     load_rng_state,
+    recover_interrupted_commits,
     rotate_checkpoints,
     save_rng_state,
     verify_checkpoint,
@@ -133,13 +134,15 @@ def find_checkpoint(value, output_dir: str) -> Path | None:
 
 
 def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Path | None]:
-    """Lock ``output_dir`` (main process), find the checkpoint ``resume_from_checkpoint`` names, and refuse (or
-    with ``overwrite_output_dir`` delete) another run's checkpoints (ownership.py); every process gets the
-    checkpoint or the error."""
+    """Lock ``output_dir`` (main process), finish the commits a crash interrupted, find the checkpoint
+    ``resume_from_checkpoint`` names, and refuse (or with ``overwrite_output_dir`` delete) another run's
+    checkpoints (ownership.py); every process gets the checkpoint or the error."""
     lock = OutputDirLock(args.output_dir) if accelerator.is_main_process else None
     on_main_process(accelerator, lock.acquire if lock else None)
 
     def resolve() -> Path | None:
+        for action in recover_interrupted_commits(args.output_dir):
+            logger.warning(action)
         checkpoint = find_checkpoint(value, args.output_dir)
         refuse_other_runs(args.output_dir, checkpoint, args.overwrite_output_dir)
         return checkpoint
