@@ -199,3 +199,13 @@ def test_reward_functions_are_identified_by_name_not_address():
     from steadyrl.trainers.fingerprint import callable_identity
 
     assert callable_identity(letters_reward) == "steadyrl.toy.task.letters_reward"
+
+
+def test_a_complete_checkpoint_killed_before_its_rename_is_promoted_at_the_next_start(old_run, tmp_path, caplog):
+    run = copy_run(old_run, tmp_path)
+    (run / "checkpoint-4").rename(run / "tmp-checkpoint-4")  # the manifest was written, the rename never happened
+    trainer = make_trainer(run, max_steps=5, save_steps=2, save_total_limit=2)
+    trainer.train(resume_from_checkpoint=True)
+    assert "Promoted" in caplog.text and "tmp-checkpoint-4" in caplog.text
+    assert [entry["step"] for entry in trainer.state.log_history] == [1, 2, 3, 4, 5]  # resumed from step 4
+    assert names(run) == ["checkpoint-2", "checkpoint-4"]
