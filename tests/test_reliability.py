@@ -97,7 +97,7 @@ class CheckpointWatch(TrainerCallback):
         self.steps.append(state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
-        self.on_disk.append(sorted(p.name for p in self.output_dir.iterdir()))
+        self.on_disk.append(sorted(p.name for p in self.output_dir.iterdir() if p.is_dir()))
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_second_signal_exits_at_once(tmp_path, toy_path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == -15, proc.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["checkpoint-3"]
     assert "Stopped by" not in proc.stdout + proc.stderr
 
 

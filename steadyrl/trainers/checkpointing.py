@@ -118,8 +118,6 @@ def find_checkpoint(value, output_dir: str) -> Path | None:
         found = find_resumable_checkpoint(output_dir)
         if found is None:
             logger.warning(f"No complete checkpoint in {output_dir}: starting from step 0.")
-        else:
-            logger.warning(f"Resuming from {found}.")
         return found
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(
@@ -148,11 +146,14 @@ def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Pat
         return checkpoint
 
     try:
-        return lock, on_main_process(accelerator, resolve)
+        checkpoint = on_main_process(accelerator, resolve)
     except BaseException:
         if lock is not None:
             lock.release()
         raise
+    if checkpoint is not None:
+        logger.warning(f"Resuming from {checkpoint}.")  # every process: each says what it loads
+    return lock, checkpoint
 
 
 class Checkpointer:

@@ -48,6 +48,9 @@ FREE_SETTINGS = frozenset({
     "vllm_gpu_memory_utilization", "vllm_kv_cache_space", "vllm_enable_sleep_mode", "vllm_server_base_url",
     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
 })  # fmt: skip
+# Free settings a checkpoint does not record: where the run happens to be (a checkpoint's content does not depend on
+# its directory, so a run directory can be moved) and secrets.
+WHERE = frozenset({"output_dir", "run_name", "resume_from_checkpoint", "local_rank", "deepspeed", "hub_token"})
 # TRL's names for steadyrl's fields (trl_names.py): they restate a setting the fingerprint holds under its own name.
 MIRRORS = frozenset({synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)} |
                     {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"})  # fmt: skip
@@ -119,7 +122,7 @@ def split_settings(args) -> tuple[dict, dict]:
     """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``."""
     settings = _plain(args.to_dict())
     fixed = {f"args.{k}": v for k, v in settings.items() if k not in FREE_SETTINGS | MIRRORS}
-    free = {f"args.{k}": v for k, v in settings.items() if k in FREE_SETTINGS and k != "hub_token"}
+    free = {f"args.{k}": v for k, v in settings.items() if k in FREE_SETTINGS - WHERE}
     return fixed, free
 
 
