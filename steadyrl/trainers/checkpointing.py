@@ -9,6 +9,7 @@ A checkpoint directory holds::
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
     steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
+    settings.json             the settings a resume may change (logging, saving, max_steps, ...): changes are logged
     rank_state_<rank>.json    per process: metrics not yet logged, whether a rollout is under way
     rollout_buffer_<rank>.*   per process: its share of the rollout being trained on, if the save fell
                               in the middle of one
@@ -53,6 +54,7 @@ from .fingerprint import check_resumable
 logger = logging.get_logger(__name__)
 
 STATE_NAME = "steadyrl_state.json"
+SETTINGS_NAME = "settings.json"  # the settings a resume may change, to log what it changed
 STATE_FORMAT = 3  # 3: the rollout buffer holds each reward function's scores and whether it was logged
 READABLE_FORMATS = (2, 3)  # a format-2 buffer lacks those two: its completions log without per-function rewards
 TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
@@ -222,7 +224,7 @@ class Checkpointer:
         if self.main:
             contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
             shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint}
-            shared["free_settings"] = contents.free_settings
+            (tmp / SETTINGS_NAME).write_text(json.dumps(contents.free_settings, sort_keys=True))
             shared.update({key: loop[key] for key in ("sampler", "rollouts", "algorithm")})
             (tmp / STATE_NAME).write_text(json.dumps(shared))
         # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
@@ -249,8 +251,9 @@ class Checkpointer:
                 f"{directory} was written in steadyrl state format {shared.get('format')}; this version reads "
                 f"formats {', '.join(map(str, READABLE_FORMATS))}: resume it with the steadyrl version that wrote it."
             )
-        check_resumable(shared["fingerprint"], contents.fingerprint, shared.get("free_settings", {}),
-                        contents.free_settings, directory)  # fmt: skip
+        settings_path = directory / SETTINGS_NAME  # absent from checkpoints of older versions
+        saved_settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+        check_resumable(shared["fingerprint"], contents.fingerprint, saved_settings, contents.free_settings, directory)
         for module in contents.modules:
             self._load_module(directory, module)
         state = contents.trainer_state
