@@ -167,6 +167,26 @@ def test_failed_checkpoint_pushes_never_stop_training(hub, tmp_path, toy_path, c
     assert_token_nowhere(tmp_path, caplog.text)
 
 
+def test_a_hub_outage_when_the_trainer_is_built_does_not_stop_the_run(hub, tmp_path, toy_path, caplog):
+    """Creating the repository fails as the trainer is built (503): the run starts anyway and the first push creates
+    it. A token the Hub refuses (401) is an error at once: no later push could succeed."""
+    hub.fail_next(1, 503, path="/api/repos/create")
+    with caplog.at_level(logging.WARNING):
+        trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True,
+                               hub_model_id="someone/late", hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+    assert "Could not create the Hub repository 'someone/late' now" in caplog.text
+    trainer.train()
+    assert [c.message for c in hub.commits] == ["Training in progress, step 2"]
+    assert "someone/late" in hub.repos
+
+    hub.fail_next(1, 401, path="/api/repos/create")
+    with pytest.raises(HubPushError, match="the Hub refused to create the repository 'someone/denied'"):
+        make_trainer(tmp_path / "denied", push_to_hub=True, hub_model_id="someone/denied", hub_token=TOKEN)
+    # after a refused creation huggingface_hub asks whether the repository exists anyway; the stand-in answers 404
+    assert hub.unexpected == ["GET /api/models/someone/denied"]
+    hub.unexpected.clear()
+
+
 def test_programming_errors_in_a_checkpoint_push_are_not_swallowed(hub, tmp_path, toy_path, monkeypatch):
     trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/bug",
                            hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip

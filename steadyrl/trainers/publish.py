@@ -72,11 +72,26 @@ class PublishMixin:
         """Create the repository (main process), as ``Trainer`` does when ``push_to_hub=True``."""
         args = self.args
         self.hub_model_id = args.hub_model_id or Path(args.output_dir).absolute().name
-        if self.is_world_process_zero():
-            from huggingface_hub import HfApi
+        if not self.is_world_process_zero():
+            return
+        from huggingface_hub import HfApi
 
-            api = HfApi(token=token or args.hub_token)
+        api = HfApi(token=token or args.hub_token)
+        try:
             self.hub_model_id = api.create_repo(self.hub_model_id, private=args.hub_private_repo, exist_ok=True).repo_id
+        except network_errors() as err:
+            status = getattr(getattr(err, "response", None), "status_code", None)
+            if status in (401, 403):  # a token that cannot write: no later attempt would do better
+                raise HubPushError(
+                    f"push_to_hub=True, but the Hub refused to create the repository {self.hub_model_id!r} "
+                    f"({describe(err)}): give a token with write access (hub_token, HF_TOKEN or `hf auth login`), or "
+                    "set push_to_hub=False and publish the actor later with steadyrl push."
+                ) from err
+            logger.warning(
+                f"Could not create the Hub repository {self.hub_model_id!r} now ({describe(err)}); training goes on "
+                "and the first push tries again."
+            )
+            self.hub_model_id = None  # publish_actor creates it before the next push
 
     def push_to_hub(
         self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
