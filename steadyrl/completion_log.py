@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformers.integrations import TensorBoardCallback, WandbCallback
 
-from .checkpoint.files import _fsync_dir
+from .checkpoint.manifest import fsync_dir
 
 COMPLETIONS_FILE = "completions.jsonl"
 TABLE_KEY = "completions"  # the TensorBoard tag and the wandb key
@@ -60,7 +60,7 @@ class CompletionLog:
             f.flush()
             os.fsync(f.fileno())
         if created:
-            _fsync_dir(self.path.parent)
+            fsync_dir(self.path.parent)
 
     def truncate_after(self, step: int) -> None:
         """Drop the lines of steps after ``step``, and a partly written last line: what a run killed after its last
@@ -77,7 +77,7 @@ class CompletionLog:
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
 
 def _line_is_kept(line: bytes, step: int) -> bool:

@@ -23,6 +23,7 @@ from steadyrl.checkpoint import (
     write_manifest,
 )
 from steadyrl.checkpoint import files as checkpoint_files
+from steadyrl.checkpoint import manifest as checkpoint_manifest
 from steadyrl.cli import main as steadyrl_main
 
 
@@ -69,7 +70,7 @@ def unlist(checkpoint: Path, *names: str) -> None:
 def add_listed(checkpoint: Path, name: str, data: bytes) -> None:
     """Add a file to a checkpoint and list it with its true size and hash."""
     (checkpoint / name).write_bytes(data)
-    entry = {"size": len(data), "sha256": checkpoint_files._sha256(checkpoint / name)}
+    entry = {"size": len(data), "sha256": checkpoint_manifest._sha256(checkpoint / name)}
     edit_manifest(checkpoint, lambda m: m["files"].update({name: entry}))
 
 
@@ -190,7 +191,7 @@ def test_a_real_checkpoint_lists_every_required_file_and_verifies(real_run):
     listed = set(manifest["files"])
     on_disk = {p.relative_to(real_run / "checkpoint-2").as_posix() for p in (real_run / "checkpoint-2").rglob("*")}
     assert listed == {name for name in on_disk if (real_run / "checkpoint-2" / name).is_file()} - {"manifest.json"}
-    for required in checkpoint_files.REQUIRED_FILES["steadyrl"]:
+    for required in checkpoint_manifest.REQUIRED_FILES["steadyrl"]:
         assert any(name == choice or (choice.endswith("/") and name.startswith(choice))
                    for name in listed for choice in required.split("|")), required  # fmt: skip
 
@@ -296,7 +297,7 @@ def crash_at(monkeypatch, k: int) -> list[str]:
     """Make the k-th file-system step of commit_checkpoint after its manifest (a rename, a directory fsync or a
     removal) crash; a removal crashes halfway through. Return the steps performed."""
     done, armed = [], []
-    real = {"rename": os.rename, "fsync": checkpoint_files._fsync_dir, "remove": checkpoint_files._remove}
+    real = {"rename": os.rename, "fsync": checkpoint_files.fsync_dir, "remove": checkpoint_files._remove}
     real_write = checkpoint_files.write_manifest
 
     def write_manifest(*args, **kwargs):
@@ -319,7 +320,7 @@ def crash_at(monkeypatch, k: int) -> list[str]:
 
     monkeypatch.setattr(checkpoint_files, "write_manifest", write_manifest)
     monkeypatch.setattr(checkpoint_files.os, "rename", step("rename"))
-    monkeypatch.setattr(checkpoint_files, "_fsync_dir", step("fsync"))
+    monkeypatch.setattr(checkpoint_files, "fsync_dir", step("fsync"))
     monkeypatch.setattr(checkpoint_files, "_remove", step("remove"))
     return done
 

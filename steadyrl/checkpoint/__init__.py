@@ -1,7 +1,6 @@
-"""Checkpoint files: atomic directories with manifests, discovery, rotation, RNG state."""
+"""Checkpoint files: manifests, atomic directories, discovery, rotation, RNG state, run ownership."""
 
 from .files import (
-    CheckpointError,
     begin_checkpoint,
     checkpoint_name,
     commit_checkpoint,
@@ -9,9 +8,8 @@ from .files import (
     recover_interrupted_commits,
     rotate_checkpoints,
     scan_checkpoints,
-    verify_checkpoint,
-    write_manifest,
 )
+from .manifest import CheckpointError, verify_checkpoint, write_manifest
 from .rng import load_rng_state, save_rng_state
 
 __all__ = [

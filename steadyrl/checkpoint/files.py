@@ -1,16 +1,12 @@
-"""Checkpoint directories on disk: atomic creation, a sha256 manifest, discovery and rotation.
+"""Checkpoint directories on disk: atomic creation, commit, recovery of interrupted commits, discovery and rotation.
 
 A checkpoint is written under ``tmp-checkpoint-<step>``, every file is hashed and fsynced into
-``manifest.json`` (written last), and only then is the directory renamed to ``checkpoint-<step>``.
-A directory is damaged, and never resumed from, exported or pushed, when it has no manifest, when the manifest is
-malformed (fields, types, unsafe names, a global_step other than the directory's, a required file not listed), or
-when the directory does not hold exactly the regular files the manifest lists, each with its size and sha256.
+``manifest.json`` (written last, manifest.py), and only then is the directory renamed to ``checkpoint-<step>``.
+A checkpoint is removed by renaming it to ``deleting-checkpoint-<step>`` first, so none is ever half-deleted.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -19,238 +15,17 @@ from pathlib import Path
 
 from transformers.utils import logging
 
+from .manifest import MANIFEST_NAME, CheckpointError, fsync_dir, verify_checkpoint, write_manifest
+
 logger = logging.get_logger(__name__)
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = 1
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TEMP_PATTERN = re.compile(r"^tmp-checkpoint-(\d+)$")
-STEP_PATTERN = re.compile(r"^(?:tmp-)?checkpoint-(\d+)$")  # a directory whose name gives the manifest's global_step
 ASIDE_PREFIX = "deleting-"  # a checkpoint renamed aside (atomic) before it is removed, by rotation or a re-commit
-SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
-STATE_FILE = "steadyrl_state.json"
-
-# The files a manifest must list, by the manifest's "layout" ("a|b": either; "dir/": any file below dir).
-# "steadyrl" is what trainers/checkpointing.py writes (for process 0 at least; other processes add their own
-# rank_state_<rank>.json, rng_state_<rank>.json and, under DeepSpeed ZeRO, optimizer_<rank>.pt instead of
-# optimizer.pt); "transformers" is a plain transformers.Trainer checkpoint that CheckpointCallback adds a manifest to.
-REQUIRED_FILES = {
-    "steadyrl": (
-        "trainer_state.json",
-        STATE_FILE,
-        "scheduler.pt",
-        "optimizer.pt|optimizer_0.pt",
-        "rng_state_0.json",
-        "rank_state_0.json",
-        "actor/",
-    ),
-    "transformers": ("trainer_state.json",),
-}
-# Files each process writes for itself: a checkpoint holds them for processes 0..n-1, every kind alike.
-RANK_FILE_PATTERN = re.compile(r"(rng_state|rank_state|(?:\w+_)?optimizer)_(\d+)\.(?:json|pt)")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is incomplete, damaged, or does not fit the current run."""
 
 
 def checkpoint_name(step: int) -> str:
     return f"checkpoint-{step}"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-        os.fsync(f.fileno())
-    return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _regular_files(directory: Path) -> set[str]:
-    """The relative names of every file below ``directory``, never following a link: a symlink (to a file or a
-    directory) or a special file anywhere below it is a CheckpointError."""
-    found, pending = set(), [directory]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                name = Path(entry.path).relative_to(directory).as_posix()
-                if entry.is_symlink():
-                    raise CheckpointError(f"{directory}: {name} is a symlink; a checkpoint holds only regular files")
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    found.add(name)
-                else:
-                    raise CheckpointError(f"{directory}: {name} is not a regular file; a checkpoint holds only those")
-    return found
-
-
-def write_manifest(directory: str | os.PathLike, global_step: int, layout: str | None = None) -> None:
-    """Hash, fsync and list every file below ``directory``; the manifest is the completion marker.
-
-    ``layout`` ("steadyrl" or "transformers", see REQUIRED_FILES) names the files the manifest must list; by
-    default "steadyrl" when the directory holds steadyrl_state.json. A directory that could not verify (a
-    symlink, a required file missing) is refused with a CheckpointError, before any manifest is written.
-    """
-    directory = Path(directory)
-    tmp = directory / (MANIFEST_NAME + ".tmp")
-    tmp.unlink(missing_ok=True)  # left by a write killed midway: it must not be listed
-    names = sorted(_regular_files(directory) - {MANIFEST_NAME})
-    if layout is None:
-        layout = "steadyrl" if STATE_FILE in names else "transformers"
-    files = {name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)} for name in names}
-    manifest = {"format": MANIFEST_FORMAT, "global_step": global_step, "layout": layout, "files": files}
-    check_manifest(directory, manifest)
-    for sub in sorted({(directory / name).parent for name in names} | {directory}):
-        _fsync_dir(sub)
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / MANIFEST_NAME)
-    _fsync_dir(directory)
-
-
-def _read_manifest(directory: Path) -> dict:
-    """The parsed manifest of ``directory``; CheckpointError when it is absent or not valid JSON."""
-    path = directory / MANIFEST_NAME
-    try:
-        return json.loads(path.read_bytes())
-    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError; deep nesting recurses
-        raise CheckpointError(f"{path} is not valid JSON ({type(err).__name__}: {err})") from err
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_fields(path: Path, manifest) -> None:
-    """The manifest's own shape: an object with an integer format and global_step, a known layout, files a dict."""
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(manifest).__name__}, not an object")
-    for key in ("format", "global_step", "files"):
-        if key not in manifest:
-            raise CheckpointError(f"{path} has no '{key}' field")
-    for key in ("format", "global_step"):
-        if not _is_int(manifest[key]) or manifest[key] < 0:
-            raise CheckpointError(f"{path}: '{key}' is {manifest[key]!r}; it must be a non-negative integer")
-    if manifest["format"] != MANIFEST_FORMAT:
-        raise CheckpointError(f"{path} has format {manifest['format']}; this steadyrl reads format {MANIFEST_FORMAT}")
-    layout = manifest.get("layout", "steadyrl")  # absent: written before layouts, by a steadyrl trainer
-    if not isinstance(layout, str) or layout not in REQUIRED_FILES:
-        raise CheckpointError(f"{path}: 'layout' is {layout!r}; it must be one of {', '.join(REQUIRED_FILES)}")
-    if not isinstance(manifest["files"], dict):
-        raise CheckpointError(f"{path}: 'files' is a JSON {type(manifest['files']).__name__}, not an object")
-
-
-def _check_name(directory: Path, name: str) -> None:
-    """A listed name is a plain relative POSIX path that stays inside ``directory``."""
-    if name.startswith("/"):
-        raise CheckpointError(f"{directory}: the manifest lists {name!r}, an absolute path outside the checkpoint")
-    if "\\" in name:
-        raise CheckpointError(f"{directory}: the manifest lists {name!r}, whose backslash is not a POSIX separator")
-    parts = name.split("/")
-    if ".." in parts:
-        raise CheckpointError(f"{directory}: the manifest lists {name!r}, whose '..' leaves the checkpoint")
-    if any(part in ("", ".") for part in parts) or "\0" in name or name == MANIFEST_NAME:
-        raise CheckpointError(f"{directory}: the manifest lists {name!r}, which is not a file name inside it")
-
-
-def _check_entry(directory: Path, name: str, entry) -> None:
-    """A listed file's record: {"size": non-negative int, "sha256": 64 lowercase hex digits}."""
-    if not isinstance(entry, dict):
-        raise CheckpointError(f"{directory}: the manifest's entry for {name} is a JSON {type(entry).__name__}")
-    size, digest = entry.get("size"), entry.get("sha256")
-    if not _is_int(size) or size < 0:
-        raise CheckpointError(f"{directory}: the manifest gives {name} the size {size!r}, not a byte count")
-    if not isinstance(digest, str) or not SHA256_PATTERN.fullmatch(digest):
-        raise CheckpointError(f"{directory}: the manifest gives {name} the sha256 {digest!r}, not 64 hex digits")
-
-
-def _lists(names: set[str], choice: str) -> bool:
-    return any(name.startswith(choice) for name in names) if choice.endswith("/") else choice in names
-
-
-def _check_required(directory: Path, layout: str, names: set[str]) -> None:
-    """Every file of REQUIRED_FILES[layout] is listed, and the per-process files cover processes 0..n-1 alike."""
-    for required in REQUIRED_FILES[layout]:
-        choices = required.split("|")
-        if not any(_lists(names, choice) for choice in choices):
-            wanted = " or ".join(f"a file under {c}" if c.endswith("/") else c for c in choices)
-            raise CheckpointError(
-                f"{directory}: the manifest does not list {wanted}, which a {layout} checkpoint holds"
-            )
-    ranks: dict[str, set[int]] = {}
-    for name in names:
-        if match := RANK_FILE_PATTERN.fullmatch(name):
-            ranks.setdefault(match.group(1), set()).add(int(match.group(2)))
-    processes = max((max(found) + 1 for found in ranks.values()), default=0)
-    for stem, found in sorted(ranks.items()):
-        if missing := sorted(set(range(processes)) - found):
-            raise CheckpointError(
-                f"{directory}: the manifest lists files of {processes} processes but no {stem} file of "
-                f"process(es) {missing}"
-            )
-
-
-def check_manifest(directory: str | os.PathLike, manifest) -> None:
-    """Raise CheckpointError unless ``manifest`` is well formed for ``directory``: its fields and their types, safe
-    file names, a global_step equal to the directory's step, and every file its layout requires. Reads no file."""
-    directory = Path(directory)
-    path = directory / MANIFEST_NAME
-    _check_fields(path, manifest)
-    for name, entry in manifest["files"].items():
-        _check_name(directory, name)
-        _check_entry(directory, name, entry)
-    named = STEP_PATTERN.match(directory.name)
-    if named and int(named.group(1)) != manifest["global_step"]:
-        raise CheckpointError(
-            f"{path} says global_step {manifest['global_step']}, but the directory is named {directory.name}"
-        )
-    _check_required(directory, manifest.get("layout", "steadyrl"), set(manifest["files"]))
-
-
-def verify_checkpoint(directory: str | os.PathLike) -> dict:
-    """Return the manifest if it is well formed and the directory holds exactly the regular files it lists, each
-    with its recorded size and sha256; else raise CheckpointError (also for any file the directory cannot read)."""
-    directory = Path(directory)
-    try:
-        return _verify(directory)
-    except OSError as err:
-        raise CheckpointError(f"{directory} cannot be read: {err}") from err
-
-
-def _verify(directory: Path) -> dict:
-    if not (directory / MANIFEST_NAME).is_file() and not (directory / MANIFEST_NAME).is_symlink():
-        raise CheckpointError(f"{directory} has no {MANIFEST_NAME}: it was not completely written")
-    on_disk = _regular_files(directory)
-    manifest = _read_manifest(directory)
-    check_manifest(directory, manifest)
-    files = manifest["files"]
-    unlisted = sorted(on_disk - set(files) - {MANIFEST_NAME})
-    if unlisted:
-        raise CheckpointError(
-            f"{directory}: file {unlisted[0]} is not listed in the manifest; a checkpoint holds only the files it lists"
-        )
-    for name, expected in files.items():
-        path = directory / name
-        if name not in on_disk:
-            raise CheckpointError(f"{directory}: file {name} listed in the manifest is missing")
-        size = path.stat().st_size
-        if size != expected["size"]:
-            raise CheckpointError(f"{directory}: file {name} has {size} bytes, the manifest says {expected['size']}")
-        if _sha256(path) != expected["sha256"]:
-            raise CheckpointError(f"{directory}: file {name} does not match its sha256 in the manifest")
-    return manifest
 
 
 def begin_checkpoint(output_dir: str | os.PathLike, step: int) -> Path:
@@ -294,7 +69,7 @@ def _install(tmp: Path, final: Path) -> Path:
         _remove(aside)  # left by an earlier crash: the rename needs the name free
         os.rename(final, aside)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if replacing:
         _remove(aside)
     return final
@@ -403,9 +178,16 @@ def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | No
     complete = scan_checkpoints(output_dir, verify=False).complete
     doomed = [path for _, path in complete[: max(0, len(complete) - save_total_limit)]]
     for path in doomed:
-        aside = path.with_name(ASIDE_PREFIX + path.name)
-        _remove(aside)  # a leftover of a crashed re-commit of that step: the rename needs the name free
-        os.rename(path, aside)
+        discard_checkpoint(path)
     for path in Path(output_dir).glob(ASIDE_PREFIX + "checkpoint-*"):
         _remove(path)
     return doomed
+
+
+def discard_checkpoint(path: Path) -> None:
+    """Delete a checkpoint directory: renamed (atomically) to ``deleting-<name>`` first, so that a crash leaves no
+    half-deleted ``checkpoint-N``; leftovers are removed by the next rotation and by recover_interrupted_commits."""
+    aside = path.with_name(ASIDE_PREFIX + path.name)
+    _remove(aside)  # a leftover of a crashed re-commit of that step: the rename needs the name free
+    os.rename(path, aside)
+    _remove(aside)

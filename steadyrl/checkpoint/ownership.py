@@ -15,14 +15,14 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 
 from transformers.utils import logging
 
-from .files import CHECKPOINT_PATTERN, MANIFEST_NAME, TEMP_PATTERN, CheckpointError
+from .files import CHECKPOINT_PATTERN, TEMP_PATTERN, discard_checkpoint
+from .manifest import CheckpointError, read_manifest
 
 logger = logging.get_logger(__name__)
 
@@ -97,9 +97,7 @@ def remove_checkpoints(output_dir: Path) -> list[str]:
     doomed = [p for p in output_dir.iterdir() if p.is_dir() and (CHECKPOINT_PATTERN.match(p.name) or
                                                                     TEMP_PATTERN.match(p.name))]  # fmt: skip
     for path in doomed:
-        aside = path.with_name(f"deleting-{path.name}")
-        os.rename(path, aside)
-        shutil.rmtree(aside)
+        discard_checkpoint(path)
     return sorted(p.name for p in doomed)
 
 
@@ -142,7 +140,7 @@ def supersede_newer(output_dir: str | os.PathLike, checkpoint: Path) -> None:
     output_dir = Path(output_dir)
     if checkpoint.resolve().parent != output_dir.resolve():
         return
-    step = json.loads((checkpoint / MANIFEST_NAME).read_text())["global_step"]
+    step = read_manifest(checkpoint)["global_step"]
     newer = [path for n, path in checkpoint_dirs(output_dir) if n > step]
     if newer:
         aside = move_aside(output_dir, newer)
