@@ -118,6 +118,16 @@ def callable_identity(func) -> str:
     return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
+def run_identity(model, reward_model, tokenizer, dataset, reward_funcs: list) -> dict:
+    """What a run starts from: the models (config and initial weights), tokenizer, dataset and reward functions;
+    taken when the trainer is built, before any update."""
+    return {
+        **model_identity("model", model), **model_identity("reward_model", reward_model),
+        "tokenizer": tokenizer_digest(tokenizer), "dataset": dataset_digest(dataset), "num_prompts": len(dataset),
+        "reward_funcs": [callable_identity(func) for func in reward_funcs],
+    }  # fmt: skip
+
+
 def split_settings(args) -> tuple[dict, dict]:
     """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``."""
     settings = _plain(args.to_dict())

@@ -17,8 +17,8 @@ that trains more than the actor (PPO's critic) extends ``trained_modules`` and `
 
 from __future__ import annotations
 
+import abc
 import contextlib
-import functools
 import signal
 import time
 from collections import defaultdict
@@ -48,7 +48,7 @@ from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, on_m
 from .checks import check_dataset, check_model_path, check_output_dir
 from .config import OnPolicyConfig
 from .evaluation import EvaluationMixin, check_eval_dataset
-from .fingerprint import callable_identity, dataset_digest, model_identity, split_settings, tokenizer_digest
+from .fingerprint import run_identity, split_settings
 from .loop_state import LoopState, NoAlgorithmState, Stateful
 from .models import (
     check_deepspeed_support,
@@ -67,7 +67,7 @@ from .rollouts import RolloutMixin
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
+class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, metaclass=abc.ABCMeta):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args:
@@ -152,7 +152,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         if self.is_deepspeed_enabled:
             self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model)
         check_master_weights(self.model, "model", args, self.deepspeed_config)
-        self.identity = self.run_identity()
+        self.identity = run_identity(self.model, self.reward_model, processing_class, train_dataset, self.reward_funcs)
         self.zero3 = self.zero_stage == 3
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
@@ -197,14 +197,14 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them."""
         return score_completions(self.reward_funcs, inputs)
 
+    @abc.abstractmethod
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         """What the loss needs beyond the scored rollout, and the metrics to log; ``rollout`` stays unchanged."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor | dict, dict[str, float]]:
         """The loss of one micro-batch and its metrics. An algorithm that trains several modules may return
         ``{module name: loss}`` instead, one term per module (their parameters must be disjoint)."""
-        raise NotImplementedError
 
     def loss_mask(self, batch: Rollout) -> torch.Tensor:
         """[B, C] the completion tokens the loss averages over: all of them, or with
@@ -256,7 +256,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
         self.state.compute_steps(args, max_steps)
         if checkpoint is not None:
             self.loop.load_state_dict(self.checkpointer.load(checkpoint, self.checkpoint_contents()))
-            on_main_process(self.accelerator, functools.partial(supersede_newer, args.output_dir, checkpoint))
+            on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
         start_step, start_time = self.state.global_step, time.time()
         if args.log_completions and self.completion_log is not None:  # lines a killed run wrote after its checkpoint
             self.completion_log.truncate_after(start_step)
@@ -375,28 +375,19 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer):
 
     # ---- checkpoints and export -----------------------------------------------------------------------
 
-    def run_identity(self) -> dict:
-        """What the run starts from: the models (config and initial weights), tokenizer, dataset and reward
-        functions; taken when the trainer is built, before any update."""
-        return {
-            **model_identity("model", self.model), **model_identity("reward_model", self.reward_model),
-            "tokenizer": tokenizer_digest(self.processing_class), "dataset": dataset_digest(self.train_dataset),
-            "num_prompts": len(self.train_dataset), "reward_funcs": [callable_identity(f) for f in self.reward_funcs],
-        }  # fmt: skip
-
     def run_fingerprint(self) -> dict:
-        """What a resumed run must share with the run that wrote the checkpoint (fingerprint.py)."""
-        fixed, _ = split_settings(self.args)
+        """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
+        started from and how it is spread over processes (fingerprint.py)."""
         return {
             "algorithm": self.algorithm_name, "world_size": self.accelerator.num_processes,
             "zero_stage": self.zero_stage, "peft": is_peft(self.model),
-            "trained_modules": [module.name for module in self.trained_modules()], **self.identity, **fixed,
+            "trained_modules": [module.name for module in self.trained_modules()], **self.identity,
         }  # fmt: skip
 
     def checkpoint_contents(self) -> CheckpointContents:
-        _, free = split_settings(self.args)
-        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), self.run_fingerprint(),
-                                  free)  # fmt: skip
+        fixed, free = split_settings(self.args)
+        fingerprint = {**self.run_fingerprint(), **fixed}
+        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), fingerprint, free)
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as

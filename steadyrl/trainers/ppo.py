@@ -224,13 +224,6 @@ class PPOTrainer(OnPolicyTrainer):
         )
         return [*super().trained_modules(), critic]
 
-    def run_fingerprint(self) -> dict:
-        config = self.critic.config.get_text_config()
-        return {
-            **super().run_fingerprint(),
-            "critic": [config.model_type, config.hidden_size, config.num_hidden_layers],
-        }
-
     # ---- rollout -> advantages -----------------------------------------------------------------
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
