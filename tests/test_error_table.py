@@ -524,16 +524,21 @@ def _(ctx):
     make_config(ctx.tmp_path / "out")
 
 
-@trigger("disk-full")
-def _(ctx):
+def save_failing_with(ctx, errno: int, reason: str) -> None:
+    """Train one step whose checkpoint's torch.save fails with OSError(errno, reason), as the disk would."""
     import torch
 
-    def no_space(obj, path, *args, **kwargs):
-        raise OSError(28, "No space left on device", str(path))
+    def failing(obj, path, *args, **kwargs):
+        raise OSError(errno, reason, str(path))
 
     trainer = make_trainer(ctx.tmp_path / "out", max_steps=1, save_steps=1)
-    ctx.monkeypatch.setattr(torch, "save", no_space)
+    ctx.monkeypatch.setattr(torch, "save", failing)
     trainer.train()
+
+
+@trigger("disk-full")
+def _(ctx):
+    save_failing_with(ctx, 28, "No space left on device")
 
 
 @trigger("vllm-missing")
@@ -626,14 +631,7 @@ def _(ctx):
 
 @trigger("save-read-only")
 def _(ctx):
-    import torch
-
-    def read_only(obj, path, *args, **kwargs):
-        raise OSError(30, "Read-only file system", str(path))
-
-    trainer = make_trainer(ctx.tmp_path / "out", max_steps=1, save_steps=1)
-    ctx.monkeypatch.setattr(torch, "save", read_only)
-    trainer.train()
+    save_failing_with(ctx, 30, "Read-only file system")
 
 
 @trigger("hub-push-failed")
