@@ -101,7 +101,10 @@ def test_sigterm_to_the_launcher_stops_every_worker_after_a_step_with_a_checkpoi
         launch.wait(timeout=120)
     finally:
         launch.close()
-    steps = re.findall(r"Stopped by SIGTERM after step (\d+): checkpoint-\1 is in", launch.output)
+    # the main process may learn of worker 1's signal from the end-of-step agreement before the launcher's copy of
+    # the signal reaches it: then it says so
+    stopped = r"Stopped by (?:SIGTERM|a signal on another process) after step (\d+): checkpoint-\1 is in"
+    steps = re.findall(stopped, launch.output)
     assert len(steps) == 2 and steps[0] == steps[1], launch.output[-3000:]
     assert "The launcher SIGKILLs its workers" in launch.output  # and how long it waits
     assert find_resumable_checkpoint(tmp_path) == tmp_path / f"checkpoint-{steps[0]}"  # complete: its manifest holds
