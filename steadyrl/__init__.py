@@ -9,6 +9,8 @@ from .judges import JudgeError
 from .rewards import RewardFunctionError
 from .trainers import (
     ALGORITHMS,
+    GRPOConfig,
+    GRPOTrainer,
     OnlineDPOConfig,
     OnlineDPOTrainer,
     OnPolicyConfig,
@@ -25,6 +27,8 @@ __all__ = [
     "CheckpointError",
     "GlobalStepCallback",
     "GlobalStepError",
+    "GRPOConfig",
+    "GRPOTrainer",
     "HubPushError",
     "JudgeError",
     "OnlineDPOConfig",

@@ -5,9 +5,10 @@ prompt consecutive), P prompt tokens, C completion tokens. Who fills what::
 
     generation          prompt_ids, prompt_mask, completion_ids, completion_mask
     reward functions    scores, reward_scores
-    scoring passes      ref_logprobs, old_logprobs (only where the loss or the vLLM check reads them)
+    scoring passes      ref_logprobs (with a KL term), old_logprobs (where the loss or the vLLM check reads them),
+                        engine_weights (vLLM importance-sampling correction)
     the algorithm       an ``Advantages``: advantages; values and returns (PPO); pair_weight and a row order
-                        (online DPO)
+                        (online DPO); tokens_per_micro_batch (the ``dapo`` loss)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from .ops import masked_mean, sequence_kl, trim_padding
 
 PER_TOKEN_FIELDS = ("completion_ids", "completion_mask", "ref_logprobs", "old_logprobs", "advantages", "values",
-                    "returns")  # fmt: skip
+                    "returns", "engine_weights")  # fmt: skip
 
 
 @dataclass
@@ -46,13 +47,15 @@ class Rollout(TokenBatch):
     """One rollout's samples, scored, with what the algorithm's loss needs."""
 
     scores: torch.Tensor  # [N] float32: weighted sum of the rewards, minus missing_eos_penalty where no EOS
-    ref_logprobs: torch.Tensor  # [N, C] float32: log-probs of the completion tokens under the reference
+    ref_logprobs: torch.Tensor | None = None  # [N, C] float32: under the reference; None without a KL term
     reward_scores: torch.Tensor | None = None  # [N, R] float32: each reward function's (or the judge's) score
     old_logprobs: torch.Tensor | None = None  # [N, C] float32: under the sampling policy (ratio-based losses)
     advantages: torch.Tensor | None = None  # RLOO [N], PPO [N, C] (whitened)
     values: torch.Tensor | None = None  # [N, C] PPO: the critic's values when the rollout was made
     returns: torch.Tensor | None = None  # [N, C] PPO: GAE targets of the critic
     pair_weight: torch.Tensor | None = None  # [N] online DPO: weight of the row's pair in the loss (0: a tie)
+    engine_weights: torch.Tensor | None = None  # [N, C] or [N, 1]: pi_trainer / pi_vLLM, truncated or masked
+    tokens_per_micro_batch: torch.Tensor | None = None  # [N] the dapo loss's normaliser, the same in every row
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are set, by name (what a checkpoint stores)."""
@@ -79,7 +82,8 @@ class Rollout(TokenBatch):
     def with_advantages(self, added: Advantages) -> Rollout:
         """This rollout in ``added.order`` (if any) with the fields the algorithm computed."""
         rollout = self if added.order is None else self.select(added.order)
-        fields = {name: getattr(added, name) for name in ("advantages", "values", "returns", "pair_weight")}
+        names = ("advantages", "values", "returns", "pair_weight", "tokens_per_micro_batch")
+        fields = {name: getattr(added, name) for name in names}
         return dataclasses.replace(rollout, **{name: value for name, value in fields.items() if value is not None})
 
 
@@ -92,6 +96,7 @@ class Advantages:
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     pair_weight: torch.Tensor | None = None
+    tokens_per_micro_batch: torch.Tensor | None = None
     order: torch.Tensor | None = None  # [N] a row permutation (online DPO: each pair chosen first)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -153,7 +158,7 @@ def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[s
         "completion_length": mask.sum(1).float().mean().item(),
         "tokens_per_second": mask.sum().item() / max(generation_time, 1e-9),
     }
-    if rollout.old_logprobs is not None:  # else the loss reports it
+    if rollout.old_logprobs is not None and rollout.ref_logprobs is not None:  # else the loss reports it
         metrics["kl"] = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, mask).mean().item()
     if len(reward_names) > 1:
         for j, name in enumerate(reward_names):
@@ -161,14 +166,19 @@ def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[s
     return metrics
 
 
+def engine_logprob_tensor(engine_logprobs: list[list[float]], like: torch.Tensor) -> torch.Tensor:
+    """The generation engine's log-probs of the sampled tokens as a tensor shaped and placed as ``like`` [N, C]."""
+    reported = torch.zeros_like(like)
+    for row, values in enumerate(engine_logprobs):
+        reported[row, : len(values)] = torch.tensor(values)
+    return reported
+
+
 def engine_logprob_diff(engine_logprobs: list[list[float]], logprobs: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean absolute difference between the generation engine's log-probs of the sampled tokens and the trainer's
     [N, C]: about 1e-7 in float32 when the engine runs the trainer's weights; larger means a broken weight sync
     or another precision."""
-    reported = torch.zeros_like(logprobs)
-    for row, values in enumerate(engine_logprobs):
-        reported[row, : len(values)] = torch.tensor(values)
-    return masked_mean((reported - logprobs).abs(), mask).item()
+    return masked_mean((engine_logprob_tensor(engine_logprobs, logprobs) - logprobs).abs(), mask).item()
 
 
 def completion_rows(rollout: Rollout, tokenizer, reward_names: list[str], advantages: torch.Tensor | None) -> list:

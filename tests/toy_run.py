@@ -1,9 +1,9 @@
-"""Build small RLOO, PPO or online-DPO runs on the toy task, in-process or as a subprocess that can be killed at
+"""Build small RLOO, PPO, online-DPO or GRPO runs on the toy task, in-process or as a subprocess that can be killed at
 chosen moments.
 
 As a script::
 
-    python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo] [--resume]
+    python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--set key=value ...]
@@ -58,6 +58,8 @@ ALGORITHM_DEFAULTS = {
     "ppo": dict(target_kl=0.5, kl_horizon=100, normalize_reward=True, kl_estimator="k3", missing_eos_penalty=0.1),
     # online DPO: a beta schedule over epochs; with 8 prompts the third rollout (steps 9-12) starts epoch 1.
     "online-dpo": dict(beta=[0.1, 0.2], missing_eos_penalty=0.1),
+    # GRPO: the KL term in the loss, DAPO's global token normaliser, clip-higher, batch-scaled rewards
+    "grpo": dict(loss_type="dapo", scale_rewards="batch", epsilon_high=0.28),
 }
 DATASETS = {"online-dpo": dict(num_prompts=8)}
 

@@ -1,15 +1,18 @@
 """Pure tensor math: log-probs, advantages (RLOO, GAE, PPO reward shaping, KL control, DPO pairs) and losses."""
 
 from .advantages import (
+    SCALE_REWARDS,
     RunningMoments,
     adaptive_kl_coef,
     chosen_first_order,
     generalized_advantage_estimation,
+    group_relative_advantages,
     leave_one_out_advantages,
     pair_ties,
     pair_weights,
     shaped_token_rewards,
     whiten,
+    zero_std_groups,
 )
 from .logprobs import (
     batched_forward,
@@ -28,8 +31,31 @@ from .logprobs import (
 )
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss
 from .masked import masked_mean, masked_moments, masked_var, masked_whiten
+from .policy_loss import (
+    ENGINE_CORRECTION_MODES,
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    aggregate_token_loss,
+    clip_metrics,
+    clipped_surrogate,
+    engine_importance_weights,
+    importance_log_weights,
+    sequence_ratio_loss,
+)
 
 __all__ = [
+    "ENGINE_CORRECTION_MODES",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSS_TYPES",
+    "SCALE_REWARDS",
+    "aggregate_token_loss",
+    "clip_metrics",
+    "clipped_surrogate",
+    "engine_importance_weights",
+    "group_relative_advantages",
+    "importance_log_weights",
+    "sequence_ratio_loss",
+    "zero_std_groups",
     "RunningMoments",
     "adaptive_kl_coef",
     "batched_forward",

@@ -20,6 +20,32 @@ def leave_one_out_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
     return (grouped - baseline).flatten()
 
 
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def group_relative_advantages(rewards: torch.Tensor, k: int, scale: str = "group",
+                              batch_std: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """GRPO (Shao et al., 2024): each sample's reward [N] minus the mean reward of its prompt's k samples, divided
+    by the std (unbiased, + 1e-4) of its group (``"group"``), of the whole batch (``"batch"``: ``batch_std``, e.g.
+    every process's, else ``rewards``' own) or not at all (``"none"``, Dr. GRPO). Samples of a prompt are
+    consecutive."""
+    grouped = rewards.view(-1, k)  # [P, k]
+    centred = (grouped - grouped.mean(1, keepdim=True)).flatten()
+    if scale == "none":
+        return centred
+    if scale == "group":
+        std = grouped.std(1).repeat_interleave(k)
+    else:
+        std = rewards.std() if batch_std is None else batch_std
+    return centred / (std + 1e-4)
+
+
+def zero_std_groups(rewards: torch.Tensor, k: int) -> torch.Tensor:
+    """[P] bool: every sample of the prompt got the same reward (no learning signal in a group baseline)."""
+    grouped = rewards.view(-1, k)
+    return (grouped == grouped[:, :1]).all(1)
+
+
 def whiten(values: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """(values - mean) / std over all entries. ``moments``: the (mean, unbiased variance) to use instead of
     ``values``' own (e.g. ``masked_moments`` of every process's values)."""

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .masked import masked_mean
+from .policy_loss import clipped_surrogate
 
 
 def clipped_policy_loss(
@@ -19,13 +20,10 @@ def clipped_policy_loss(
     """PPO's clipped surrogate: mean over tokens of max(-A r, -A clip(r, 1 - eps, 1 + eps_high)), r = pi / pi_old;
     ``cliprange_high`` (DAPO's clip-higher, TRL's ``epsilon_high``) defaults to ``cliprange``."""
     log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    high = cliprange if cliprange_high is None else cliprange_high
-    clipped = -advantages * ratio.clamp(1 - cliprange, 1 + high)
-    loss = masked_mean(torch.max(unclipped, clipped), mask)
+    per_token, bound = clipped_surrogate(log_ratio, advantages, cliprange, cliprange_high)
+    loss = masked_mean(per_token, mask)
     metrics = {
-        "clip_ratio": masked_mean((clipped > unclipped).float(), mask).item(),
+        "clip_ratio": masked_mean((bound["low"] | bound["high"]).float(), mask).item(),
         "approx_kl": masked_mean(0.5 * log_ratio.detach() ** 2, mask).item(),
     }
     return loss, metrics

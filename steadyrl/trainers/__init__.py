@@ -7,6 +7,7 @@ Adding an algorithm is one file (its config and trainer) plus one line in ``ALGO
 from typing import NamedTuple
 
 from .config import OnPolicyConfig
+from .grpo import GRPOConfig, GRPOTrainer
 from .on_policy import OnPolicyTrainer
 from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from .ppo import PPOConfig, PPOTrainer
@@ -21,6 +22,7 @@ class Algorithm(NamedTuple):
 # name (as in ``steadyrl <name>`` and the trainer's ``algorithm_name``) -> its config and trainer classes
 ALGORITHMS: dict[str, Algorithm] = {
     "rloo": Algorithm(RLOOConfig, RLOOTrainer),
+    "grpo": Algorithm(GRPOConfig, GRPOTrainer),
     "ppo": Algorithm(PPOConfig, PPOTrainer),
     "online-dpo": Algorithm(OnlineDPOConfig, OnlineDPOTrainer),
 }
@@ -28,6 +30,8 @@ ALGORITHMS: dict[str, Algorithm] = {
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "GRPOConfig",
+    "GRPOTrainer",
     "OnPolicyConfig",
     "OnPolicyTrainer",
     "OnlineDPOConfig",

@@ -112,6 +112,7 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
 
     _default_samples_per_prompt = 4
     _completions_per_item = 1  # completions per unit of per_device_train_batch_size (online DPO: 2, a pair)
+    unsupported_trl_fields = UNSUPPORTED  # TRL fields accepted only at TRL's default
 
     rollout_batch_size: int | None = field(
         default=None, metadata={"help": "Prompts per rollout (global); default one rollout per optimizer step."}
@@ -328,9 +329,9 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
 
     def _check_trl_fields(self) -> None:
         """Refuse TRL fields set for what steadyrl does not do; parse the dict fields given as JSON strings."""
-        for name in UNSUPPORTED:
+        for name, rule in self.unsupported_trl_fields.items():
             value = command_line_value(name, getattr(self, name))
-            refuse_unsupported(name, value)
+            refuse_unsupported(name, value, rule)
             setattr(self, name, None if value == "auto" else value)  # 'auto' pads nowhere but on Neuron, as in TRL
         for name, example in DICT_FIELDS.items():
             setattr(self, name, parse_dict_field(name, getattr(self, name), example))

@@ -107,12 +107,12 @@ def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel,
                                chat_template_kwargs=args.chat_template_kwargs)  # fmt: skip
 
 
-def policy_and_reference(model: PreTrainedModel, peft_config,
-                         seed: int) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-    """The policy to train and its frozen reference: a copy of the model, or under PEFT no copy at all (the base
-    model with its adapters disabled is the reference)."""
+def policy_and_reference(model: PreTrainedModel, peft_config, seed: int,
+                         reference: bool = True) -> tuple[torch.nn.Module, torch.nn.Module | None]:  # fmt: skip
+    """The policy to train and its frozen reference: a copy of the model; no copy under PEFT (the base model with
+    its adapters disabled is the reference) or when the run needs no ``reference``."""
     if peft_config is None:
-        return model, copy.deepcopy(model).eval().requires_grad_(False)
+        return model, copy.deepcopy(model).eval().requires_grad_(False) if reference else None
     from peft import get_peft_model
 
     set_seed(seed)  # adapter initialisation must be reproducible; Trainer seeds only later

@@ -138,7 +138,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
             self.reward_model = scorer.model
             reward_funcs.append(scorer)
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
-        model, self.ref_model = policy_and_reference(model, peft_config, args.seed)
+        self.uses_reference = self.needs_reference(args)
+        model, self.ref_model = policy_and_reference(model, peft_config, args.seed, self.uses_reference)
         if args.disable_dropout:
             for module in (model, self.ref_model):
                 if module is not None:
@@ -184,6 +185,11 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         denominator). Not when each rollout is trained exactly once, in one optimizer step: the policy being trained
         is then the one that sampled, so the training pass's own log-probs (detached) are the same numbers."""
         return self.args.steps_per_rollout > 1
+
+    def needs_reference(self, args: OnPolicyConfig) -> bool:
+        """Whether the loss or the reward reads the reference's log-probs: with ``beta`` 0 there is no KL term, so
+        no reference copy is made and no reference pass runs."""
+        return args.beta > 0
 
     def initial_algorithm_state(self) -> Stateful:
         """What the algorithm carries from one rollout to the next (checkpointed with the loop state)."""

@@ -167,6 +167,9 @@ class OnlineDPOTrainer(OnPolicyTrainer):
 
     algorithm_name = "online-dpo"
     config_class = OnlineDPOConfig
+
+    def needs_reference(self, args: OnlineDPOConfig) -> bool:
+        return True  # the DPO logits are relative to the reference
     samples_per_group = 2
 
     def __init__(

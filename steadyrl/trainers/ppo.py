@@ -236,7 +236,10 @@ class PPOTrainer(OnPolicyTrainer):
             scores = state.score_moments.normalize(scores)
         if args.reward_clip_range is not None:
             scores = scores.clamp(-args.reward_clip_range, args.reward_clip_range)
-        token_kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs, args.kl_estimator) * mask  # [N, C]
+        if rollout.ref_logprobs is None:  # beta 0: no KL penalty, no reference
+            token_kl = torch.zeros_like(mask)
+        else:
+            token_kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs, args.kl_estimator) * mask  # [N, C]
         rewards, non_score_rewards = shaped_token_rewards(scores, token_kl, state.kl_coef, mask)
         advantages, returns = generalized_advantage_estimation(rewards, values, mask, args.gamma, args.lam)
         moments = masked_moments(advantages, mask, self.sum_over_processes())  # over the whole rollout

@@ -11,29 +11,36 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from ..ops import (
-    clipped_policy_loss,
+    clip_metrics,
     completion_logprobs,
     leave_one_out_advantages,
     masked_mean,
     masked_moments,
     sequence_kl,
+    sequence_ratio_loss,
     whiten,
 )
 from ..rollout import Advantages, Rollout
 from .config import OnPolicyConfig
 from .on_policy import OnPolicyTrainer
+from .policy_loss import PolicyLossMixin, PolicyLossOptions
 
 
 @dataclass
-class RLOOConfig(OnPolicyConfig):
+class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
     """``OnPolicyConfig`` plus RLOO's options; ``n_samples_per_prompt`` (k, TRL: ``num_generations``) must be at
-    least 2.
+    least 2. The KL penalty (``beta``) is part of the reward, as in TRL's RLOO.
 
     Args:
+        loss_type: ``bnpo`` (default: the clipped surrogate per token, token mean over the micro-batch), ``rloo``
+            (TRL's RLOO loss: one importance ratio per sequence, exp of its summed token log-ratios, clipped, mean
+            over the sequences), or ``grpo``, ``dr_grpo``, ``dapo`` (see ``PolicyLossOptions``, with
+            ``importance_sampling_level``, ``delta`` and the vLLM importance-sampling correction).
         normalize_advantages: whiten the advantages over the rollout.
         reward_clip_range: ``(min, max)``: clip each score to it before the KL penalty; ``None``: no clipping (as TRL's
             RLOO; PPO's ``reward_clip_range`` is one bound, ``[-x, x]``).
@@ -44,6 +51,13 @@ class RLOOConfig(OnPolicyConfig):
                    micro_train_batch_size=8, beta=0.05, learning_rate=1e-6, save_steps=100)
     """
 
+    extra_loss_types: ClassVar[tuple[str, ...]] = ("rloo",)
+
+    loss_type: str = field(
+        default="bnpo",
+        metadata={"help": "bnpo (per-token clip, token mean), rloo (TRL's RLOO: one ratio per sequence), grpo, "
+                  "dr_grpo or dapo."},
+    )  # fmt: skip
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
     reward_clip_range: list[float] | None = field(
         default=None, metadata={"help": "(min, max): clip each score to this range; None: no clipping."}
@@ -51,6 +65,9 @@ class RLOOConfig(OnPolicyConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self._check_policy_loss()
+        if self.loss_type == "rloo":
+            self._check_sequence_loss()
         bounds = self.reward_clip_range
         if bounds is not None:
             numbers = isinstance(bounds, (list, tuple)) and len(bounds) == 2
@@ -62,6 +79,19 @@ class RLOOConfig(OnPolicyConfig):
                 )
             self.reward_clip_range = (float(bounds[0]), float(bounds[1]))
 
+    def _check_sequence_loss(self) -> None:
+        """loss_type='rloo' has one ratio per sequence: the token-level options do not apply to it."""
+        given = {"importance_sampling_level": self.importance_sampling_level != "token",
+                 "delta": self.delta is not None,
+                 "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction}  # fmt: skip
+        for name, set_ in given.items():
+            if set_:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} does not apply to loss_type='rloo' (TRL's RLOO loss, one "
+                    "importance ratio per sequence): leave it unset, or use a token-level loss_type (bnpo, grpo, "
+                    "dr_grpo, dapo)."
+                )
+
     def _check_samples_per_prompt(self, name: str) -> None:
         n = self.n_samples_per_prompt
         if isinstance(n, int) and n < 2:
@@ -70,7 +100,7 @@ class RLOOConfig(OnPolicyConfig):
             )
 
 
-class RLOOTrainer(OnPolicyTrainer):
+class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
     """RLOO on the shared on-policy loop; arguments as ``OnPolicyTrainer``'s.
 
     Example::
@@ -88,7 +118,7 @@ class RLOOTrainer(OnPolicyTrainer):
         return super().needs_old_logprobs() or self.args.beta > 0  # the KL penalty is part of the reward
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
-        if rollout.old_logprobs is None:  # beta is 0: no KL penalty to compute
+        if rollout.ref_logprobs is None or rollout.old_logprobs is None:  # beta is 0: no KL penalty to compute
             kl = torch.zeros_like(rollout.scores)
         else:
             kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.completion_mask)  # [N]
@@ -102,18 +132,22 @@ class RLOOTrainer(OnPolicyTrainer):
             moments = None if total is None else masked_moments(advantages, torch.ones_like(advantages), total)
             advantages = whiten(advantages, moments)
         metrics = {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
-        return Advantages(advantages=advantages, metrics=metrics)
+        tokens = self.tokens_per_micro_batch(rollout) if self.args.loss_type == "dapo" else None
+        return Advantages(advantages=advantages, tokens_per_micro_batch=tokens, metrics=metrics)
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         args, mask = self.args, self.loss_mask(batch)  # [B, C]
         logprobs, entropy = completion_logprobs(
             model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
         )
-        advantages = batch.advantages.unsqueeze(1)  # [B, 1]: one advantage for every token of a sequence
-        sampled = batch.old_logprobs
         extra = {}
-        if sampled is None:  # trained once, in one step: this pass is the sampling policy's
-            sampled = logprobs.detach()
-            extra["kl"] = sequence_kl(sampled, batch.ref_logprobs, batch.completion_mask).mean().item()
-        loss, metrics = clipped_policy_loss(logprobs, sampled, advantages, mask, args.cliprange, args.cliprange_high)
+        if batch.old_logprobs is None and batch.ref_logprobs is not None:  # the KL the rollout could not compute
+            extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.completion_mask).mean().item()
+        if args.loss_type == "rloo":
+            sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
+            loss, bound = sequence_ratio_loss(logprobs, sampled, batch.advantages, mask, args.cliprange,
+                                              args.cliprange_high)  # fmt: skip
+            metrics = clip_metrics(bound, mask)
+        else:
+            loss, metrics = self.token_policy_loss(logprobs, batch)
         return loss, {**metrics, "entropy": masked_mean(entropy, mask).item(), **extra}

@@ -13,6 +13,7 @@ its samples.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 
@@ -20,7 +21,13 @@ import torch
 from accelerate.utils import gather_object
 
 from ..generation import Generation, sampling_seed
-from ..ops import batched_logprobs, ends_without_eos, masked_mean, pad_prompts_and_completions
+from ..ops import (
+    batched_logprobs,
+    ends_without_eos,
+    engine_importance_weights,
+    masked_mean,
+    pad_prompts_and_completions,
+)
 from ..ops.masked import SumOverProcesses
 from ..placement import offloaded
 from ..prompts import as_completions, prompt_texts, tokenize_prompts
@@ -31,6 +38,7 @@ from ..rollout import (
     TokenBatch,
     completion_rows,
     engine_logprob_diff,
+    engine_logprob_tensor,
     minibatch_schedule,
     rollout_metrics,
 )
@@ -60,6 +68,9 @@ class RolloutMixin:
         if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
             diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.completion_mask)
             metrics["generation_logprob_diff"] = diff
+            if getattr(args, "vllm_importance_sampling_correction", False):
+                rollout, corrected = self.with_engine_weights(rollout, generation.logprobs)
+                metrics.update(corrected)
         added = self.compute_advantages(rollout)
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
         minibatch = args.train_batch_size // self.accelerator.num_processes
@@ -123,12 +134,25 @@ class RolloutMixin:
         if args.missing_eos_penalty is not None:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
             total -= args.missing_eos_penalty * no_eos.float()
-        # the engine's own log-probs are checked against the trainer's
         needed = self.needs_old_logprobs() or engine_logprobs  # the engine's log-probs are checked against them
         old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
-        ref_logprobs = self.reference_logprobs(tokens)
+        ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
         return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
                        old_logprobs=old_logprobs)
+
+    def with_engine_weights(self, rollout: Rollout, engine_logprobs: list[list[float]]) -> tuple[Rollout, dict]:
+        """The rollout with the truncated importance weights pi_trainer / pi_vLLM of its sampled tokens, and their
+        min / mean / max over the loss tokens (TRL's ``sampling/importance_sampling_ratio/*``)."""
+        args, mask = self.args, rollout.completion_mask
+        engine = engine_logprob_tensor(engine_logprobs, rollout.old_logprobs)
+        weights = engine_importance_weights(rollout.old_logprobs, engine, mask, args.vllm_importance_sampling_mode,
+                                            args.vllm_importance_sampling_clip_max,
+                                            args.vllm_importance_sampling_clip_min)  # fmt: skip
+        values = weights.expand(mask.shape)[mask.bool()] if weights.shape[1] > 1 else weights.flatten()
+        name = "sampling/importance_sampling_ratio"
+        metrics = {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
+                   f"{name}/max": values.max().item()}  # fmt: skip
+        return dataclasses.replace(rollout, engine_weights=weights), metrics
 
     def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
         """[N, C] log-probs of the completion tokens under ``model``, at ``logprob_temperature``, in micro-batches

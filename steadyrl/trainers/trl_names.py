@@ -156,9 +156,9 @@ def command_line_value(name: str, value: Any) -> Any:
     return value
 
 
-def refuse_unsupported(name: str, value: Any) -> None:
+def refuse_unsupported(name: str, value: Any, rule: Unsupported | None = None) -> None:
     """Raise ``ValueError`` if ``value`` of the TRL field ``name`` asks for something steadyrl does not do."""
-    rule = UNSUPPORTED[name]
+    rule = UNSUPPORTED[name] if rule is None else rule
     if value == rule.default or any(value == other for other in rule.also_accepted):
         return
     raise ValueError(f"{name}={value!r} is not supported: {rule.reason}. {rule.fix}")

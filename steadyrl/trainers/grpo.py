@@ -1,0 +1,173 @@
+"""GRPO: group-relative advantages (Shao et al., 2024) with TRL's loss family (DAPO, Dr. GRPO, GSPO options).
+
+Shapes: P prompts x k samples = N sequences, C completion tokens.
+
+    A_i = (r_i - mean of its group's k rewards) / (std of the group | std of the batch | 1)     scale_rewards
+    l_t = clipped surrogate of A_i at token t  (+ beta * KL_t, the k3 estimate against the reference)
+    loss = l aggregated as loss_type says (grpo, bnpo, dr_grpo, dapo)
+
+Unlike RLOO's, GRPO's KL term is part of the loss, not of the reward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ops import (
+    SCALE_REWARDS,
+    completion_logprobs,
+    group_relative_advantages,
+    kl_penalty,
+    masked_mean,
+    masked_moments,
+    zero_std_groups,
+)
+from ..rollout import Advantages, Rollout
+from .config import OnPolicyConfig
+from .on_policy import OnPolicyTrainer
+from .policy_loss import PolicyLossMixin, PolicyLossOptions
+from .trl_names import UNSUPPORTED, Unsupported
+
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+_NOT_HERE = "steadyrl's GRPO does not implement it"
+GRPO_UNSUPPORTED = {
+    **UNSUPPORTED,
+    "top_entropy_quantile": Unsupported(1.0, f"{_NOT_HERE} (entropy masking)", "Leave it at 1.0."),
+    "entropy_coef": Unsupported(0.0, f"{_NOT_HERE} (an entropy bonus)", "Leave it at 0.0."),
+    "use_adaptive_entropy": Unsupported(False, f"{_NOT_HERE} (an adaptive entropy bonus)", "Leave it False."),
+    "off_policy_mask_threshold": Unsupported(None, f"{_NOT_HERE} (off-policy sequence masking)", "Leave it unset."),
+    "cast_lm_head_to_fp32": Unsupported(
+        False, "steadyrl computes log-probs in float32 from the LM head's logits", "Leave it False."
+    ),
+    "max_tool_calling_iterations": Unsupported(None, "steadyrl has no tool calling", "Leave it unset."),
+    "log_completions_hub_repo": Unsupported(
+        None, "steadyrl writes completions to output_dir/completions.jsonl", "Leave it unset."
+    ),
+}
+
+
+@dataclass
+class GRPOConfig(PolicyLossOptions, OnPolicyConfig):
+    """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
+    ``loss_type`` ``dapo``; 8 completions per prompt).
+
+    Args:
+        scale_rewards: divide the group-centred rewards by the std of the group (``"group"`` or True), of the whole
+            batch across processes (``"batch"``), or not at all (``"none"`` or False, Dr. GRPO).
+        multi_objective_aggregation: ``sum_then_normalize`` (weight and sum the rewards, then centre and scale) or
+            ``normalize_then_sum`` (centre and scale each reward in its group, weight and sum, then normalise over
+            the batch; GDPO).
+        use_bias_correction_kl: weight the KL term by the importance ratio (TRL's default True).
+        loss_type, importance_sampling_level, delta, vllm_importance_sampling_*: see ``PolicyLossOptions``.
+
+    Example::
+
+        GRPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=8, loss_type="dr_grpo",
+                   scale_rewards="batch", epsilon_high=0.28, beta=0.04, save_steps=100)
+    """
+
+    _default_samples_per_prompt = 8
+    unsupported_trl_fields = GRPO_UNSUPPORTED
+
+    scale_rewards: str = field(
+        default="group", metadata={"help": "Scale the centred rewards by the std of: group, batch, or none."}
+    )
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize", metadata={"help": "sum_then_normalize or normalize_then_sum."}
+    )
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Weight the KL term by the importance ratio."}
+    )
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
+    # Accepted only at TRL's default (GRPO_UNSUPPORTED).
+    top_entropy_quantile: float = field(default=1.0, metadata={"help": "Only 1.0."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Only 0.0."})
+    use_adaptive_entropy: bool = field(default=False, metadata={"help": "Only False."})
+    entropy_coef_min: float = field(default=0.0, metadata={"help": "No effect (use_adaptive_entropy)."})
+    entropy_coef_max: float = field(default=1.0, metadata={"help": "No effect (use_adaptive_entropy)."})
+    entropy_coef_delta: float = field(default=0.005, metadata={"help": "No effect (use_adaptive_entropy)."})
+    entropy_target: float = field(default=0.2, metadata={"help": "No effect (use_adaptive_entropy)."})
+    off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Only None."})
+    cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Only False."})
+    max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "Only None."})
+    log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Only None."})
+    sapo_temperature_neg: float = field(default=1.05, metadata={"help": "No effect (loss_type='sapo')."})
+    sapo_temperature_pos: float = field(default=1.0, metadata={"help": "No effect (loss_type='sapo')."})
+    vespo_k_pos: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
+    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
+    vespo_k_neg: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
+    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
+
+    def __post_init__(self):
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        super().__post_init__()
+        self._check_policy_loss()
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(
+                f"scale_rewards={self.scale_rewards!r} is invalid: use 'group' (or True), 'batch', or 'none' (or "
+                "False)."
+            )
+        if self.multi_objective_aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is invalid: use "
+                f"{' or '.join(AGGREGATIONS)}."
+            )
+        if self.multi_objective_aggregation == "normalize_then_sum" and self.missing_eos_penalty is not None:
+            raise ValueError(
+                f"missing_eos_penalty={self.missing_eos_penalty} cannot be combined with "
+                "multi_objective_aggregation='normalize_then_sum', which normalises each reward function's scores "
+                "on their own: add the penalty as a reward function instead, or use 'sum_then_normalize'."
+            )
+
+    def _check_samples_per_prompt(self, name: str) -> None:
+        n = self.n_samples_per_prompt
+        if isinstance(n, int) and n < 2:
+            raise ValueError(
+                f"{name}={n} is invalid for GRPO: group-relative advantages need at least 2 completions per prompt."
+            )
+
+
+class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):
+    """GRPO on the shared on-policy loop; arguments as ``OnPolicyTrainer``'s.
+
+    Example::
+
+        trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", args=GRPOConfig(output_dir="out"),
+                              train_dataset=load_dataset("trl-lib/DeepMath-103K", split="train"),
+                              reward_funcs=[accuracy_reward])
+        trainer.train(resume_from_checkpoint=True)
+        trainer.save_model("out/actor")
+    """
+
+    algorithm_name = "grpo"
+    config_class = GRPOConfig
+
+    def compute_advantages(self, rollout: Rollout) -> Advantages:
+        args, k, total = self.args, self.args.n_samples_per_prompt, self.sum_over_processes()
+        ones = torch.ones_like(rollout.scores)
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            scores = rollout.reward_scores.view(-1, k, rollout.reward_scores.shape[1])  # [P, k, R]
+            scores = (scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-4)
+            rewards = (scores.flatten(0, 1) * self.reward_weights.to(scores.device)).sum(1)  # [N]
+            mean, var = masked_moments(rewards, ones, total)  # over every process's rewards
+            advantages = (rewards - mean) / (var.sqrt() + 1e-4)
+        else:
+            rewards = rollout.scores  # [N]
+            batch_std = masked_moments(rewards, ones, total)[1].sqrt() if args.scale_rewards == "batch" else None
+            advantages = group_relative_advantages(rewards, k, args.scale_rewards, batch_std)
+        metrics = {"frac_reward_zero_std": zero_std_groups(rewards, k).float().mean().item()}
+        tokens = self.tokens_per_micro_batch(rollout) if args.loss_type == "dapo" else None
+        return Advantages(advantages=advantages, tokens_per_micro_batch=tokens, metrics=metrics)
+
+    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        args, mask = self.args, self.loss_mask(batch)  # [B, C]
+        logprobs, entropy = completion_logprobs(
+            model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
+        )
+        kl = None if batch.ref_logprobs is None else kl_penalty(logprobs, batch.ref_logprobs, "k3")  # [B, C]
+        loss, metrics = self.token_policy_loss(logprobs, batch, kl)
+        if kl is not None:
+            metrics["kl"] = masked_mean(kl.detach(), mask).item()
+        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}
