@@ -1,4 +1,4 @@
-"""On the toy task, RLOO, PPO and online DPO clearly raise the (rule) reward of held-out prompts within the demo's
+"""On the toy task, RLOO, PPO, online DPO and GRPO clearly raise the (rule) reward of held-out prompts within the demo's
 budget."""
 
 import pytest
@@ -53,3 +53,11 @@ def test_online_dpo_raises_preference_accuracy_and_judged_reward(tmp_path):
     assert late > early + 0.1, f"judged reward of rollouts {early:.3f} -> {late:.3f}"
     early, late = early_and_late(logs, "rewards/accuracies")
     assert late > early + 0.1, f"preference accuracy {early:.3f} -> {late:.3f}"
+
+
+def test_grpo_raises_held_out_reward(tmp_path):
+    """With TRL's defaults: no KL term (no reference model), DAPO's loss, group-scaled advantages."""
+    before, after, logs = held_out_reward_gain(tmp_path, "grpo", 40, {"reward_funcs": [letters_reward]})
+    assert after > before + 0.2, f"mean held-out reward {before:.3f} -> {after:.3f}"
+    early, late = early_and_late(logs, "reward")
+    assert late > early + 0.2

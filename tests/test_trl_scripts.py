@@ -1,7 +1,7 @@
-"""Scripts written with TRL's names (examples/rloo_chat.py, examples/online_dpo_chat.py): a chat model, a
+"""Scripts written with TRL's names (examples/rloo_chat.py, grpo_chat.py, online_dpo_chat.py): a chat model, a
 conversational dataset, ``trl.rewards.think_format_reward`` plus a custom conversational reward, evaluation every
 2 steps, completion logs and checkpoints; killed at a random moment after a checkpoint and resumed, they end exactly
-as an uninterrupted run. The RLOO script also runs on TRL itself with only its import changed."""
+as an uninterrupted run. The RLOO and GRPO scripts also run on TRL itself with only their import changed."""
 
 import json
 import signal
@@ -12,7 +12,8 @@ import time
 import pytest
 from conftest import ROOT
 
-SCRIPTS = {"rloo": ROOT / "examples" / "rloo_chat.py", "online-dpo": ROOT / "examples" / "online_dpo_chat.py"}
+SCRIPTS = {name: ROOT / "examples" / f"{name.replace('-', '_')}_chat.py" for name in ("rloo", "grpo", "online-dpo")}
+IMPORTS = {"rloo": ("RLOOConfig", "RLOOTrainer"), "grpo": ("GRPOConfig", "GRPOTrainer")}
 TIMINGS = {"tokens_per_second"}
 
 
@@ -42,7 +43,7 @@ def history(output_dir) -> list[dict]:
     return [{k: v for k, v in entry.items() if k not in TIMINGS} for entry in state["log_history"]]
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "online-dpo"])
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "online-dpo"])
 def test_trl_style_script_evaluates_logs_checkpoints_and_resumes_exactly(tmp_path, algorithm):
     script = SCRIPTS[algorithm]
     full = tmp_path / "full"
@@ -65,11 +66,13 @@ def test_trl_style_script_evaluates_logs_checkpoints_and_resumes_exactly(tmp_pat
     assert (resumed / "completions.jsonl").read_bytes() == (full / "completions.jsonl").read_bytes()
 
 
-def test_the_rloo_script_runs_on_trl_with_only_its_import_changed(tmp_path):
-    text = SCRIPTS["rloo"].read_text()
-    ours = "from steadyrl import RLOOConfig, RLOOTrainer"
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo"])
+def test_the_script_runs_on_trl_with_only_its_import_changed(tmp_path, algorithm):
+    text = SCRIPTS[algorithm].read_text()
+    names = ", ".join(IMPORTS[algorithm])
+    ours = f"from steadyrl import {names}"
     assert text.count(ours) == 1
-    trl_script = tmp_path / "rloo_chat_trl.py"
-    trl_script.write_text(text.replace(ours, "from trl import RLOOConfig, RLOOTrainer"))
+    trl_script = tmp_path / f"{algorithm}_chat_trl.py"
+    trl_script.write_text(text.replace(ours, f"from trl import {names}"))
     finish(start(trl_script, tmp_path / "trl", "--max_steps", "2"))
     assert (tmp_path / "trl" / "checkpoint-2").is_dir()

@@ -1,4 +1,4 @@
-"""``steadyrl demo``: RLOO (or ``--algorithm ppo|online-dpo``) on the embedded toy task, on CPU, in a few minutes.
+"""``steadyrl demo``: RLOO (or ``--algorithm ppo|online-dpo|grpo``) on the embedded toy task, on CPU, in a few minutes.
 
 Prints the mean reward of the policy before and after training, keeps checkpoints, saves the
 actor, draws the reward curve, and prints the command that resumes the run.
@@ -41,6 +41,8 @@ TRAINING_SETTINGS = {
     "ppo": {**_SHARED, "lam": 1.0, "critic_learning_rate": 1e-3},
     # online DPO: 32 prompts x 1 pair = the same 64 samples per rollout
     "online-dpo": {**_SHARED, "rollout_batch_size": 32, "n_samples_per_prompt": 2, "beta": 0.1},
+    # GRPO with TRL's defaults: no KL term (so no reference model), DAPO's token-mean loss, group-scaled rewards
+    "grpo": {**_SHARED, "beta": 0.0},
 }
 
 
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     )
     held_out = toy_dataset(num_prompts=128, seed=1)
     tokenizer = trainer.processing_class
-    before = mean_reward(trainer.ref_model, tokenizer, held_out)
+    before = mean_reward(trainer.model, tokenizer, held_out)  # the initial policy: a checkpoint loads in train()
     print(f"Mean reward of the initial policy on 128 held-out prompts: {before:.3f}")
     start = time.time()
     trainer.train(resume_from_checkpoint=opts.resume_from_checkpoint)
