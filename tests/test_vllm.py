@@ -187,14 +187,24 @@ def test_sleep_mode_on_cpu_warns_that_it_does_nothing(tmp_path, caplog):
     assert "vllm_enable_sleep_mode has no effect on cpu" in caplog.text
 
 
-@pytest.mark.parametrize("algorithm", ["rloo", "online-dpo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "online-dpo"])
 def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorithm):
-    """RLOO's loss uses log-probs at the sampling temperature (vLLM's processed log-probs); online DPO's use the
-    policy's own distribution (vLLM's raw log-probs). Either way the health metric compares like with like."""
-    trainer = make_trainer(tmp_path, algorithm=algorithm, temperature=0.7, max_steps=8, **VLLM, **ONE_STEP_ROLLOUTS)
+    """GRPO's (and RLOO's) loss uses log-probs at the sampling temperature (vLLM's processed log-probs); online DPO's
+    use the policy's own distribution (vLLM's raw log-probs). Either way the health metric compares like with like.
+    GRPO runs with the truncated importance-sampling correction: its weights pi_trainer / pi_vLLM sit at 1."""
+    extra = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
+             "beta": 0.04} if algorithm == "grpo" else {}  # fmt: skip
+    trainer = make_trainer(tmp_path, algorithm=algorithm, temperature=0.7, max_steps=8, **VLLM, **ONE_STEP_ROLLOUTS,
+                           **extra)  # fmt: skip
     trainer.train()
     diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
     assert len(diffs) == 8 and max(diffs) < 1e-4, diffs
+    if algorithm == "grpo":
+        weights = trainer.loop.buffer.rollout.engine_weights
+        assert weights.shape == trainer.loop.buffer.rollout.completion_ids.shape
+        for log in trainer.state.log_history:
+            low, high = log["sampling/importance_sampling_ratio/min"], log["sampling/importance_sampling_ratio/max"]
+            assert 1 - 1e-3 < low <= high < 1 + 1e-3, log
 
 
 CHAT_WITH_VLLM = """

@@ -149,6 +149,8 @@ class RolloutMixin:
                                             args.vllm_importance_sampling_clip_max,
                                             args.vllm_importance_sampling_clip_min)  # fmt: skip
         values = weights.expand(mask.shape)[mask.bool()] if weights.shape[1] > 1 else weights.flatten()
+        if not values.numel():  # no completion token in the whole share
+            return dataclasses.replace(rollout, engine_weights=weights), {}
         name = "sampling/importance_sampling_ratio"
         metrics = {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
                    f"{name}/max": values.max().item()}  # fmt: skip
