@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 from transformers import TrainingArguments
 
-from steadyrl import OnlineDPOConfig, PPOConfig, RLOOConfig
+from steadyrl import GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
 from steadyrl.trainers.batch_hierarchy import BatchSettings, resolve_batch_hierarchy
 from steadyrl.trainers.trl_names import UNSUPPORTED
 
@@ -24,16 +24,17 @@ SECTION = "## Coming from TRL"
 
 @pytest.fixture(scope="module")
 def trl():
-    """TRL's config classes: ``{"rloo": trl.RLOOConfig, "online-dpo": trl.experimental.online_dpo.OnlineDPOConfig}``."""
+    """TRL's config classes: ``{"rloo": trl.RLOOConfig, "grpo": trl.GRPOConfig, "online-dpo":
+    trl.experimental.online_dpo.OnlineDPOConfig}``."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TRL's notes on the installed vLLM version
         import trl
         from trl.experimental.online_dpo import OnlineDPOConfig as TRLOnlineDPOConfig
-    return {"rloo": trl.RLOOConfig, "online-dpo": TRLOnlineDPOConfig}
+    return {"rloo": trl.RLOOConfig, "grpo": trl.GRPOConfig, "online-dpo": TRLOnlineDPOConfig}
 
 
-OURS = {"rloo": RLOOConfig, "online-dpo": OnlineDPOConfig}
+OURS = {"rloo": RLOOConfig, "grpo": GRPOConfig, "online-dpo": OnlineDPOConfig}
 
 
 def build(config_class, tmp_path, **settings):
@@ -277,7 +278,8 @@ def test_every_trl_field_is_in_the_readme_table_and_declared(trl):
             assert name in table, f"{trl_class.__name__}.{name} is missing from README's '{SECTION}' table"
             assert name in ours, f"{OURS[algorithm].__name__} does not declare TRL's {name}"
             refused = table[name].startswith("not supported")
-            assert refused == (name in UNSUPPORTED), f"{name}: README and trl_names.UNSUPPORTED disagree"
+            unsupported = OURS[algorithm].unsupported_trl_fields
+            assert refused == (name in unsupported), f"{name}: README and {algorithm}'s unsupported fields disagree"
     stale = set(table) - declared_by_trl - {"per_device_train_batch_size", "gradient_accumulation_steps"}
     assert not stale, f"README's TRL table lists fields TRL no longer has: {sorted(stale)}"
 
@@ -285,6 +287,8 @@ def test_every_trl_field_is_in_the_readme_table_and_declared(trl):
 # TRL's defaults that steadyrl does not share (README.md, "Coming from TRL", says so for each)
 DEFAULT_DIFFERENCES = {
     "rloo": {"num_generations": (2, 4), "max_completion_length": (512, 64), "epsilon_high": (None, 0.2)},
+    "grpo": {"max_completion_length": (512, 64), "epsilon_high": (None, 0.2),
+             "vllm_importance_sampling_correction": (True, False)},
     "online-dpo": {"temperature": (0.9, 1.0), "vllm_gpu_memory_utilization": (0.55, 0.3), "max_length": (512, 576)},
 }
 
@@ -318,12 +322,17 @@ def refused_rows() -> list[tuple[str, object, str]]:
 
 
 @pytest.mark.parametrize("name, value, message", refused_rows(), ids=lambda v: v if isinstance(v, str) else "")
-@pytest.mark.parametrize("config_class", [RLOOConfig, OnlineDPOConfig, PPOConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("config_class", [RLOOConfig, OnlineDPOConfig, PPOConfig, GRPOConfig],
+                         ids=lambda c: c.__name__)  # fmt: skip
 def test_each_refused_trl_field_says_why(tmp_path, config_class, name, value, message):
-    assert name in UNSUPPORTED
+    """Each refused row holds for every config that declares the field (GRPO's own ones for GRPO alone)."""
+    rules = config_class.unsupported_trl_fields
+    if name not in rules:
+        assert config_class is not GRPOConfig and name in GRPOConfig.unsupported_trl_fields, name
+        return
     _, error = build(config_class, tmp_path, **{name: value})
     assert error == message
-    config, error = build(config_class, tmp_path, **{name: UNSUPPORTED[name].default})
+    config, error = build(config_class, tmp_path, **{name: rules[name].default})
     assert error is None, error
 
 

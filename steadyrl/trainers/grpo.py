@@ -101,7 +101,9 @@ class GRPOConfig(PolicyLossOptions, OnPolicyConfig):
     vespo_lambda_neg: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
 
     def __post_init__(self):
-        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        as_bool = {True: "group", False: "none", "true": "group", "false": "none"}  # TRL's booleans; the CLI's text
+        key = self.scale_rewards.lower() if isinstance(self.scale_rewards, str) else self.scale_rewards
+        self.scale_rewards = as_bool.get(key, self.scale_rewards)
         super().__post_init__()
         self._check_policy_loss()
         if self.scale_rewards not in SCALE_REWARDS:
