@@ -128,11 +128,12 @@ def phase_timers(library: str) -> None:
         _timed(OnPolicyTrainer, "make_rollout", "rollout_s")
         _timed(OnPolicyTrainer, "train_on_minibatch", "train_s")
         return
-    from trl import RLOOTrainer
+    from trl import GRPOTrainer, RLOOTrainer
 
     # TRL makes its rollouts inside _prepare_inputs, which training_step calls: train = training_step - rollout
-    _timed(RLOOTrainer, "_prepare_inputs", "rollout_s")
-    _timed(RLOOTrainer, "training_step", "train_s")
+    for trainer_class in (RLOOTrainer, GRPOTrainer):
+        _timed(trainer_class, "_prepare_inputs", "rollout_s")
+        _timed(trainer_class, "training_step", "train_s")
 
 
 def phase_shares(report: dict, library: str) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
     python bench/vs_trl.py [--rounds toy=6,25m=3] [--warmup toy=2,25m=1] [--models toy,25m] [--rows rloo-hf,...]
 
-Rows: steadyrl ``RLOOTrainer`` vs ``trl.RLOOTrainer`` (HF generate, and vLLM colocated in-process) and steadyrl
+Rows: steadyrl ``RLOOTrainer`` vs ``trl.RLOOTrainer`` (HF generate, and vLLM colocated in-process), ``GRPOTrainer``
+vs ``trl.GRPOTrainer`` (HF generate; the RLOO hierarchy below, TRL's default ``loss_type`` dapo, beta 0.04) and steadyrl
 ``OnlineDPOTrainer`` vs ``trl.experimental.online_dpo.OnlineDPOTrainer`` (HF generate), on the toy model and the
 ~25M model of bench/vllm_vs_hf.py. Task: ``steadyrl.toy.toy_dataset()`` with the ``letters_reward`` function.
 
@@ -80,9 +81,12 @@ from real_shapes import PHASES, phase_shares  # noqa: E402
 ROWS = {  # name: (algorithm, backend)
     "rloo-hf": ("rloo", "hf"),
     "rloo-vllm": ("rloo", "vllm"),
+    "grpo-hf": ("grpo", "hf"),
     "dpo-hf": ("online-dpo", "hf"),
 }
 LIBRARIES = ("steadyrl", "trl")
+GROUPED = ("rloo", "grpo")  # k samples per prompt, the same batch hierarchy
+BETA = {"rloo": 0.05, "grpo": 0.04}  # GRPO: the KL term in the loss, so a reference pass on both sides
 GEN = {"seconds": 0.0, "tokens": 0, "sequences": 0, "decode_steps": 0}
 
 
@@ -140,7 +144,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
     common = dict(output_dir=s["output_dir"], max_steps=s["max_steps"], learning_rate=1e-5, temperature=1.0,
                   seed=0, report_to="none", disable_tqdm=True, logging_steps=1, use_vllm=backend == "vllm")  # fmt: skip
     P, T, M, L = s["prompts"], s["train_batch"], s["micro_batch"], s["completion_length"]
-    K = s["samples"] if algorithm == "rloo" else 2
+    K = s["samples"] if algorithm in GROUPED else 2
     model_path, dataset, reward = task(model, s["prompt_length"])
     data = dict(train_dataset=dataset, reward_funcs=[reward], callbacks=[callback])
     tokenizer = load_tokenizer(model_path)
@@ -149,9 +153,9 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
 
         batches = dict(rollout_batch_size=P, n_samples_per_prompt=K, train_batch_size=T, micro_train_batch_size=M,
                        max_completion_length=L, save_steps=10**9)  # fmt: skip
-        if algorithm == "rloo":
+        if algorithm in GROUPED:
             extra = dict(micro_rollout_batch_size=s["micro_rollout_batch"] or P * K, num_ppo_epochs=s["epochs"],
-                         beta=0.05, vllm_dtype="float32")  # fmt: skip
+                         beta=BETA[algorithm], vllm_dtype="float32")  # fmt: skip
         else:
             extra = dict(micro_rollout_batch_size=M, beta=0.1)
         config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
@@ -173,6 +177,13 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
                               num_iterations=s["epochs"], max_completion_length=L, beta=0.05,
                               vllm_mode="colocate")  # fmt: skip
         return trl.RLOOTrainer(model_path, args=args, processing_class=tokenizer, **data)
+    if algorithm == "grpo":
+        import trl
+
+        args = trl.GRPOConfig(**trl_common, num_generations=K, per_device_train_batch_size=M,
+                              gradient_accumulation_steps=T // M, steps_per_generation=P * K // M,
+                              num_iterations=s["epochs"], max_completion_length=L, beta=BETA["grpo"])  # fmt: skip
+        return trl.GRPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
     args = OnlineDPOConfig(**trl_common, per_device_train_batch_size=M // 2, gradient_accumulation_steps=T // M,
@@ -249,7 +260,7 @@ def worker(spec: dict) -> None:
 
 
 def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
-    if algorithm == "rloo":
+    if algorithm in GROUPED:
         s = dict(prompts=opts.prompts, samples=opts.samples, train_batch=opts.train_batch, micro_batch=opts.micro_batch,
                  epochs=opts.epochs)  # fmt: skip
         s["steps_per_round"] = opts.prompts * opts.samples * opts.epochs // opts.train_batch
