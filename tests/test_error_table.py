@@ -29,7 +29,7 @@ from transformers import (
     Qwen2ForSequenceClassification,
 )
 
-from steadyrl import RLOOTrainer
+from steadyrl import GRPOConfig, RLOOTrainer
 from steadyrl.cli import main as steadyrl_main
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
@@ -160,6 +160,41 @@ def _(ctx):
 @trigger("dpo-pairs")
 def _(ctx):
     make_config(ctx.tmp_path, "online-dpo", n_samples_per_prompt=4)
+
+
+@trigger("grpo-samples")
+def _(ctx):
+    GRPOConfig(output_dir=str(ctx.tmp_path), num_generations=1)
+
+
+@trigger("grpo-scale-rewards")
+def _(ctx):
+    GRPOConfig(output_dir=str(ctx.tmp_path), scale_rewards="prompt")
+
+
+@trigger("loss-type")
+def _(ctx):
+    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="cispo")
+
+
+@trigger("rloo-sequence-loss")
+def _(ctx):
+    make_config(ctx.tmp_path, loss_type="rloo", importance_sampling_level="sequence")
+
+
+@trigger("vllm-is-correction")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", vllm_importance_sampling_correction=True)
+
+
+@trigger("vllm-is-bounds")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.5)
+
+
+@trigger("grpo-normalize-eos")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", multi_objective_aggregation="normalize_then_sum", missing_eos_penalty=0.1)
 
 
 @trigger("ppo-gamma")
