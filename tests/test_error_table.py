@@ -207,6 +207,16 @@ def _(ctx):
     make_config(ctx.tmp_path, eval_strategy="epoch")
 
 
+@trigger("sync-ref-alpha")
+def _(ctx):
+    make_config(ctx.tmp_path, ref_model_mixup_alpha=1.5)
+
+
+@trigger("sync-ref-steps")
+def _(ctx):
+    make_config(ctx.tmp_path, ref_model_sync_steps=0)
+
+
 # TRL names: a config built with TRL's argument names. make_config's toy settings use steadyrl's names, so a TRL name
 # there contradicts them; UNSET_BATCH leaves the batch sizes to TRL's names alone.
 
@@ -248,9 +258,6 @@ UNSUPPORTED_VALUES = {
     "ds3_gather_for_generation": False,
     "router_aux_loss_coef": 0.001,
     "pad_to_multiple_of": 64,
-    "sync_ref_model": True,
-    "ref_model_mixup_alpha": 0.9,
-    "ref_model_sync_steps": 64,
     "log_unique_prompts": True,
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 512},
@@ -428,6 +435,13 @@ def _(ctx):
     import torch
 
     rloo(ctx, model=AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16))
+
+
+@trigger("sync-ref-peft")
+def _(ctx):
+    from peft import LoraConfig
+
+    make_trainer(ctx.tmp_path, peft_config=LoraConfig(r=4, target_modules=["q_proj"]), sync_ref_model=True)
 
 
 @trigger("tokenizer-vocab")

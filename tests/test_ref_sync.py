@@ -1,0 +1,137 @@
+"""TR-DPO's reference syncing (``sync_ref_model``): the reference follows TRL's SyncRefModelCallback exactly, lives in
+every checkpoint, resumes byte-identically, and is refused where there is no reference of its own to update."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_logs, run_toy
+from safetensors.torch import load_file
+from toy_run import make_config, make_trainer
+
+from steadyrl.checkpoint import CheckpointError, verify_checkpoint
+from steadyrl.checkpoint.files import write_manifest
+from steadyrl.toy import toy_model_path
+
+ALPHA, EVERY = 0.5, 2
+# save every 2 steps: each checkpoint holds the actor and the reference of a sync step (2 and 6 fall mid-rollout)
+SYNC = {"sync_ref_model": True, "ref_model_sync_steps": EVERY, "ref_model_mixup_alpha": ALPHA,
+        "save_steps": 2, "ref_reward_offload": True}  # fmt: skip
+SYNC_FLAGS = ["--set", *(f"{key}={json.dumps(value)}" for key, value in SYNC.items())]
+STEPS = range(2, 13, 2)
+
+
+@pytest.fixture(scope="module")
+def synced(tmp_path_factory, toy_path) -> Path:
+    """The output dir of one uninterrupted 12-step RLOO run with sync (checked several ways: do not modify it)."""
+    out = tmp_path_factory.mktemp("synced")
+    run_toy(out, *SYNC_FLAGS)
+    return out
+
+
+def weights(checkpoint: Path, name: str) -> dict[str, torch.Tensor]:
+    return load_file(checkpoint / name / "model.safetensors")
+
+
+def test_the_reference_is_trls_mix_of_the_policy_at_each_sync_step(synced):
+    reference = load_file(Path(toy_model_path()) / "model.safetensors")  # the reference starts as the initial actor
+    for step in STEPS:
+        checkpoint = synced / f"checkpoint-{step}"
+        actor = weights(checkpoint, "actor")
+        expected = {name: ref.clone().mul_(1 - ALPHA).add_(actor[name], alpha=ALPHA) for name, ref in reference.items()}
+        saved = weights(checkpoint, "reference")
+        assert saved.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(saved[name], tensor), f"step {step}: reference {name} is not the mix"
+        assert any(not torch.equal(saved[name], reference[name]) for name in saved), f"step {step}: not synced"
+        reference = saved
+    assert any(not torch.equal(reference[name], actor[name]) for name in actor), "alpha 0.5 is not a copy"
+
+
+def test_the_reference_is_listed_in_the_manifest(synced):
+    manifest = verify_checkpoint(synced / "checkpoint-6")
+    assert {"reference/model.safetensors", "reference/config.json"} <= set(manifest["files"])
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_with_identical_actor_and_reference(synced, tmp_path):
+    run_toy(tmp_path, *SYNC_FLAGS, "--kill-after-save", "6", expect_kill=True)
+    assert (tmp_path / "checkpoint-6" / "rollout_buffer_0.safetensors").is_file(), "save at 6 is mid-rollout"
+    _, output = run_toy(tmp_path, *SYNC_FLAGS, "--resume")
+    assert "Resuming from" in output and "checkpoint-6" in output
+    for name in ("final-actor/model.safetensors", "checkpoint-12/reference/model.safetensors"):
+        assert (tmp_path / name).read_bytes() == (synced / name).read_bytes(), f"{name} differs"
+    resumed, uninterrupted = read_logs(tmp_path), read_logs(synced)
+    for step in range(7, 13):
+        for key in set(uninterrupted[step]) - {"tokens_per_second"}:
+            assert resumed[step][key] == uninterrupted[step][key], f"step {step}: {key} differs"
+
+
+def test_resuming_with_other_sync_settings_is_refused(synced, tmp_path):
+    shutil.copytree(synced / "checkpoint-6", tmp_path / "checkpoint-6")
+    trainer = make_trainer(tmp_path, **{**SYNC, "ref_model_mixup_alpha": 0.6})
+    with pytest.raises(CheckpointError, match="ref_model_mixup_alpha: checkpoint 0.5, now 0.6"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_a_checkpoint_without_its_reference_is_refused(synced, tmp_path):
+    checkpoint = shutil.copytree(synced / "checkpoint-6", tmp_path / "checkpoint-6")
+    shutil.rmtree(checkpoint / "reference")
+    write_manifest(checkpoint, 6)
+    trainer = make_trainer(tmp_path, **SYNC)
+    with pytest.raises(CheckpointError, match="has no reference/ directory, which every checkpoint of this run holds"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_without_sync_the_reference_stays_the_initial_actor_and_is_not_checkpointed(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, save_steps=2, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0)
+    trainer.train()
+    initial = load_file(Path(toy_model_path()) / "model.safetensors")
+    reference = trainer.ref_model.state_dict()
+    assert all(torch.equal(reference[name], tensor) for name, tensor in initial.items())
+    assert any(not torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in initial.items())
+    assert not (tmp_path / "checkpoint-2" / "reference").exists()
+
+
+# ---- refusals -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(ref_model_mixup_alpha=1.5), r"ref_model_mixup_alpha=1.5 is invalid: .* a number in \[0, 1\]\.$"),
+        (dict(ref_model_mixup_alpha=-0.1), r"ref_model_mixup_alpha=-0.1 is invalid"),
+        (dict(ref_model_mixup_alpha=math.nan), r"ref_model_mixup_alpha=nan is invalid"),
+        (dict(ref_model_sync_steps=0), r"ref_model_sync_steps=0 is invalid: .* an integer >= 1\.$"),
+        (dict(ref_model_sync_steps=2.5), r"ref_model_sync_steps=2.5 is invalid"),
+        (dict(ref_model_sync_steps=True), r"ref_model_sync_steps=True is invalid"),
+        (dict(sync_ref_model="yes"), r"sync_ref_model='yes' is invalid: it must be True or False\.$"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo", "online-dpo"])
+def test_invalid_sync_settings_are_refused_naming_the_value(tmp_path, algorithm, settings, message):
+    with pytest.raises(ValueError, match=message):
+        make_config(tmp_path, algorithm, **settings)
+
+
+def test_the_bounds_are_valid(tmp_path):
+    for alpha in (0, 1.0):
+        assert make_config(tmp_path, ref_model_mixup_alpha=alpha, ref_model_sync_steps=1).ref_model_mixup_alpha == alpha
+
+
+def test_sync_under_peft_is_refused_when_the_trainer_is_built(tmp_path):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    with pytest.raises(ValueError, match=r"^sync_ref_model=True is not supported with peft_config: under PEFT"):
+        make_trainer(tmp_path, peft_config=lora, sync_ref_model=True)
+
+
+def test_sync_without_a_reference_model_is_refused(tmp_path, monkeypatch):
+    from steadyrl.trainers import on_policy
+
+    monkeypatch.setattr(on_policy, "policy_and_reference", lambda model, peft_config, seed: (model, None))
+    with pytest.raises(ValueError, match=r"^sync_ref_model=True needs a reference model to update, and this run"):
+        make_trainer(tmp_path, sync_ref_model=True)
