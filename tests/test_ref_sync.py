@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_logs, run_toy
+from conftest import TWO_PROCESSES, ZERO, read_logs, run_toy
 from safetensors.torch import load_file
 from toy_run import make_config, make_trainer
 
@@ -21,7 +21,8 @@ ALPHA, EVERY = 0.5, 2
 SYNC = {"sync_ref_model": True, "ref_model_sync_steps": EVERY, "ref_model_mixup_alpha": ALPHA,
         "save_steps": 2, "ref_reward_offload": True}  # fmt: skip
 SYNC_FLAGS = ["--set", *(f"{key}={json.dumps(value)}" for key, value in SYNC.items())]
-STEPS = range(2, 13, 2)
+# under ZeRO-3: two processes, each with its share of the rollout (one --set: a second would replace the first)
+ZERO3_FLAGS = [*TWO_PROCESSES, *SYNC_FLAGS[1:], "max_steps=8"]
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +37,12 @@ def weights(checkpoint: Path, name: str) -> dict[str, torch.Tensor]:
     return load_file(checkpoint / name / "model.safetensors")
 
 
-def test_the_reference_is_trls_mix_of_the_policy_at_each_sync_step(synced):
-    reference = load_file(Path(toy_model_path()) / "model.safetensors")  # the reference starts as the initial actor
-    for step in STEPS:
-        checkpoint = synced / f"checkpoint-{step}"
+def assert_trls_mix_at_each_sync_step(output_dir: Path, last_step: int) -> None:
+    """Each checkpoint's reference is alpha x its actor + (1 - alpha) x the previous checkpoint's reference, computed
+    here with TRL's operations, bit for bit; the first one mixes with the initial actor."""
+    reference = load_file(Path(toy_model_path()) / "model.safetensors")
+    for step in range(EVERY, last_step + 1, EVERY):
+        checkpoint = output_dir / f"checkpoint-{step}"
         actor = weights(checkpoint, "actor")
         expected = {name: ref.clone().mul_(1 - ALPHA).add_(actor[name], alpha=ALPHA) for name, ref in reference.items()}
         saved = weights(checkpoint, "reference")
@@ -49,6 +52,22 @@ def test_the_reference_is_trls_mix_of_the_policy_at_each_sync_step(synced):
         assert any(not torch.equal(saved[name], reference[name]) for name in saved), f"step {step}: not synced"
         reference = saved
     assert any(not torch.equal(reference[name], actor[name]) for name in actor), "alpha 0.5 is not a copy"
+
+
+def assert_same_run(resumed: Path, uninterrupted: Path, after_step: int, last_step: int) -> None:
+    """The resumed run's final actor, last reference and logged metrics after ``after_step`` are the uninterrupted
+    run's, byte for byte."""
+    for name in ("final-actor/model.safetensors", f"checkpoint-{last_step}/reference/model.safetensors"):
+        assert (resumed / name).read_bytes() == (uninterrupted / name).read_bytes(), f"{name} differs"
+    new_logs, logs = read_logs(resumed), read_logs(uninterrupted)
+    assert sorted(new_logs) == sorted(logs) == list(range(1, last_step + 1))
+    for step in range(after_step + 1, last_step + 1):
+        for key in set(logs[step]) - {"tokens_per_second"}:
+            assert new_logs[step][key] == logs[step][key], f"step {step}: {key} differs"
+
+
+def test_the_reference_is_trls_mix_of_the_policy_at_each_sync_step(synced):
+    assert_trls_mix_at_each_sync_step(synced, last_step=12)
 
 
 def test_the_reference_is_listed_in_the_manifest(synced):
@@ -61,12 +80,19 @@ def test_a_run_killed_after_a_checkpoint_resumes_with_identical_actor_and_refere
     assert (tmp_path / "checkpoint-6" / "rollout_buffer_0.safetensors").is_file(), "save at 6 is mid-rollout"
     _, output = run_toy(tmp_path, *SYNC_FLAGS, "--resume")
     assert "Resuming from" in output and "checkpoint-6" in output
-    for name in ("final-actor/model.safetensors", "checkpoint-12/reference/model.safetensors"):
-        assert (tmp_path / name).read_bytes() == (synced / name).read_bytes(), f"{name} differs"
-    resumed, uninterrupted = read_logs(tmp_path), read_logs(synced)
-    for step in range(7, 13):
-        for key in set(uninterrupted[step]) - {"tokens_per_second"}:
-            assert resumed[step][key] == uninterrupted[step][key], f"step {step}: {key} differs"
+    assert_same_run(tmp_path, synced, after_step=6, last_step=12)
+
+
+def test_under_zero3_the_mix_is_exact_and_a_killed_run_resumes_identically(tmp_path):
+    """Two processes under DeepSpeed ZeRO-3: the policy and the reference (an inference engine, offloaded to CPU
+    memory) are partitioned; the mix gathers them layer by layer."""
+    uninterrupted, run = tmp_path / "uninterrupted", tmp_path / "run"
+    run_toy(uninterrupted, *ZERO3_FLAGS, accelerate_config=ZERO["zero3"])
+    assert_trls_mix_at_each_sync_step(uninterrupted, last_step=8)
+    run_toy(run, *ZERO3_FLAGS, "--kill-after-save", "6", expect_kill=True, accelerate_config=ZERO["zero3"])
+    _, output = run_toy(run, *ZERO3_FLAGS, "--resume", accelerate_config=ZERO["zero3"])
+    assert output.count("Resuming from") == 2 and "checkpoint-6" in output
+    assert_same_run(run, uninterrupted, after_step=6, last_step=8)
 
 
 def test_resuming_with_other_sync_settings_is_refused(synced, tmp_path):
