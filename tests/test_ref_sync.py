@@ -111,6 +111,17 @@ def test_a_checkpoint_without_its_reference_is_refused(synced, tmp_path):
         trainer.train(resume_from_checkpoint=True)
 
 
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo", "online-dpo"])
+def test_alpha_one_makes_the_reference_a_copy_of_the_policy_in_every_trainer(tmp_path, algorithm):
+    trainer = make_trainer(tmp_path, algorithm=algorithm, max_steps=3, save_strategy="no", sync_ref_model=True,
+                           ref_model_sync_steps=3, ref_model_mixup_alpha=1.0)  # fmt: skip
+    trainer.train()
+    policy, reference = trainer.model.state_dict(), trainer.ref_model.state_dict()
+    assert all(torch.equal(reference[name], tensor) for name, tensor in policy.items())
+    initial = load_file(Path(toy_model_path()) / "model.safetensors")
+    assert any(not torch.equal(policy[name], tensor) for name, tensor in initial.items()), "the policy did not move"
+
+
 def test_without_sync_the_reference_stays_the_initial_actor_and_is_not_checkpointed(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=2, save_steps=2, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0)
     trainer.train()
