@@ -7,8 +7,8 @@ A checkpoint directory holds::
                               under DeepSpeed ZeRO, optimizer_<rank>.pt: each process's partition
     scheduler.pt              LR scheduler state_dict (same)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
-    reference/                with sync_ref_model only: the reference model (config, model.safetensors), which
-                              then changes during the run; without it the reference is the initial actor
+    reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
+                              model.safetensors), which then changes during the run; without it the reference is fixed
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
     steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
     settings.json             the settings a resume may change (logging, saving, max_steps, ...): changes are logged
