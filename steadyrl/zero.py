@@ -134,6 +134,19 @@ def modifiable(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def gathered(params: list[torch.nn.Parameter], modify: bool = False) -> Iterator[bool]:
+    """Whole ``params`` on every process for the block, if ZeRO-3 partitions them (the block gets whether it does);
+    with ``modify``, the main process's writes are partitioned to every process at the end."""
+    if not any(hasattr(p, "ds_id") for p in params):
+        yield False
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None):
+        yield True
+
+
+@contextlib.contextmanager
 def gathered_for_generation(engine) -> Iterator[None]:
     """Under ZeRO-3, the whole actor on every process for the block, with DeepSpeed's per-module gather and
     release hooks lifted, so that ``generate`` runs as many forward passes on each process as its own

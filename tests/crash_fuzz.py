@@ -1,7 +1,8 @@
 """Crash fuzzing: SIGKILL a toy training run at seeded random moments, resume it after each kill, and check that
 nothing a resume would accept was ever wrong and that the final actor is byte-identical to an uninterrupted run.
 
-    python tests/crash_fuzz.py WORK_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--kills 10] [--seed 0] [--set key=value ...]
+    python tests/crash_fuzz.py WORK_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--kills 10] [--seed 0]
+                                [--set key=value ...]
 
 A driver process imports everything once and forks each training attempt, so an attempt costs its own work, not
 Python's start-up. Half the kills (chosen by the seeded RNG) land at a random moment of the run; the other half

@@ -192,6 +192,11 @@ def _(ctx):
     make_config(ctx.tmp_path, "grpo", vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.5)
 
 
+@trigger("sync-ref-no-reference")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="grpo", beta=0.0, sync_ref_model=True)
+
+
 @trigger("grpo-normalize-eos")
 def _(ctx):
     make_config(ctx.tmp_path, "grpo", multi_objective_aggregation="normalize_then_sum", missing_eos_penalty=0.1)
@@ -242,6 +247,16 @@ def _(ctx):
     make_config(ctx.tmp_path, eval_strategy="epoch")
 
 
+@trigger("sync-ref-alpha")
+def _(ctx):
+    make_config(ctx.tmp_path, ref_model_mixup_alpha=1.5)
+
+
+@trigger("sync-ref-steps")
+def _(ctx):
+    make_config(ctx.tmp_path, ref_model_sync_steps=0)
+
+
 # TRL names: a config built with TRL's argument names. make_config's toy settings use steadyrl's names, so a TRL name
 # there contradicts them; UNSET_BATCH leaves the batch sizes to TRL's names alone.
 
@@ -283,9 +298,6 @@ UNSUPPORTED_VALUES = {
     "ds3_gather_for_generation": False,
     "router_aux_loss_coef": 0.001,
     "pad_to_multiple_of": 64,
-    "sync_ref_model": True,
-    "ref_model_mixup_alpha": 0.9,
-    "ref_model_sync_steps": 64,
     "log_unique_prompts": True,
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 512},
@@ -463,6 +475,13 @@ def _(ctx):
     import torch
 
     rloo(ctx, model=AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16))
+
+
+@trigger("sync-ref-peft")
+def _(ctx):
+    from peft import LoraConfig
+
+    make_trainer(ctx.tmp_path, peft_config=LoraConfig(r=4, target_modules=["q_proj"]), sync_ref_model=True)
 
 
 @trigger("tokenizer-vocab")

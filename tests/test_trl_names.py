@@ -17,7 +17,6 @@ from transformers import TrainingArguments
 
 from steadyrl import GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
 from steadyrl.trainers.batch_hierarchy import BatchSettings, resolve_batch_hierarchy
-from steadyrl.trainers.trl_names import UNSUPPORTED
 
 SECTION = "## Coming from TRL"
 

@@ -7,6 +7,8 @@ A checkpoint directory holds::
                               under DeepSpeed ZeRO, optimizer_<rank>.pt: each process's partition
     scheduler.pt              LR scheduler state_dict (same)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
+    reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
+                              model.safetensors), which then changes during the run; without it the reference is fixed
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
     steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
     settings.json             the settings a resume may change (logging, saving, max_steps, ...): changes are logged
@@ -26,7 +28,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -80,6 +82,16 @@ class TrainedModule:
 
 
 @dataclass
+class ModelWeights:
+    """A model whose weights change during the run without an optimizer of its own (the reference under
+    ``sync_ref_model``): ``name`` is its directory in a checkpoint."""
+
+    name: str
+    model: torch.nn.Module  # the Hugging Face model (inside its DeepSpeed engine under ZeRO-3)
+    save: Callable[[Path], None]  # writes the weights in Hugging Face format (every process calls it)
+
+
+@dataclass
 class CheckpointContents:
     """What a checkpoint saves, and what loading one restores in place."""
 
@@ -88,6 +100,7 @@ class CheckpointContents:
     loop_state: dict  # LoopState.state_dict()
     fingerprint: dict  # what a resumed run must share with the run that wrote the checkpoint (fingerprint.py)
     free_settings: dict  # settings a resumed run may change; changes are logged
+    weights: list[ModelWeights] = field(default_factory=list)
 
 
 def rank_file(name: str, rank: int) -> str:
@@ -220,6 +233,8 @@ class Checkpointer:
             module.save(tmp / module.name)
             if self.main:
                 torch.save(module.scheduler.state_dict(), tmp / scheduler_file)
+        for weights in contents.weights:
+            weights.save(tmp / weights.name)
         loop = contents.loop_state
         if self.main:
             contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
@@ -256,6 +271,8 @@ class Checkpointer:
         check_resumable(shared["fingerprint"], contents.fingerprint, saved_settings, contents.free_settings, directory)
         for module in contents.modules:
             self._load_module(directory, module)
+        for weights in contents.weights:
+            self._load_weights(directory, weights)
         state = contents.trainer_state
         restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         for name in RESTORED_TRAINER_STATE:
@@ -281,6 +298,14 @@ class Checkpointer:
         else:
             module.optimizer.load_state_dict(torch.load(directory / optimizer_file, weights_only=True))
         module.scheduler.load_state_dict(torch.load(directory / scheduler_file, weights_only=True))
+
+    def _load_weights(self, directory: Path, weights: ModelWeights) -> None:
+        if not (directory / weights.name).is_dir():
+            raise CheckpointError(
+                f"{directory} has no {weights.name}/ directory, which every checkpoint of this run holds"
+            )
+        with modifiable(weights.model):
+            load_model_weights(weights.model, directory / weights.name)
 
     def restore_rng(self, directory: Path) -> None:
         if not (directory / f"rng_state_{self.rank}.json").is_file():

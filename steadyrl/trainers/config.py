@@ -12,7 +12,14 @@ from transformers import TrainingArguments
 from transformers.utils import logging
 
 from .batch_hierarchy import BatchHierarchy, BatchSettings, resolve_batch_hierarchy
-from .config_checks import check_generation_and_logging, check_ranges, check_saving, check_schedule, check_vllm
+from .config_checks import (
+    check_generation_and_logging,
+    check_ranges,
+    check_reference_sync,
+    check_saving,
+    check_schedule,
+    check_vllm,
+)
 from .trl_names import (
     SYNONYMS,
     UNSUPPORTED,
@@ -46,7 +53,7 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     ``gradient_accumulation_steps``, ``generation_batch_size``, ``steps_per_generation``, ``num_generations``,
     ``num_iterations``, ``epsilon``, ``epsilon_high`` and ``vllm_max_model_length`` resolve onto the fields below;
     giving both names of one setting with different values is refused. TRL fields for what steadyrl does not do
-    (``vllm_mode='server'``, ``sync_ref_model``, ...) are refused unless left at TRL's default.
+    (``vllm_mode='server'``, ``use_transformers_continuous_batching``, ...) are refused unless left at TRL's default.
 
     Args:
         rollout_batch_size: prompts generated per rollout (global). Default: ``train_batch_size /
@@ -88,6 +95,9 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         reward_weights: one weight per reward function (then the reward model); all 1.0 if unset.
         missing_eos_penalty: subtracted from the score of a completion that ends without EOS.
         ref_reward_offload: keep the reference and reward models in CPU memory between rollouts.
+        sync_ref_model: TR-DPO's reference syncing, as TRL's ``SyncRefModelCallback``: after every global step that is
+            a multiple of ``ref_model_sync_steps`` (default 512), ref = ``ref_model_mixup_alpha`` (default 0.6) x
+            policy + (1 - alpha) x ref, parameter by parameter. The reference then lives in every checkpoint.
         save_final_checkpoint: also checkpoint the last step when it is not a multiple of ``save_steps``.
         overwrite_output_dir: delete the checkpoints in ``output_dir`` before a fresh start; without it a fresh start
             in a directory that holds checkpoints is refused (resume them with ``resume_from_checkpoint=True``).
@@ -306,6 +316,7 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         check_generation_and_logging(self)
         check_saving(self)
         check_vllm(self)
+        check_reference_sync(self)
 
     @property
     def samples_per_rollout(self) -> int:

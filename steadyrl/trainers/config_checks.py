@@ -147,3 +147,21 @@ def check_vllm(config) -> None:
         raise ValueError(
             f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
         )
+
+
+def check_reference_sync(config) -> None:
+    """TR-DPO's reference syncing: a flag, a mixing weight in [0, 1] and a whole number of global steps."""
+    if not isinstance(config.sync_ref_model, bool):
+        raise ValueError(f"sync_ref_model={config.sync_ref_model!r} is invalid: it must be True or False.")
+    alpha = config.ref_model_mixup_alpha
+    if not (finite(alpha) and 0 <= alpha <= 1):
+        raise ValueError(
+            f"ref_model_mixup_alpha={alpha!r} is invalid: it is the policy's share in each update of the reference "
+            "(ref = alpha x policy + (1 - alpha) x ref), so it must be a number in [0, 1]."
+        )
+    steps = config.ref_model_sync_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(
+            f"ref_model_sync_steps={steps!r} is invalid: the reference is updated every ref_model_sync_steps global "
+            "steps, so it must be an integer >= 1."
+        )

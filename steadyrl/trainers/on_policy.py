@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import signal
 import time
 from collections import defaultdict
@@ -44,7 +45,14 @@ from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
-from .checkpointing import CheckpointContents, Checkpointer, TrainedModule, on_main_process, take_output_dir
+from .checkpointing import (
+    CheckpointContents,
+    Checkpointer,
+    ModelWeights,
+    TrainedModule,
+    on_main_process,
+    take_output_dir,
+)
 from .checks import check_dataset, check_model_path, check_output_dir
 from .config import OnPolicyConfig
 from .evaluation import EvaluationMixin, check_eval_dataset
@@ -62,6 +70,7 @@ from .models import (
 )
 from .preemption import StopSignals
 from .publish import PublishMixin
+from .reference_sync import check_reference_sync, mix_into_reference, sync_due
 from .rollouts import RolloutMixin
 
 logger = logging.get_logger(__name__)
@@ -140,6 +149,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
         self.uses_reference = self.needs_reference(args)
         model, self.ref_model = policy_and_reference(model, peft_config, args.seed, self.uses_reference)
+        check_reference_sync(args.sync_ref_model, self.ref_model, peft_config is not None)
         if args.disable_dropout:
             for module in (model, self.ref_model):
                 if module is not None:
@@ -280,6 +290,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
                     metrics = self.train_on_minibatch(self.loop.buffer.next_minibatch())
                     self.loop.record({**self.loop.buffer.metrics, **metrics})
                     self.state.global_step += 1
+                    self.sync_reference()
                     self.state.epoch = self.loop.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     saved = self.log_and_save()
@@ -379,6 +390,18 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
             module.optimizer.zero_grad(set_to_none=True)
         return metrics
 
+    def sync_reference(self) -> None:
+        """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
+        (1 - alpha) x reference (reference_sync.py)."""
+        if sync_due(self.args, self.state.global_step):
+            mix_into_reference(self.model, self.reference_module, self.args.ref_model_mixup_alpha,
+                               self.accelerator.is_main_process)  # fmt: skip
+
+    @property
+    def reference_module(self) -> PreTrainedModel | None:
+        """The reference's Hugging Face model (inside its DeepSpeed inference engine under ZeRO-3); None under PEFT."""
+        return self.ref_model.module if self.zero3 and self.ref_model is not None else self.ref_model
+
     # ---- checkpoints and export -----------------------------------------------------------------------
 
     def run_fingerprint(self) -> dict:
@@ -393,7 +416,15 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
     def checkpoint_contents(self) -> CheckpointContents:
         fixed, free = split_settings(self.args)
         fingerprint = {**self.run_fingerprint(), **fixed}
-        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), fingerprint, free)
+        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), fingerprint, free,
+                                  self.changing_weights())  # fmt: skip
+
+    def changing_weights(self) -> list[ModelWeights]:
+        """Untrained models whose weights change during the run: the reference under ``sync_ref_model``."""
+        if not self.args.sync_ref_model:
+            return []
+        reference = self.reference_module
+        return [ModelWeights("reference", reference, functools.partial(self.save_pretrained_model, reference))]
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as

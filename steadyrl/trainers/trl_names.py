@@ -7,11 +7,12 @@ Three kinds of TRL field:
   ...), resolved onto them; giving both names with different values is refused;
 - the batch sizes, which TRL counts differently (per device and per optimizer step), resolved onto steadyrl's batch
   hierarchy by ``resolve_batch_hierarchy``;
-- fields for what steadyrl does not do (a vLLM server, TR-DPO reference syncing, ...), declared with TRL's default and
+- fields for what steadyrl does not do (a vLLM server, continuous batching, ...), declared with TRL's default and
   refused when set to anything else (``UNSUPPORTED``), so that none is silently ignored.
 
-``TRLNames`` declares the first and last kind, and the batch names TRL shares with ``TrainingArguments`` with ``None``
-defaults, to tell "given" from "default". The functions here are pure; ``OnPolicyConfig.__post_init__`` applies them.
+``TRLNames`` declares the first and last kind, the batch names TRL shares with ``TrainingArguments`` with ``None``
+defaults (to tell "given" from "default"), and TR-DPO's reference syncing (``sync_ref_model``), which steadyrl does
+as TRL does. The functions here are pure; ``OnPolicyConfig.__post_init__`` applies them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 @dataclass
 class TRLNames:
-    """The fields TRL's RLOO and online-DPO configs declare that are synonyms of steadyrl's or that steadyrl refuses.
+    """The fields TRL's RLOO and online-DPO configs declare that are synonyms of steadyrl's, that steadyrl refuses, or
+    that it takes as TRL does (``sync_ref_model`` and its two settings).
 
     A mixin of ``OnPolicyConfig``; its ``None`` defaults mean "not given" and are resolved in ``__post_init__``.
     """
@@ -54,6 +56,30 @@ class TRLNames:
     epsilon_high: float | None = field(default=None, metadata={"help": "TRL's name of cliprange_high."})
     vllm_max_model_length: int | None = field(default=None, metadata={"help": "TRL's name of vllm_max_model_len."})
 
+    # TR-DPO's reference syncing (TRL's SyncRefModelCallback), with TRL's defaults and help texts.
+    sync_ref_model: bool = field(
+        default=False,
+        metadata={
+            "help": "Whether to synchronize the reference model with the active model every `ref_model_sync_steps` "
+            "steps, using the `ref_model_mixup_alpha` parameter."
+        },
+    )
+    ref_model_mixup_alpha: float = field(
+        default=0.6,
+        metadata={
+            "help": "α parameter from the TR-DPO paper, which controls the mix between the current policy and the "
+            "previous reference policy during updates. The reference policy is updated according to the equation: "
+            "`π_ref = α * π_θ + (1 - α) * π_ref_prev`. To use this parameter, you must set `sync_ref_model=True`."
+        },
+    )
+    ref_model_sync_steps: int = field(
+        default=512,
+        metadata={
+            "help": "τ parameter from the TR-DPO paper, which determines how frequently the current policy is "
+            "synchronized with the reference policy. To use this parameter, you must set `sync_ref_model=True`."
+        },
+    )
+
     # Accepted only at TRL's default (see UNSUPPORTED).
     vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate': vLLM runs in the training process."})
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Only 'vllm'."})
@@ -70,9 +96,6 @@ class TRLNames:
     pad_to_multiple_of: int | str | None = field(
         default="auto", metadata={"help": "Only 'auto' or None: no padding beyond the longest sequence."}
     )
-    sync_ref_model: bool = field(default=False, metadata={"help": "Not supported: the reference model is fixed."})
-    ref_model_mixup_alpha: float = field(default=0.6, metadata={"help": "Not supported (sync_ref_model)."})
-    ref_model_sync_steps: int = field(default=512, metadata={"help": "Not supported (sync_ref_model)."})
     log_unique_prompts: bool = field(default=False, metadata={"help": "Not supported: leave False."})
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
     transformers_continuous_batching_config: dict | str | None = field(
@@ -94,7 +117,6 @@ class Unsupported:
 
 _SERVER = "it configures vllm_mode='server', and steadyrl runs vLLM in the training process (colocate)"
 _CONTINUOUS = "steadyrl generates with transformers' generate or, with use_vllm=True, with vLLM"
-_SYNC = "it configures sync_ref_model, which steadyrl does not support"
 
 UNSUPPORTED: dict[str, Unsupported] = {
     "vllm_mode": Unsupported(
@@ -127,11 +149,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "Use 'auto' (the default) or None.",
         also_accepted=(None,),
     ),
-    "sync_ref_model": Unsupported(
-        False, "steadyrl's reference model stays fixed for the whole run (no TR-DPO syncing)", "Leave it False."
-    ),
-    "ref_model_mixup_alpha": Unsupported(0.6, _SYNC, "Leave it unset."),
-    "ref_model_sync_steps": Unsupported(512, _SYNC, "Leave it unset."),
     "log_unique_prompts": Unsupported(
         False, "steadyrl's completion log (log_completions) lists every prompt", "Leave it False."
     ),
