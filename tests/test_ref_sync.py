@@ -166,9 +166,7 @@ def test_sync_under_peft_is_refused_when_the_trainer_is_built(tmp_path):
         make_trainer(tmp_path, peft_config=lora, sync_ref_model=True)
 
 
-def test_sync_without_a_reference_model_is_refused(tmp_path, monkeypatch):
-    from steadyrl.trainers import on_policy
-
-    monkeypatch.setattr(on_policy, "policy_and_reference", lambda model, peft_config, seed: (model, None))
-    with pytest.raises(ValueError, match=r"^sync_ref_model=True needs a reference model to update, and this run"):
-        make_trainer(tmp_path, sync_ref_model=True)
+def test_sync_without_a_reference_model_is_refused(tmp_path):
+    """beta=0 leaves no KL term, so no reference copy is made: there is nothing to sync."""
+    with pytest.raises(ValueError, match=r"^sync_ref_model=True needs a reference model to update, and with beta=0"):
+        make_trainer(tmp_path, sync_ref_model=True, beta=0.0)
