@@ -162,6 +162,26 @@ def _(ctx):
     make_config(ctx.tmp_path, "online-dpo", n_samples_per_prompt=4)
 
 
+@trigger("trainer-old-order")
+def _(ctx):
+    RLOOTrainer(toy_model_path(), make_config(ctx.tmp_path), toy_dataset())
+
+
+@trigger("trainer-quantization")
+def _(ctx):
+    rloo(ctx, quantization_config={"load_in_4bit": True})
+
+
+@trigger("ref-model-unused")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="grpo", beta=0.0, ref_model=toy_model_path())
+
+
+@trigger("ppo-num-mini-batches")
+def _(ctx):
+    make_config(ctx.tmp_path, "ppo", num_mini_batches=4)
+
+
 @trigger("grpo-samples")
 def _(ctx):
     GRPOConfig(output_dir=str(ctx.tmp_path), num_generations=1)

@@ -71,11 +71,12 @@ def make_config(output_dir, algorithm="rloo", **overrides):
 
 def make_trainer(
     output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
-    peft_config=None, model=None, eval_dataset=None, reward_model=None, reward_processing_class=None, **overrides,
+    peft_config=None, model=None, eval_dataset=None, reward_model=None, reward_processing_class=None, ref_model=None,
+    **overrides,
 ):  # fmt: skip
     trainer_cls = trainer_cls or ALGORITHMS[algorithm].trainer_class
     extra = {"judge": judge, "peft_config": peft_config, "eval_dataset": eval_dataset, "reward_model": reward_model,
-             "reward_processing_class": reward_processing_class}  # fmt: skip
+             "reward_processing_class": reward_processing_class, "ref_model": ref_model}  # fmt: skip
     extra = {key: value for key, value in extra.items() if value is not None}
     return trainer_cls(
         model=model or toy_model_path(),

@@ -45,6 +45,7 @@ from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
+from .call_order import check_call_order, load_reference, refuse_unused, reward_model_entries
 from .checkpointing import (
     CheckpointContents,
     Checkpointer,
@@ -64,6 +65,7 @@ from .models import (
     deepspeed_backward,
     disable_dropout,
     enable_gradient_checkpointing,
+    from_pretrained_kwargs,
     load_policy,
     policy_and_reference,
     reward_model_scorer,
@@ -79,28 +81,37 @@ logger = logging.get_logger(__name__)
 class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, metaclass=abc.ABCMeta):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
-    Args:
+    Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+    reward_processing_classes, callbacks, optimizers, quantization_config, peft_config):
         model: the policy (actor) to train: a ``PreTrainedModel`` or a local path or Hub id of a causal LM.
+        reward_funcs: a callable or a list of them, called as ``func(prompts=..., completions=...,
+            completion_ids=..., **columns)`` and returning one float per completion; with conversations,
+            ``prompts`` are the message lists and each completion is ``[{"role": "assistant", "content": text}]``.
+            An entry that is a path, Hub id or ``AutoModelForSequenceClassification`` (``num_labels=1``) is a
+            reward model, scored in its place, as in TRL.
         args: the algorithm's config (``RLOOConfig``, ``PPOConfig``, ...); default: its defaults with
             ``output_dir`` named after the model.
         train_dataset: a ``datasets.Dataset`` with a ``prompt`` column of strings or of conversations (lists of
             ``{"role", "content"}`` messages, rendered with the tokenizer's chat template); its other columns reach
             the reward functions as keyword arguments.
-        processing_class: the policy's tokenizer; default: loaded from the model's directory.
-        reward_funcs: a callable or a list of them, called as ``func(prompts=..., completions=...,
-            completion_ids=..., **columns)`` and returning one float per completion; with conversations,
-            ``prompts`` are the message lists and each completion is ``[{"role": "assistant", "content": text}]``.
-        callbacks: more ``TrainerCallback``s, after steadyrl's step and checkpoint callbacks.
-        peft_config: a ``peft`` config to train adapters; the base model with adapters disabled is then the
-            reference.
-        optimizers: ``(optimizer, lr_scheduler)`` for the actor, as in ``Trainer``; default AdamW and ``args``'
-            schedule.
-        reward_model: an ``AutoModelForSequenceClassification`` (``num_labels=1``) or its path, sharing the
-            policy's tokenizer; its score counts as the last entry of ``reward_weights``.
-        reward_processing_class: the reward model's tokenizer; when it differs from the policy's, completions
-            are re-rendered with it (and its chat template) for the reward model.
         eval_dataset: held-out prompts, like ``train_dataset``, for ``evaluate()`` (``eval_strategy="steps"``
             evaluates every ``eval_steps``).
+        processing_class: the policy's tokenizer; default: loaded from the model's directory.
+        reward_processing_classes: the reward models' tokenizers (one, or a list aligned with ``reward_funcs``);
+            when one differs from the policy's, completions are re-rendered with it (and its chat template).
+        callbacks: more ``TrainerCallback``s, after steadyrl's step and checkpoint callbacks.
+        optimizers: ``(optimizer, lr_scheduler)`` for the actor, as in ``Trainer``; default AdamW and ``args``'
+            schedule.
+        quantization_config: TRL's; refused (steadyrl trains the model as loaded).
+        peft_config: a ``peft`` config to train adapters; the base model with adapters disabled is then the
+            reference.
+        reward_model (keyword): a reward model scored after ``reward_funcs``, its score the last entry of
+            ``reward_weights``; reward_processing_class (keyword): its tokenizer.
+        ref_model (keyword): the reference model (path, Hub id or model) instead of a copy of ``model``.
+
+    Example::
+
+        RLOOTrainer("Qwen/Qwen2.5-0.5B-Instruct", [my_reward], RLOOConfig(output_dir="out"), train_dataset)
     """
 
     algorithm_name = "on-policy"
@@ -110,17 +121,29 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
     def __init__(
         self,
         model: str | PreTrainedModel,
+        reward_funcs=None,
         args: OnPolicyConfig | None = None,
         train_dataset=None,
+        eval_dataset=None,
         processing_class=None,
-        reward_funcs=None,
+        reward_processing_classes=None,
         callbacks=None,
-        peft_config=None,
         optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        *,
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
-        eval_dataset=None,
+        ref_model: str | PreTrainedModel | None = None,
     ):
+        name = type(self).__name__
+        check_call_order(name, reward_funcs, args, train_dataset)
+        refuse_unused(name, quantization_config=quantization_config)
+        if reward_processing_class is not None and reward_processing_classes is not None:
+            raise ValueError(
+                "reward_processing_class and reward_processing_classes were both given: they name the same thing "
+                "(TRL's name is reward_processing_classes); give one of them."
+            )
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
@@ -141,14 +164,24 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
-        if reward_model is not None:
-            scorer = reward_model_scorer(reward_model, reward_processing_class, model, processing_class, args,
-                                         self.conversational)  # fmt: skip
-            self.reward_model = scorer.model
-            reward_funcs.append(scorer)
+        entries = reward_model_entries(reward_funcs, reward_processing_classes)
+        if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
+            entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
+            reward_funcs.append(reward_model)
+        for index, path_or_model, tokenizer in entries:
+            scorer = reward_model_scorer(path_or_model, tokenizer, model, processing_class, args, self.conversational)
+            self.reward_model = scorer.model if self.reward_model is None else self.reward_model
+            reward_funcs[index] = scorer
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
         self.uses_reference = self.needs_reference(args)
+        if ref_model is not None and not self.uses_reference:
+            raise ValueError(
+                f"ref_model was given, but with beta={args.beta} {name} has no KL term and uses no reference model: "
+                "set beta > 0, or leave ref_model unset."
+            )
         model, self.ref_model = policy_and_reference(model, peft_config, args.seed, self.uses_reference)
+        if ref_model is not None:  # the given reference replaces the copy (under PEFT: the disabled adapters)
+            self.ref_model = load_reference(ref_model, model, from_pretrained_kwargs(args))
         check_reference_sync(args.sync_ref_model, self.ref_model, peft_config is not None)
         if args.disable_dropout:
             for module in (model, self.ref_model):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, TrainingArguments
 
 from ..judges import call_judge, check_judge
 from ..ops import (
@@ -33,6 +33,7 @@ from ..ops import (
 from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
 from .batch_hierarchy import check_positive_int
+from .call_order import refuse_unused
 from .config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
 from .on_policy import OnPolicyTrainer
 from .trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
@@ -175,18 +176,32 @@ class OnlineDPOTrainer(OnPolicyTrainer):
     def __init__(
         self,
         model: str | PreTrainedModel,
-        args: OnlineDPOConfig | None = None,
-        train_dataset=None,
-        processing_class=None,
+        ref_model: str | PreTrainedModel | None = None,
         reward_funcs=None,
-        callbacks=None,
+        args: OnlineDPOConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
         peft_config=None,
+        compute_metrics=None,
+        callbacks=None,
         optimizers=(None, None),
+        preprocess_logits_for_metrics=None,
+        *,
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
-        eval_dataset=None,
         judge=None,
     ):
+        if isinstance(ref_model, TrainingArguments):
+            raise TypeError(
+                "OnlineDPOTrainer takes TRL's order (model, ref_model, reward_funcs, args, data_collator, "
+                "train_dataset, ...), and a config came where ref_model belongs: pass the arguments after model by "
+                "keyword (args=..., train_dataset=...)."
+            )
+        refuse_unused("OnlineDPOTrainer", data_collator=data_collator, compute_metrics=compute_metrics,
+                      preprocess_logits_for_metrics=preprocess_logits_for_metrics)  # fmt: skip
         if judge is not None:
             check_judge(judge)
             if eval_dataset is not None:
@@ -203,8 +218,9 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             )
         reward_model = path if reward_model is None else reward_model
         super().__init__(
-            model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
-            reward_model=reward_model, reward_processing_class=reward_processing_class, eval_dataset=eval_dataset,
+            model, reward_funcs, args, train_dataset, eval_dataset, processing_class, reward_processing_classes,
+            callbacks, optimizers, None, peft_config, reward_model=reward_model,
+            reward_processing_class=reward_processing_class, ref_model=ref_model,
         )  # fmt: skip
 
     @property

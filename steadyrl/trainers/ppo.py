@@ -88,8 +88,18 @@ class PPOConfig(OnPolicyConfig):
     critic_warmup_steps: int = field(
         default=0, metadata={"help": "First global steps in which only the critic learns (the actor is frozen)."}
     )
+    # TRL's old PPOConfig names: two map onto steadyrl's fields, two are refused with what to use instead
+    kl_coef: float | None = field(default=None, metadata={"help": "TRL's old PPO name of beta."})
+    response_length: int | None = field(
+        default=None, metadata={"help": "TRL's old PPO name of max_completion_length."}
+    )
+    num_mini_batches: int | None = field(default=None, metadata={"help": "Not supported: set train_batch_size."})
+    whiten_rewards: bool | None = field(
+        default=None, metadata={"help": "Not supported: see normalize_reward and whiten_advantages."}
+    )
 
     def __post_init__(self):
+        self._resolve_old_trl_names()
         super().__post_init__()
         for name in ("gamma", "lam"):
             value = getattr(self, name)
@@ -105,6 +115,34 @@ class PPOConfig(OnPolicyConfig):
             raise ValueError(f"kl_estimator={self.kl_estimator!r} is invalid: use 'k1' or 'k3'.")
         if self.critic_warmup_steps < 0:
             raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps} is invalid: it must be >= 0.")
+
+
+    def _resolve_old_trl_names(self) -> None:
+        for old, own, meaning, default in (("kl_coef", "beta", "the KL coefficient", 0.05),
+                                           ("response_length", "max_completion_length", "the most tokens generated "
+                                            "per completion", None)):  # fmt: skip
+            value = getattr(self, old)
+            if value is None:
+                continue
+            if getattr(self, own) not in (default, value):
+                raise ValueError(
+                    f"{old}={value!r} contradicts {own}={getattr(self, own)!r}: both set {meaning} ({old} is TRL's "
+                    f"old PPO name of {own}); give one of them."
+                )
+            setattr(self, own, value)
+        if self.num_mini_batches is not None:
+            raise ValueError(
+                f"num_mini_batches={self.num_mini_batches} is TRL's old PPO setting, not steadyrl's: a rollout's "
+                "mini-batches are set by train_batch_size, the samples of one optimizer step (rollout_batch_size x "
+                f"n_samples_per_prompt / {self.num_mini_batches} gives {self.num_mini_batches} mini-batches per "
+                "rollout). Set train_batch_size instead."
+            )
+        if self.whiten_rewards is not None:
+            raise ValueError(
+                f"whiten_rewards={self.whiten_rewards} is TRL's old PPO setting, not steadyrl's: use "
+                "normalize_reward=True (scores normalised by their running mean and std) and whiten_advantages "
+                "(default True)."
+            )
 
 
 @dataclass
@@ -146,21 +184,26 @@ class PPOTrainer(OnPolicyTrainer):
     def __init__(
         self,
         model: str | PreTrainedModel,
+        reward_funcs=None,
         args: PPOConfig | None = None,
         train_dataset=None,
+        eval_dataset=None,
         processing_class=None,
-        reward_funcs=None,
+        reward_processing_classes=None,
         callbacks=None,
-        peft_config=None,
         optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        *,
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
-        eval_dataset=None,
+        ref_model: str | PreTrainedModel | None = None,
         value_model: str | PreTrainedModel | None = None,
     ):
         super().__init__(
-            model, args, train_dataset, processing_class, reward_funcs, callbacks, peft_config, optimizers,
-            reward_model=reward_model, reward_processing_class=reward_processing_class, eval_dataset=eval_dataset,
+            model, reward_funcs, args, train_dataset, eval_dataset, processing_class, reward_processing_classes,
+            callbacks, optimizers, quantization_config, peft_config, reward_model=reward_model,
+            reward_processing_class=reward_processing_class, ref_model=ref_model,
         )  # fmt: skip
         actor = self.model
         if value_model is not None:
