@@ -5,7 +5,6 @@ hacking. Appended to ``completions.jsonl`` in the output directory, printed as a
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 import re
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from transformers.integrations import TensorBoardCallback, WandbCallback
 
-from .checkpoint.manifest import fsync_dir
+from .jsonl import append_records, truncate_after
 
 COMPLETIONS_FILE = "completions.jsonl"
 TABLE_KEY = "completions"  # the TensorBoard tag and the wandb key
@@ -50,43 +49,13 @@ class CompletionLog:
                 log_to_wandb(step, rows)
 
     def append(self, step: int, rows: Sequence[dict]) -> None:
-        """Append one line per row, flushed and fsynced: a checkpoint written after this call never refers to
-        completions that a crash could lose."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        created = not self.path.exists()
-        lines = "".join(json.dumps(json_record(step, row), ensure_ascii=False) + "\n" for row in rows)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        if created:
-            fsync_dir(self.path.parent)
+        """Append one line per row, durably (``jsonl.append_records``)."""
+        append_records(self.path, [json_record(step, row) for row in rows])
 
     def truncate_after(self, step: int) -> None:
-        """Drop the lines of steps after ``step``, and a partly written last line: what a run killed after its last
-        checkpoint wrote. Call it when a run starts at global step ``step`` (0 for a fresh start), so a resumed
-        run's file equals an uninterrupted run's. Rewritten atomically, and only if something is dropped."""
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            if all(_line_is_kept(line, step) for line in f):
-                return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(self.path, "rb") as src, open(tmp, "wb") as dst:
-            dst.writelines(line for line in src if _line_is_kept(line, step))
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
-
-
-def _line_is_kept(line: bytes, step: int) -> bool:
-    if not line.endswith(b"\n"):  # cut short by a kill
-        return False
-    try:
-        return int(json.loads(line)["step"]) <= step
-    except (ValueError, KeyError, TypeError):
-        return False
+        """Drop the lines of steps after ``step`` (``jsonl.truncate_after``). Call it when a run starts at global
+        step ``step`` (0 for a fresh start), so a resumed run's file equals an uninterrupted run's."""
+        truncate_after(self.path, step)
 
 
 def _number(value) -> float | None:

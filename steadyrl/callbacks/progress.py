@@ -1,14 +1,15 @@
-"""A tqdm bar for RL runs: step rate plus the latest reward and KL in the postfix."""
+"""A tqdm bar for RL runs: step rate plus the latest reward and KL in the postfix, each log printed above it."""
 
 from __future__ import annotations
 
 from transformers.trainer_callback import ProgressCallback
 
 POSTFIX_KEYS = {"reward": "reward", "kl": "kl", "loss": "loss"}
+QUIET_LEVELS = ("warning", "error", "critical")
 
 
 class RLProgressCallback(ProgressCallback):
-    """Like Trainer's progress bar, but metrics go into the bar's postfix instead of a printed dict per log."""
+    """Trainer's progress bar, with the step rate and the latest reward, KL and loss in its postfix."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -18,8 +19,12 @@ class RLProgressCallback(ProgressCallback):
         self.current_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        """The logged metrics as Trainer prints them (a dict line above the bar, unless ``log_level`` is warning or
+        quieter), and reward / KL / loss in the bar's postfix at once."""
         if self.training_bar is None or not logs:
             return
+        if args.log_level not in QUIET_LEVELS:
+            super().on_log(args, state, control, logs=logs, **kwargs)
         postfix = {short: f"{logs[key]:.3f}" for key, short in POSTFIX_KEYS.items() if key in logs}
         if postfix:
-            self.training_bar.set_postfix(postfix, refresh=False)
+            self.training_bar.set_postfix(postfix)

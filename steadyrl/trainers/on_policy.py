@@ -21,7 +21,6 @@ import abc
 import contextlib
 import functools
 import signal
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -74,6 +73,7 @@ from .preemption import StopSignals
 from .publish import PublishMixin
 from .reference_sync import check_reference_sync, mix_into_reference, sync_due
 from .rollouts import RolloutMixin
+from .run_summary import MetricsLog, RunMeter
 
 logger = logging.get_logger(__name__)
 
@@ -210,6 +210,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
         main = self.accelerator.is_main_process
         self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print) if main else None
+        self.metrics_log = MetricsLog(args.output_dir) if main else None
         self.checkpointer = Checkpointer(self.accelerator)
 
     @property
@@ -306,9 +307,11 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         if checkpoint is not None:
             self.loop.load_state_dict(self.checkpointer.load(checkpoint, self.checkpoint_contents()))
             on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
-        start_step, start_time = self.state.global_step, time.time()
-        if args.log_completions and self.completion_log is not None:  # lines a killed run wrote after its checkpoint
-            self.completion_log.truncate_after(start_step)
+        self.meter = RunMeter(self.state.global_step)
+        if self.metrics_log is not None:  # lines a killed run wrote after its checkpoint
+            self.metrics_log.truncate_after(self.meter.start_step)
+        if args.log_completions and self.completion_log is not None:
+            self.completion_log.truncate_after(self.meter.start_step)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if checkpoint is not None:
             self.checkpointer.restore_rng(checkpoint)
@@ -319,6 +322,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
                 while self.state.global_step < max_steps and not self.control.should_training_stop:
                     if self.loop.needs_rollout:
                         self.loop.buffer = self.make_rollout()
+                        self.meter.tokens += int(self.loop.buffer.rollout.completion_mask.sum())
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                     metrics = self.train_on_minibatch(self.loop.buffer.next_minibatch())
                     self.loop.record({**self.loop.buffer.metrics, **metrics})
@@ -332,12 +336,30 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         finally:
             self.backend.close()
 
+        summary = self.report_summary()
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
-        losses = [log["loss"] for log in self.state.log_history if "loss" in log]
-        runtime = time.time() - start_time
-        metrics = {"train_runtime": runtime, "train_steps_per_second": (self.state.global_step - start_step) / runtime}
-        return TrainOutput(self.state.global_step, sum(losses) / max(1, len(losses)), metrics)
+        return TrainOutput(self.state.global_step, summary.get("train_loss", 0.0), summary)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log`` (report_to, the printed line, ``log_history``), and the entry appended to
+        ``metrics.jsonl``."""
+        super().log(logs, start_time)
+        if self.metrics_log is not None:
+            self.metrics_log.append(self.state.log_history[-1])
+
+    def report_summary(self) -> dict[str, float]:
+        """The end-of-training summary, printed and sent to report_to and metrics.jsonl (not to ``log_history``,
+        which a checkpoint holds and a resumed run must reproduce)."""
+        tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.reduce(tokens, "sum")
+        summary = self.meter.summary(self.state.global_step, self.args.train_batch_size, int(tokens.item()),
+                                     self.state.log_history)  # fmt: skip
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, {**summary})
+        if self.metrics_log is not None:
+            self.metrics_log.append({**summary, "step": self.state.global_step})
+        return summary
 
     def log_and_save(self) -> bool:
         """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this

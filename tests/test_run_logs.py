@@ -1,0 +1,46 @@
+"""What a person sees of a plain run: a printed dict per logging step and a summary at the end, no warning lines,
+and every logged entry in output_dir/metrics.jsonl, which a resumed run continues as an uninterrupted one."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+TIMINGS = {"tokens_per_second", "train_runtime", "train_steps_per_second", "train_samples_per_second",
+           "train_tokens_per_second"}  # fmt: skip
+
+
+def run(output_dir, *flags) -> str:
+    cmd = [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(output_dir), *flags,
+           "--set", "max_steps=4", "save_steps=2", "disable_tqdm=false"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def entries(output_dir) -> list[dict]:
+    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS} for line in lines]
+
+
+def test_a_plain_run_prints_its_metrics_and_summary_quietly_and_keeps_them(tmp_path):
+    full = tmp_path / "full"
+    output = run(full)
+    warnings = [line for line in output.splitlines() if "warn" in line.lower()]
+    assert not warnings, warnings
+    printed = [line for line in output.replace("\r", "\n").splitlines() if line.startswith("{'")]
+    assert sum("'reward':" in line for line in printed) == 4, printed  # one dict per logging step
+    assert "'train_runtime':" in printed[-1] and "'final_reward':" in printed[-1]
+    logged = entries(full)
+    assert [e["step"] for e in logged] == [1, 2, 3, 4, 4]
+    assert all("reward" in e and "loss" in e for e in logged[:4])
+    assert {"final_reward", "train_loss"} <= set(logged[-1]) and logged[-1]["final_reward"] == logged[3]["reward"]
+
+    resumed = tmp_path / "resumed"  # killed after step 4 was logged but before its checkpoint was written
+    shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("checkpoint-4", "final-actor"))
+    assert "Resuming from" in run(resumed, "--resume")
+    again = entries(resumed)
+    assert again[:4] == logged[:4], "steps 3 and 4 are logged once, as in the uninterrupted run"
+    assert again[4]["step"] == 4 and again[4]["final_reward"] == logged[4]["final_reward"]  # this call's summary
