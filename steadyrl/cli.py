@@ -72,10 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     make_cwd_importable()
     if argv and argv[0] in train_commands():
+        from .hub import HubPushError
         from .scripts import train
         from .trainers import ALGORITHMS
 
-        train(*ALGORITHMS[argv[0]], argv[1:], prog=f"steadyrl {argv[0]}")
+        try:
+            train(*ALGORITHMS[argv[0]], argv[1:], prog=f"steadyrl {argv[0]}")
+        except HubPushError as err:  # the Hub, not the run: one line, not a traceback
+            print(f"steadyrl {argv[0]}: error: {err}", file=sys.stderr)
+            return 2
         return 0
     if argv and argv[0] == "demo":
         from .toy.demo import main as demo
@@ -86,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "export":
         from .export import export_actor
 
+        if not Path(args.checkpoint).exists():
+            print(f"steadyrl export: error: {args.checkpoint} does not exist", file=sys.stderr)
+            return 2
         try:
             out = export_actor(args.checkpoint, args.output_dir)
         except (CheckpointError, FileExistsError) as err:
@@ -93,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"Wrote the actor of {args.checkpoint} to {out}")
     elif args.command == "push":
-        from .hub import describe, network_errors, push_from_directory
+        from .hub import hub_failure, network_errors, push_from_directory
 
+        if not Path(args.source).exists():
+            print(f"steadyrl push: error: {args.source} does not exist", file=sys.stderr)
+            return 2
         try:
             url = push_from_directory(Path(args.source), args.repo_id, args.token, args.merged, args.private,
                                       args.revision)  # fmt: skip
@@ -102,10 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steadyrl push: error: {err}", file=sys.stderr)
             return 2
         except network_errors() as err:
-            reason = f"could not push to the Hub repository {args.repo_id!r} ({describe(err)})"
-            print(f"steadyrl push: error: {reason}; run the same command again once the Hub is reachable.",
-                  file=sys.stderr)  # fmt: skip
-            return 1
+            print(f"steadyrl push: error: could not push to {args.repo_id!r}: {hub_failure(err)}. Run the same command "
+                  "again once the Hub is reachable (and HF_HUB_OFFLINE is unset).", file=sys.stderr)  # fmt: skip
+            return 2
         print(f"Pushed the actor of {args.source} to {args.repo_id}: {url}")
     elif args.command == "checkpoints":
         return list_checkpoints(Path(args.output_dir))
@@ -135,6 +145,9 @@ def disk_size(directory: Path) -> int:
 def list_checkpoints(output_dir: Path) -> int:
     from .checkpoint import scan_checkpoints
 
+    if not output_dir.exists():
+        print(f"steadyrl checkpoints: error: {output_dir} does not exist", file=sys.stderr)
+        return 2
     if not output_dir.is_dir():
         print(f"steadyrl checkpoints: error: {output_dir} is not a directory", file=sys.stderr)
         return 2

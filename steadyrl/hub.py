@@ -8,6 +8,7 @@ usual places (an explicit ``token``/``hub_token``, ``HF_TOKEN``, the cached logi
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import tempfile
 from collections.abc import Iterable
@@ -31,6 +32,36 @@ def network_errors() -> tuple[type[Exception], ...]:
 
     client_error = getattr(errors, "HTTPError", OSError)  # the base error of the HTTP client huggingface_hub uses
     return (OSError, client_error)
+
+
+def hub_endpoint() -> str:
+    """The Hub's address as huggingface_hub uses it (``HF_ENDPOINT``, default https://huggingface.co)."""
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` is set: no request may reach the Hub."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+
+
+def hub_failure(err: BaseException) -> str:
+    """One line for a failed Hub request, naming the endpoint and the cause: it could not be reached (DNS,
+    connection, timeout: no answer), or its HTTP answer (401/403: the token; 404; 5xx)."""
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    what = "cannot be reached" if status is None else f"answered HTTP {status}"
+    if status in (401, 403):
+        what += " (the token is missing, invalid or cannot write there)"
+    return f"the Hugging Face Hub at {hub_endpoint()} {what}: {describe(err)}"
+
+
+def transient(err: BaseException) -> bool:
+    """A Hub failure that a later attempt may not meet: it answered 5xx or 429 (busy, rate limit)."""
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return status is not None and (status >= 500 or status == 429)
 
 
 def describe(err: BaseException) -> str:

@@ -180,7 +180,8 @@ def test_a_hub_outage_when_the_trainer_is_built_does_not_stop_the_run(hub, tmp_p
     assert "someone/late" in hub.repos
 
     hub.fail_next(1, 401, path="/api/repos/create")
-    with pytest.raises(HubPushError, match="the Hub refused to create the repository 'someone/denied'"):
+    with pytest.raises(HubPushError, match=r"push_to_hub=True, but the Hugging Face Hub at http://127\.0\.0\.1:\d+ "
+                       r"answered HTTP 401 \(the token is missing, invalid or cannot write there\).*'someone/denied'"):
         make_trainer(tmp_path / "denied", push_to_hub=True, hub_model_id="someone/denied", hub_token=TOKEN)
     # after a refused creation huggingface_hub asks whether the repository exists anyway; the stand-in answers 404
     assert hub.unexpected == ["GET /api/models/someone/denied"]
@@ -224,11 +225,55 @@ def test_failed_final_push_says_where_the_actor_is_and_how_to_publish_it(hub, tm
     assert not hub.commits
 
     hub.fail_next(1, 429)  # the command the message gives reports a failing Hub without a traceback
-    assert main(["push", str(kept), "someone/final"]) == 1
-    assert "steadyrl push: error: could not push to the Hub repository 'someone/final' (HfHubHTTPError: 429" in (
-        capsys.readouterr().err
-    )
+    assert main(["push", str(kept), "someone/final"]) == 2
+    err = capsys.readouterr().err
+    assert f"steadyrl push: error: could not push to 'someone/final': the Hugging Face Hub at {hub.url} answered " \
+           "HTTP 429" in err
     assert main(["push", str(kept), "someone/final"]) == 0
     pushed = load_pushed(hub.files("someone/final"), tmp_path / "pushed").state_dict()
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(pushed[name], value), name
+
+
+def dead_endpoint() -> str:
+    """An address on this machine where nothing listens: a Hub that cannot be reached."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_an_unreachable_hub_is_one_clear_line_before_any_work(tmp_path, toy_path, monkeypatch, capsys, caplog):
+    """steadyrl push: one line naming the endpoint and the cause, exit 2. push_to_hub=True: the same, when the trainer
+    is built. HF_HUB_OFFLINE: the run trains and says how to publish later."""
+    import huggingface_hub.constants
+
+    endpoint = dead_endpoint()
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+    actor = tmp_path / "actor"
+    AutoModelForCausalLM.from_pretrained(toy_path).save_pretrained(actor)
+    capsys.readouterr()  # the progress bars of loading and saving
+    assert main(["push", str(actor), "someone/x", "--token", TOKEN]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(
+        f"steadyrl push: error: could not push to 'someone/x': the Hugging Face Hub at {endpoint} cannot be reached: "
+    ), err
+    assert main(["push", str(tmp_path / "missing"), "someone/x"]) == 2
+    assert capsys.readouterr().err.strip() == f"steadyrl push: error: {tmp_path / 'missing'} does not exist"
+
+    with pytest.raises(HubPushError, match=rf"^push_to_hub=True, but the Hugging Face Hub at {endpoint} cannot be "
+                       r"reached: .*set HF_HUB_OFFLINE=1"):  # fmt: skip
+        make_trainer(tmp_path / "run", push_to_hub=True, hub_model_id="someone/x", hub_token=TOKEN)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("checkpoint-*"))
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with caplog.at_level(logging.WARNING):
+        trainer = make_trainer(tmp_path / "offline", max_steps=2, save_steps=2, push_to_hub=True,
+                               hub_model_id="someone/x", hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+        trainer.train()
+        assert trainer.push_to_hub() is None
+    assert "HF_HUB_OFFLINE is set: training goes on without publishing" in caplog.text
+    assert "HF_HUB_OFFLINE is set: the actor is not pushed. It is in " in caplog.text
+    assert (tmp_path / "offline" / "checkpoint-2" / "manifest.json").is_file()

@@ -20,7 +20,19 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
 from transformers.utils import logging
 
-from ..hub import HubPushError, describe, final_metrics, model_card, network_errors, push_command, stage_actor, upload
+from ..hub import (
+    HubPushError,
+    describe,
+    final_metrics,
+    hub_failure,
+    hub_offline,
+    model_card,
+    network_errors,
+    push_command,
+    stage_actor,
+    transient,
+    upload,
+)
 from ..zero import consolidated_state_dict
 
 logger = logging.get_logger(__name__)
@@ -69,10 +81,19 @@ class PublishMixin:
     # ---- the Hub ---------------------------------------------------------------------------------
 
     def init_hf_repo(self, token: str | None = None) -> None:
-        """Create the repository (main process), as ``Trainer`` does when ``push_to_hub=True``."""
+        """Create the repository (main process) as ``Trainer`` does when ``push_to_hub=True``, which checks the Hub
+        and the token before any work: a Hub that cannot be reached, or that refuses the token, raises
+        ``HubPushError`` at once; one that is busy (5xx, 429) is tried again at the first push. With
+        ``HF_HUB_OFFLINE`` set nothing is sent, and pushes are skipped."""
         args = self.args
         self.hub_model_id = args.hub_model_id or Path(args.output_dir).absolute().name
         if not self.is_world_process_zero():
+            return
+        if hub_offline():
+            logger.warning(
+                "push_to_hub=True, but HF_HUB_OFFLINE is set: training goes on without publishing; publish the actor "
+                f"later with: steadyrl push {args.output_dir}/checkpoint-<step> {self.hub_model_id}"
+            )
             return
         from huggingface_hub import HfApi
 
@@ -80,16 +101,15 @@ class PublishMixin:
         try:
             self.hub_model_id = api.create_repo(self.hub_model_id, private=args.hub_private_repo, exist_ok=True).repo_id
         except network_errors() as err:
-            status = getattr(getattr(err, "response", None), "status_code", None)
-            if status in (401, 403):  # a token that cannot write: no later attempt would do better
+            if not transient(err):
                 raise HubPushError(
-                    f"push_to_hub=True, but the Hub refused to create the repository {self.hub_model_id!r} "
-                    f"({describe(err)}): give a token with write access (hub_token, HF_TOKEN or `hf auth login`), or "
-                    "set push_to_hub=False and publish the actor later with steadyrl push."
+                    f"push_to_hub=True, but {hub_failure(err)} (creating the repository {self.hub_model_id!r}). "
+                    "Fix the network, HF_ENDPOINT or the token (hub_token, HF_TOKEN or `hf auth login`); or set "
+                    "HF_HUB_OFFLINE=1 (or push_to_hub=False) to train now and publish later with steadyrl push."
                 ) from err
             logger.warning(
-                f"Could not create the Hub repository {self.hub_model_id!r} now ({describe(err)}); training goes on "
-                "and the first push tries again."
+                f"Could not create the Hub repository {self.hub_model_id!r} now ({hub_failure(err)}); training goes "
+                "on and the first push tries again."
             )
             self.hub_model_id = None  # publish_actor creates it before the next push
 
@@ -105,6 +125,13 @@ class PublishMixin:
             actor = Path(tmp) / "actor"
             self.save_actor(actor)
             if not self.is_world_process_zero():
+                return None
+            if hub_offline():
+                kept = self.keep_actor(actor)
+                command = push_command(kept, self.hub_model_id, self.args.hub_push_merged,
+                                       self.args.hub_private_repo, revision)  # fmt: skip
+                logger.warning(f"HF_HUB_OFFLINE is set: the actor is not pushed. It is in {kept}; publish it with: "
+                               f"{command}")  # fmt: skip
                 return None
             try:
                 return self.publish_actor(actor, commit_message or "End of training", token=token, revision=revision)
@@ -152,6 +179,8 @@ class PublishMixin:
         and the main process reaches the barrier the others wait at. Any other error propagates."""
         args = self.args
         if not args.push_to_hub or args.hub_strategy == HubStrategy.END or not self.is_world_process_zero():
+            return
+        if hub_offline():
             return
         repo = self.hub_model_id or args.hub_model_id
         try:
