@@ -20,6 +20,7 @@ from test_error_table import matches, readme_rows
 from test_resume import assert_same_result
 
 from steadyrl.checkpoint import verify_checkpoint
+from steadyrl.checkpoint.shared_dir import DirectoryView, not_shared_error
 
 MULTI_NODE = CONFIGS / "multi_node.yaml"
 
@@ -109,3 +110,13 @@ def test_without_a_shared_output_dir_the_run_refuses_to_start(tmp_path, toy_path
         assert matches(expected, errors[-1]), errors[-1]
     for cwd in cwds:  # no step ran, nothing is left behind
         assert sorted(p.name for p in (cwd / "out").iterdir()) == [], cwd
+
+
+def test_the_error_names_the_processes_that_cannot_see_output_dir():
+    # an absolute output_dir on each machine's local disk: the same path everywhere, one process per machine
+    views = [DirectoryView(rank, f"node{rank}", "/data/out", rank in (0, 3)) for rank in range(8)]
+    message = str(not_shared_error("/data/out", views))
+    assert message.startswith("output_dir='/data/out' is not one directory shared by every process: process 0 on "
+                              "host node0 created a file in it that process 1 on host node1, process 2 on host node2, "
+                              "process 4 on host node4, process 5 on host node5 and 2 more cannot see.")  # fmt: skip
+    assert not_shared_error("/data/out", [DirectoryView(r, "node0", "/data/out", True) for r in range(2)]) is None

@@ -2,8 +2,8 @@
 
 Each process writes its own files (RNG state, optimizer partition, share of the rollout) into the checkpoint that
 the main process then hashes and commits, so on several machines ``output_dir`` must be one directory on a
-filesystem they all mount. Without one, each machine would write into a directory of its own disk: the main
-process would commit checkpoints without the other machines' files, or those machines would fail at the first save.
+filesystem they all mount. Without one, each machine would see a directory of its own disk, and the other machines'
+processes would fail at the first save (there is no ``tmp-checkpoint-N`` on their disk), after training up to it.
 
 So before training the main process creates a file under a name never used before (no filesystem cache can hold
 an answer for it) and every process looks for it; a process that cannot see it stops the run, naming the
@@ -66,9 +66,8 @@ def not_shared_error(output_dir: str | os.PathLike, views: list[DirectoryView]) 
     named = ", ".join(f"process {v.rank} on host {v.host}" for v in blind[:NAMED])
     if len(blind) > NAMED:
         named += f" and {len(blind) - NAMED} more"
-    paths = {view.path for view in views}
     resolved = ""
-    if len(paths) > 1:  # a relative output_dir under different working directories
+    if blind[0].path != main.path:  # a relative output_dir under different working directories
         resolved = (f" (it resolves to {main.path} on process {main.rank} but to {blind[0].path} on process "
                     f"{blind[0].rank})")  # fmt: skip
     return OutputDirNotShared(
