@@ -8,12 +8,13 @@ run refuses to start, naming output_dir."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 
+import psutil
 import pytest
 from conftest import CONFIGS, TOY_RUN, TWO_PROCESSES, free_port, read_logs
 from test_error_table import matches, readme_rows
@@ -39,8 +40,7 @@ def launch_machines(output_dir, *flags, cwds=(None, None), expect="success") -> 
                 "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no",
                 str(TOY_RUN), str(output_dir), *flags, *TWO_PROCESSES,
             ]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
         for proc in procs:
             proc.wait(timeout=300)
         outputs = []
@@ -48,9 +48,11 @@ def launch_machines(output_dir, *flags, cwds=(None, None), expect="success") -> 
             log.seek(0)
             outputs.append(log.read())
     finally:
-        for proc in procs:  # a machine left waiting for the other in a collective: its launcher and worker
+        for proc in procs:  # a machine left waiting for the other: its launcher and its worker (in its own session)
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+                for process in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.kill()
                 proc.wait()
         for log in logs:
             log.close()
