@@ -252,6 +252,11 @@ def _(ctx):
     make_config(ctx.tmp_path, save_steps=0)
 
 
+@trigger("save-on-each-node")
+def _(ctx):
+    make_config(ctx.tmp_path, save_on_each_node=True)
+
+
 @trigger("seed")
 def _(ctx):
     make_config(ctx.tmp_path, seed=-1)
@@ -701,6 +706,23 @@ def _(ctx):
 def _(ctx):
     (ctx.tmp_path / "file").write_text("")
     make_trainer(ctx.tmp_path / "file" / "out")
+
+
+@trigger("output-dir-not-shared")
+def _(ctx):
+    """What each process of a run does, one after the other here: the main process marks output_dir, each process
+    looks for the mark in its own view of it. tests/test_multinode.py does it with two launched machines."""
+    from steadyrl.checkpoint.shared_dir import create_marker, not_shared_error, view_of
+
+    machines = [ctx.tmp_path / "machine-0", ctx.tmp_path / "machine-1"]
+    for machine in machines:  # the same relative output_dir under each machine's working directory
+        (machine / "out").mkdir(parents=True)
+    ctx.monkeypatch.chdir(machines[0])
+    marker = create_marker("out")
+    views = [view_of("out", marker, 0)]
+    ctx.monkeypatch.chdir(machines[1])
+    views.append(view_of("out", marker, 1))
+    raise not_shared_error("out", views)
 
 
 @trigger("save-read-only")

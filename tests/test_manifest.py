@@ -148,10 +148,19 @@ DAMAGE = {
     "no-optimizer": (lambda c: unlist(c, "optimizer.pt"), "does not list optimizer.pt or optimizer_0.pt, which"),
     "no-rank-state": (lambda c: unlist(c, "rank_state_0.json"), "does not list rank_state_0.json, which"),
     "no-actor": (lambda c: unlist(c, "actor"), "the manifest does not list a file under actor/, which"),
-    "rank-files": (
-        lambda c: add_listed(c, "rng_state_1.json", b"{}"),
+    "rank-files": (  # a manifest that does not record its process count (written before it was): the files tell
+        lambda c: (edit_manifest(c, lambda m: m.pop("processes")), add_listed(c, "rng_state_1.json", b"{}")),
         "the manifest lists files of 2 processes but no rank_state file of process(es) [1]",
     ),
+    "rank-files-extra": (
+        lambda c: add_listed(c, "rng_state_1.json", b"{}"),
+        "the manifest lists a rng_state file of process(es) [1], but the checkpoint was written by 1 process(es)",
+    ),
+    "processes-missing": (  # e.g. a machine whose files the main process did not see
+        lambda c: edit_manifest(c, lambda m: m.update(processes=2)),
+        "the manifest lists files of 2 processes but no rank_state file of process(es) [1]",
+    ),
+    "processes-zero": (lambda c: edit_manifest(c, lambda m: m.update(processes=0)), "'processes' is 0; it must be"),
     "unlisted": (
         lambda c: (c / "notes.txt").write_text("mine"),
         "checkpoint-2: file notes.txt is not listed in the manifest; a checkpoint holds only the files it lists",
@@ -228,6 +237,19 @@ def test_write_manifest_detects_the_layout_and_refuses_what_could_not_verify(out
     (checkpoint / "manifest.json.tmp").write_text("left by a killed write")
     write_manifest(checkpoint, 2)
     assert "manifest.json.tmp" not in verify_checkpoint(checkpoint)["files"]
+
+
+def test_a_commit_is_refused_unless_every_process_wrote_its_files(out):
+    """Committed for 2 processes, a directory holding the files of one (the other machine's missing) gets no
+    manifest and no final name."""
+    tmp = out / "tmp-checkpoint-2"
+    os.rename(out / "checkpoint-2", tmp)
+    (tmp / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"files of 2 processes but no rank_state file of process\(es\) \[1\]"):
+        commit_checkpoint(tmp, 2, processes=2)
+    assert not (out / "checkpoint-2").exists() and not (tmp / "manifest.json").exists()
+    commit_checkpoint(tmp, 2, processes=1)
+    assert verify_checkpoint(out / "checkpoint-2")["processes"] == 1
 
 
 # ---- interrupted commits --------------------------------------------------------------------------------------------

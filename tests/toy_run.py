@@ -210,8 +210,9 @@ def main() -> None:
         fail_save(trainer, *map(int, opts.fail_save.split(":")))
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
     trainer.save_model(os.path.join(opts.output_dir, "final-actor"))
-    with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
-        json.dump(trainer.state.log_history, f)
+    if trainer.is_world_process_zero():  # one writer: on several machines output_dir is shared
+        with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
+            json.dump(trainer.state.log_history, f)
 
 
 if __name__ == "__main__":

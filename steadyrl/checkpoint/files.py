@@ -36,15 +36,16 @@ def begin_checkpoint(output_dir: str | os.PathLike, step: int) -> Path:
     return tmp
 
 
-def commit_checkpoint(tmp: str | os.PathLike, step: int) -> Path:
-    """Write the manifest of a filled temporary directory, then rename it to ``checkpoint-<step>``.
+def commit_checkpoint(tmp: str | os.PathLike, step: int, processes: int | None = None) -> Path:
+    """Write the manifest of a filled temporary directory (which must hold the files of ``processes`` processes,
+    when given), then rename it to ``checkpoint-<step>``.
 
     Until the rename, nothing under the final name changes. A ``checkpoint-<step>`` already there (a stale or damaged
     copy left from before a resume to an older step) is renamed aside and removed only once the new one is in place:
     a crash at any point leaves a state that recover_interrupted_commits turns into a complete ``checkpoint-<step>``.
     """
     tmp = Path(tmp)
-    write_manifest(tmp, step, layout="steadyrl")
+    write_manifest(tmp, step, layout="steadyrl", processes=processes)
     return _install(tmp, tmp.parent / checkpoint_name(step))
 
 

@@ -78,12 +78,16 @@ def _regular_files(directory: Path) -> set[str]:
     return found
 
 
-def write_manifest(directory: str | os.PathLike, global_step: int, layout: str | None = None) -> None:
+def write_manifest(
+    directory: str | os.PathLike, global_step: int, layout: str | None = None, processes: int | None = None
+) -> None:
     """Hash, fsync and list every file below ``directory``; the manifest is the completion marker.
 
     ``layout`` ("steadyrl" or "transformers", see REQUIRED_FILES) names the files the manifest must list; by
-    default "steadyrl" when the directory holds steadyrl_state.json. A directory that could not verify (a
-    symlink, a required file missing) is refused with a CheckpointError, before any manifest is written.
+    default "steadyrl" when the directory holds steadyrl_state.json. ``processes``, when given, is recorded: the
+    per-process files of exactly that many processes must be listed (a machine whose files are missing does not
+    make a smaller checkpoint that verifies). A directory that could not verify (a symlink, a required file
+    missing) is refused with a CheckpointError, before any manifest is written.
     """
     directory = Path(directory)
     tmp = directory / (MANIFEST_NAME + ".tmp")
@@ -93,6 +97,8 @@ def write_manifest(directory: str | os.PathLike, global_step: int, layout: str |
         layout = "steadyrl" if STATE_FILE in names else "transformers"
     files = {name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)} for name in names}
     manifest = {"format": MANIFEST_FORMAT, "global_step": global_step, "layout": layout, "files": files}
+    if processes is not None:
+        manifest["processes"] = processes
     check_manifest(directory, manifest)
     for sub in sorted({(directory / name).parent for name in names} | {directory}):
         fsync_dir(sub)
@@ -134,6 +140,9 @@ def _check_fields(path: Path, manifest) -> None:
         raise CheckpointError(f"{path}: 'layout' is {layout!r}; it must be one of {', '.join(REQUIRED_FILES)}")
     if not isinstance(manifest["files"], dict):
         raise CheckpointError(f"{path}: 'files' is a JSON {type(manifest['files']).__name__}, not an object")
+    processes = manifest.get("processes", 1)  # absent: written before it was recorded
+    if not _is_int(processes) or processes < 1:
+        raise CheckpointError(f"{path}: 'processes' is {processes!r}; it must be a positive integer")
 
 
 def _check_name(directory: Path, name: str) -> None:
@@ -164,8 +173,10 @@ def _lists(names: set[str], choice: str) -> bool:
     return any(name.startswith(choice) for name in names) if choice.endswith("/") else choice in names
 
 
-def _check_required(directory: Path, layout: str, names: set[str]) -> None:
-    """Every file of REQUIRED_FILES[layout] is listed, and the per-process files cover processes 0..n-1 alike."""
+def _check_required(directory: Path, layout: str, names: set[str], processes: int | None = None) -> None:
+    """Every file of REQUIRED_FILES[layout] is listed, and the per-process files cover processes 0..n-1 alike: n is
+    ``processes`` when the manifest records it (each process's RNG and rank state then required), else the highest
+    rank listed + 1."""
     for required in REQUIRED_FILES[layout]:
         choices = required.split("|")
         if not any(_lists(names, choice) for choice in choices):
@@ -177,8 +188,17 @@ def _check_required(directory: Path, layout: str, names: set[str]) -> None:
     for name in names:
         if match := RANK_FILE_PATTERN.fullmatch(name):
             ranks.setdefault(match.group(1), set()).add(int(match.group(2)))
-    processes = max((max(found) + 1 for found in ranks.values()), default=0)
+    if processes is None:
+        processes = max((max(found) + 1 for found in ranks.values()), default=0)
+    elif layout == "steadyrl":
+        for stem in ("rng_state", "rank_state"):  # every process writes both
+            ranks.setdefault(stem, set())
     for stem, found in sorted(ranks.items()):
+        if extra := sorted(found - set(range(processes))):
+            raise CheckpointError(
+                f"{directory}: the manifest lists a {stem} file of process(es) {extra}, but the checkpoint was "
+                f"written by {processes} process(es)"
+            )
         if missing := sorted(set(range(processes)) - found):
             raise CheckpointError(
                 f"{directory}: the manifest lists files of {processes} processes but no {stem} file of "
@@ -200,7 +220,7 @@ def check_manifest(directory: str | os.PathLike, manifest) -> None:
         raise CheckpointError(
             f"{path} says global_step {manifest['global_step']}, but the directory is named {directory.name}"
         )
-    _check_required(directory, manifest.get("layout", "steadyrl"), set(manifest["files"]))
+    _check_required(directory, manifest.get("layout", "steadyrl"), set(manifest["files"]), manifest.get("processes"))
 
 
 def verify_checkpoint(directory: str | os.PathLike) -> dict:

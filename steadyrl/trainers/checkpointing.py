@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate.utils import broadcast_object_list
+from accelerate.utils import broadcast_object_list, gather_object
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, TrainerState
 from transformers.utils import logging
@@ -49,6 +49,7 @@ from ..checkpoint import (
     verify_checkpoint,
 )
 from ..checkpoint.ownership import OutputDirLock, refuse_other_runs
+from ..checkpoint.shared_dir import create_marker, not_shared_error, remove_marker, view_of
 from ..generation.weights import is_peft
 from ..zero import load_zero_state, modifiable, zero_optimizer, zero_state
 from .fingerprint import check_resumable
@@ -161,6 +162,7 @@ def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Pat
         return checkpoint
 
     try:
+        check_shared_output_dir(args.output_dir, accelerator)
         checkpoint = on_main_process(accelerator, resolve)
     except BaseException:
         if lock is not None:
@@ -169,6 +171,21 @@ def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Pat
     if checkpoint is not None:
         logger.warning(f"Resuming from {checkpoint}.")  # every process: each says what it loads
     return lock, checkpoint
+
+
+def check_shared_output_dir(output_dir: str, accelerator) -> None:
+    """Every process must see the one ``output_dir`` the main process writes checkpoints in (on several machines: a
+    shared filesystem): the main process creates a new file there and every process looks for it
+    (shared_dir.py). Raises OutputDirNotShared on every process otherwise."""
+    if accelerator.num_processes == 1:
+        return
+    marker = on_main_process(accelerator, lambda: create_marker(output_dir))
+    views = gather_object([view_of(output_dir, marker, accelerator.process_index)])  # also a barrier
+    if accelerator.is_main_process:
+        remove_marker(output_dir, marker)
+    error = not_shared_error(output_dir, views)
+    if error is not None:
+        raise error
 
 
 class Checkpointer:
@@ -187,7 +204,8 @@ class Checkpointer:
         tmp = Path(output_dir) / f"tmp-checkpoint-{step}"
         self._save_stage(tmp, lambda: begin_checkpoint(output_dir, step) if self.main else None)
         self._save_stage(tmp, lambda: self._write(tmp, contents))
-        self._save_stage(tmp, lambda: commit_checkpoint(tmp, step) if self.main else None)
+        processes = self.accelerator.num_processes  # the manifest must list every one's files
+        self._save_stage(tmp, lambda: commit_checkpoint(tmp, step, processes) if self.main else None)
         if self.main:
             for deleted in rotate_checkpoints(output_dir, save_total_limit):
                 logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={save_total_limit}).")

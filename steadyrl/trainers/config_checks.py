@@ -110,6 +110,12 @@ def check_saving(config) -> None:
             f"save_steps={config.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
             "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
         )
+    if config.save_on_each_node:
+        raise ValueError(
+            "save_on_each_node=True is not supported: every process writes its part of each checkpoint into the one "
+            "output_dir the main process commits, so on several machines output_dir must be a directory they all "
+            "share. Leave save_on_each_node False and put output_dir on a filesystem every machine mounts."
+        )
     if config.eval_strategy not in (IntervalStrategy.STEPS, IntervalStrategy.NO):
         raise ValueError(
             f"eval_strategy={config.eval_strategy.value!r} is not supported: steadyrl counts global steps. Use "
