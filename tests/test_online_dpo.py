@@ -208,6 +208,21 @@ def test_pairwise_judge_labels_the_pairs_and_trains(tmp_path):
     assert all(log["ties"] == 0 for log in trainer.state.log_history if "ties" in log)
 
 
+def test_missing_eos_penalty_with_a_judge_ranks_eos_first_and_never_ties_a_preference(tmp_path):
+    """A 0/1 judge with missing_eos_penalty=1.0 (the README's setting): the completion without EOS loses to the one
+    with EOS; the judge decides between two with EOS or two without; no preference becomes a tie."""
+    trainer = make_trainer(tmp_path, algorithm="online-dpo", reward_funcs=[], judge=lambda p, c: [0] * len(c),
+                           missing_eos_penalty=1.0)  # fmt: skip
+    judged = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    no_eos = torch.tensor([True, False, False, False, True, True, False, True])
+    total = trainer.penalise_missing_eos(judged, no_eos)
+    order = chosen_first_order(total)
+    assert order.tolist() == [1, 0, 3, 2, 4, 5, 6, 7]  # EOS beats the judge; the judge; the judge; EOS
+    assert not pair_ties(total).any()
+    plain = make_trainer(tmp_path / "scores", algorithm="online-dpo", missing_eos_penalty=1.0)
+    assert torch.equal(plain.penalise_missing_eos(judged, no_eos), judged - no_eos.float())
+
+
 @pytest.mark.parametrize(
     "answers, message",
     [

@@ -155,8 +155,9 @@ class OnlineDPOTrainer(OnPolicyTrainer):
     Args:
         judge: a pairwise judge, ``judge(prompts, completion_pairs) -> list[int]`` (a callable or an object with
             a ``judge`` method), answering 0 or 1 per pair. Without it the completion with the higher weighted
-            total of ``reward_funcs`` (and ``reward_model``) wins. ``missing_eos_penalty`` applies to both (a judge's
-            preferred completion scores 1, the other 0); ties follow ``tie_rule``.
+            total of ``reward_funcs`` (and ``reward_model``) wins, less ``missing_eos_penalty`` for a completion
+            without EOS. With a judge, ``missing_eos_penalty`` (any value) makes a completion without EOS lose to one
+            with EOS before the judge's answer counts; ties follow ``tie_rule``.
         The other arguments are ``OnPolicyTrainer``'s.
 
     Example::
@@ -259,6 +260,14 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         scores = torch.zeros(len(texts), 1)
         scores[[2 * i + p for i, p in enumerate(preferred)]] = 1.0
         return scores
+
+    def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
+        """With a judge (scores 0 and 1), a completion without EOS loses to one with EOS whatever the judge said, and
+        the judge decides between two with EOS or two without: a penalty of 2 orders them so, whatever
+        ``missing_eos_penalty``'s value (subtracting it from 0/1 scores would turn preferences into ties)."""
+        if self.judge is None:
+            return super().penalise_missing_eos(total, no_eos)
+        return total - 2.0 * no_eos.float()
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         """No advantages: each pair is put in (chosen, rejected) order and weighted by ``tie_rule``."""

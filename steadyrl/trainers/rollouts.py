@@ -133,7 +133,7 @@ class RolloutMixin:
         total = (scores * self.reward_weights).sum(1).to(device)  # [N]
         if args.missing_eos_penalty is not None:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
-            total -= args.missing_eos_penalty * no_eos.float()
+            total = self.penalise_missing_eos(total, no_eos)
         needed = self.needs_old_logprobs() or engine_logprobs  # the engine's log-probs are checked against them
         old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
@@ -155,6 +155,10 @@ class RolloutMixin:
         metrics = {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
                    f"{name}/max": values.max().item()}  # fmt: skip
         return dataclasses.replace(rollout, engine_weights=weights), metrics
+
+    def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
+        """The weighted scores [N] less ``missing_eos_penalty`` where a completion ends without EOS [N]."""
+        return total - self.args.missing_eos_penalty * no_eos.float()
 
     def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
         """[N, C] log-probs of the completion tokens under ``model``, at ``logprob_temperature``, in micro-batches
