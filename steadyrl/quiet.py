@@ -6,6 +6,7 @@ Each entry says which call provokes the message and why it is harmless; nothing 
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -19,6 +20,26 @@ def name_deepspeeds_accelerator() -> None:
     detection reaches anyway, without the warning; a value the user set, or a machine with CUDA, is left alone."""
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+
+class _RotaryCacheReload(logging.Filter):
+    """vLLM's layer-wise weight reload (``reload_weights``, which each weight push calls) counts the rotary
+    embedding's ``cos_sin_cache`` as a weight to load; no checkpoint holds it (vLLM computes it from the config), so
+    every push logs "RotaryEmbedding: Failed to load weights", and vLLM then puts the cache it computed back in place
+    (``_place_kernel_tensors``): nothing is wrong. Only that record, for rotary embedding classes, is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        rotary = bool(args) and isinstance(args[0], str) and "RotaryEmbedding" in args[0]
+        return not (record.msg == "%s: Failed to load weights" and rotary)
+
+
+def quiet_vllm_weight_reload() -> None:
+    """Drop vLLM's harmless rotary-cache warning on each weight push (``_RotaryCacheReload``); idempotent."""
+    target = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _RotaryCacheReload) for f in target.filters):
+        target.addFilter(_RotaryCacheReload())
 
 
 name_deepspeeds_accelerator()

@@ -20,6 +20,7 @@ import torch
 
 from .. import compat
 from ..checkpoint.rng import rng_untouched
+from ..quiet import quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .weights import base_config, gathered, plain_state_dict
 
@@ -131,6 +132,7 @@ class VLLMGenerationBackend(GenerationBackend):
             # rng_untouched: vLLM seeds the global RNGs, which belong to the training run
             with rng_untouched(), scoped_environment(engine_variables(e, on_cuda)):
                 self.llm = vllm.LLM(**kwargs)
+            quiet_vllm_weight_reload()
         except Exception as err:
             raise RuntimeError(
                 f"vLLM could not start for the actor ({config.model_type}) with {kwargs}: {type(err).__name__}: "
