@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import torch
 
@@ -42,4 +43,16 @@ def quiet_vllm_weight_reload() -> None:
         target.addFilter(_RotaryCacheReload())
 
 
+
+def quiet_deepspeed_collectives() -> None:
+    """DeepSpeed 0.19's ZeRO-3 partitioning calls ``torch.distributed.all_gather_into_tensor`` and
+    ``reduce_scatter_tensor``, which torch 2.13 deprecates with a FutureWarning at each call site (18 lines per
+    ZeRO-3 run); the calls are DeepSpeed's, work as they are, and nothing in a user's setup changes them. Only those
+    two messages are ignored."""
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        message = rf"`torch\.distributed\.{name}` is deprecated"
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
 name_deepspeeds_accelerator()
+quiet_deepspeed_collectives()
