@@ -68,3 +68,32 @@ def test_example_runs_unchanged_under_accelerate_launch_with_two_processes(tmp_p
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
     assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (tmp_path / "checkpoint-2").iterdir()}
     assert (tmp_path / "actor" / "model.safetensors").is_file()
+
+
+def readme_commands() -> list[str]:
+    """The training commands of examples/README.md's table (those that run an example script or `steadyrl rloo`)."""
+    import re
+
+    text = (ROOT / "examples" / "README.md").read_text()
+    commands = [m for row in text.splitlines() if row.startswith("| ") for m in re.findall(r"`([^`]+)`", row)]
+    return [c for c in commands if re.search(r"examples/\w+\.py|steadyrl (rloo|grpo|ppo|online-dpo) ", c)]
+
+
+def test_every_readme_command_writes_checkpoints_its_resume_line_continues():
+    """A command without save_steps would checkpoint every 500 steps (Trainer's default), beyond the examples'
+    max_steps: its "resume" would start over. Each sets save_steps (or its YAML does) within max_steps."""
+    import yaml
+
+    commands = readme_commands()
+    assert len(commands) >= 9, commands
+    for command in commands:
+        words = command.split()
+        flags = {words[i][2:]: words[i + 1] for i in range(len(words) - 1) if words[i].startswith("--")}
+        if "--config" in words:
+            flags = {**{k: str(v) for k, v in yaml.safe_load((ROOT / flags["config"]).read_text()).items()}, **flags}
+        if command.startswith("python examples/ppo.py cfg.yaml"):
+            continue  # the row names the YAML keys it needs (save_steps among them), checked below
+        assert "save_steps" in flags, f"no save_steps: {command}"
+        if "max_steps" in flags:
+            assert int(flags["save_steps"]) <= int(flags["max_steps"]), command
+    assert "`save_steps: 10`" in (ROOT / "examples" / "README.md").read_text()
