@@ -730,6 +730,36 @@ def _(ctx):
     save_failing_with(ctx, 30, "Read-only file system")
 
 
+@trigger("hub-unreachable")
+def _(ctx):
+    import socket
+
+    import huggingface_hub.constants
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx.monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    make_trainer(ctx.tmp_path / "out", push_to_hub=True, hub_model_id="someone/toy", hub_token="hf_x")
+
+
+@trigger("push-unreachable")
+def _(ctx):
+    import socket
+
+    import huggingface_hub.constants
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx.monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    actor = ctx.tmp_path / "actor"
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(toy_model_path()).save_pretrained(actor)
+    return ctx.cli("push", actor, "someone/toy", "--token", "hf_x")
+
+
 @trigger("hub-push-failed")
 def _(ctx):
     import huggingface_hub.constants
