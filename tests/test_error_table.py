@@ -760,6 +760,16 @@ def _(ctx):
     return ctx.cli("push", actor, "someone/toy", "--token", "hf_x")
 
 
+@trigger("export-missing")
+def _(ctx):
+    return ctx.cli("export", ctx.tmp_path / "out" / "checkpoint-500", ctx.tmp_path / "actor")
+
+
+@trigger("checkpoints-missing")
+def _(ctx):
+    return ctx.cli("checkpoints", ctx.tmp_path / "out")
+
+
 @trigger("hub-push-failed")
 def _(ctx):
     import huggingface_hub.constants
