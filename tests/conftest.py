@@ -91,5 +91,10 @@ def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_conf
     return proc.returncode, output
 
 
+def run_entries(output_dir) -> list[str]:
+    """The names in ``output_dir`` besides the metrics log every run appends to: checkpoints and any leftovers."""
+    return sorted(path.name for path in Path(output_dir).iterdir() if path.name != "metrics.jsonl")
+
+
 def read_logs(output_dir):
     return {entry["step"]: entry for entry in json.loads((Path(output_dir) / "log_history.json").read_text())}

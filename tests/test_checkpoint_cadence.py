@@ -1,6 +1,7 @@
 """One global step per optimizer update; checkpoints exactly at multiples of save_steps; rotation keeps the newest."""
 
 import pytest
+from conftest import run_entries
 from toy_run import make_trainer
 from transformers import TrainerCallback
 
@@ -34,13 +35,13 @@ def test_checkpoints_exactly_at_multiples_of_save_steps(tmp_path, accumulation, 
     trainer.train()
     assert recorder.steps == list(range(1, 12))
     assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [3, 6, 9]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-6", "checkpoint-9"]
+    assert run_entries(tmp_path) == ["checkpoint-3", "checkpoint-6", "checkpoint-9"]
 
 
 def test_save_total_limit_keeps_the_newest(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=8, save_steps=2, save_total_limit=2, max_completion_length=4)
     trainer.train()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-6", "checkpoint-8"]
+    assert run_entries(tmp_path) == ["checkpoint-6", "checkpoint-8"]
 
 
 def test_save_final_checkpoint_adds_the_last_step_only(tmp_path):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_logs, run_toy
+from conftest import ROOT, read_logs, run_entries, run_toy
 from toy_run import make_trainer
 from transformers import TrainerCallback
 
@@ -59,7 +59,7 @@ def test_full_disk_stops_with_the_path_and_keeps_the_previous_checkpoint(tmp_pat
     message = str(err.value)
     assert f"Could not write the checkpoint {tmp_path / 'tmp-checkpoint-6'}" in message
     assert "No space left on device" in message and f"{tmp_path / 'checkpoint-3'}, is intact" in message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3"]
+    assert run_entries(tmp_path) == ["checkpoint-3"]
     monkeypatch.undo()
     resumed = make_trainer(tmp_path, max_steps=4)
     resumed.train(resume_from_checkpoint=True)
@@ -139,7 +139,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(uninterrupted_run, tm
     # SIGTERM arrives as step 5 begins: step 5 completes, checkpoint-5 is written (save_steps=3), exit status 0.
     _, output = run_toy(tmp_path, "--signal-at", "4")
     assert "Received SIGTERM" in output and "Stopped by SIGTERM after step 5" in output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-3", "checkpoint-5"]
+    assert run_entries(tmp_path) == ["checkpoint-3", "checkpoint-5"]
     assert json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
     run_toy(tmp_path, "--resume")
     uninterrupted_rloo = uninterrupted_run("rloo")

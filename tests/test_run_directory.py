@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_entries
 from datasets import Dataset
 from toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -34,7 +35,7 @@ def copy_run(old_run: Path, tmp_path: Path) -> Path:
 
 
 def names(directory: Path) -> list[str]:
-    return sorted(path.name for path in directory.iterdir())
+    return run_entries(directory)
 
 
 def test_a_fresh_start_refuses_another_runs_checkpoints_and_overwrite_deletes_them(old_run, tmp_path):

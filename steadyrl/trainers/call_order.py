@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainingArguments
 
@@ -60,6 +62,24 @@ def reward_model_entries(reward_funcs, reward_processing_classes) -> list[tuple[
             tokenizer = classes[i] if isinstance(classes, (list, tuple)) else classes
             entries.append((i, func, tokenizer))
     return entries
+
+
+@contextlib.contextmanager
+def named_load_failure(argument: str, value):
+    """A reward model given as a string that transformers cannot load (no such directory, not on the Hub, the Hub
+    unreachable): name the argument, since a user may have meant a function's name."""
+    try:
+        yield
+    except OSError as error:
+        if not isinstance(value, str):
+            raise
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TypeError(
+            f"{argument}={value!r} is not callable, and loading it as a reward model failed ({type(error).__name__}: "
+            f"{cause}). A string in reward_funcs is a reward model's directory or Hub id, as in TRL; reward functions "
+            "are passed as callables, called as func(prompts=..., completions=..., completion_ids=..., "
+            "**dataset_columns)."
+        ) from error
 
 
 def load_reference(ref_model, policy: PreTrainedModel, init_kwargs: dict) -> torch.nn.Module:

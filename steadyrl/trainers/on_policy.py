@@ -44,7 +44,7 @@ from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
-from .call_order import check_call_order, load_reference, refuse_unused, reward_model_entries
+from .call_order import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from .checkpointing import (
     CheckpointContents,
     Checkpointer,
@@ -169,7 +169,10 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
             reward_funcs.append(reward_model)
         for index, path_or_model, tokenizer in entries:
-            scorer = reward_model_scorer(path_or_model, tokenizer, model, processing_class, args, self.conversational)
+            is_keyword = reward_model is not None and index == len(reward_funcs) - 1
+            with named_load_failure("reward_model" if is_keyword else f"reward_funcs[{index}]", path_or_model):
+                scorer = reward_model_scorer(path_or_model, tokenizer, model, processing_class, args,
+                                             self.conversational)  # fmt: skip
             self.reward_model = scorer.model if self.reward_model is None else self.reward_model
             reward_funcs[index] = scorer
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
