@@ -42,6 +42,7 @@ from ..rollout import (
     minibatch_schedule,
     rollout_metrics,
 )
+from ..fsdp import unsharded
 from ..zero import gathered_for_generation
 
 
@@ -117,11 +118,12 @@ class RolloutMixin:
         seeds; with HF generate in calls of ``chunk`` rows (all at once if None)."""
         actor = self.model
         self.backend.sync_weights(actor, version=self.state.global_step)
-        training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3, gather the actor first
+        training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3 or FSDP2, gather the actor first
         if not training_model or chunk is None:  # vLLM schedules its own batches: it gets every row at once
             chunk = max(1, len(prompt_ids))
         parts = []
-        with gathered_for_generation(self.model_wrapped) if training_model else contextlib.nullcontext():
+        whole = unsharded(actor) if self.fsdp_version else gathered_for_generation(self.model_wrapped)
+        with whole if training_model else contextlib.nullcontext():
             for i in range(0, len(prompt_ids), chunk):
                 parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
         return Generation.concatenate(parts)
