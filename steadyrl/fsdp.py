@@ -36,18 +36,20 @@ def enable(accelerator) -> int | None:
     return compat.enable_accelerate_fsdp(accelerator)
 
 
-def check_fsdp_support(accelerator, model: torch.nn.Module) -> None:
-    """Refuse the FSDP settings the loop does not support, before any work."""
+def check_fsdp_support(plugin, model: torch.nn.Module) -> None:
+    """Refuse the FSDP settings (accelerate's ``FullyShardedDataParallelPlugin``) the loop does not support, before
+    any work."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
     from .generation.weights import is_peft
 
-    plugin = accelerator.state.fsdp_plugin
     if plugin.fsdp_version != 2:
         raise ValueError(
             f"fsdp_version={plugin.fsdp_version} is not supported: steadyrl runs FSDP2 (torch's fully_shard) only. "
             "Set fsdp_version: 2 in the accelerate config (examples/accelerate_configs/fsdp2.yaml), or use DeepSpeed "
             "ZeRO (zero2.yaml, zero3.yaml)."
         )
-    if plugin.cpu_offload is not None and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy":
+    if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
         raise ValueError(
             "fsdp_offload_params=true is not supported under FSDP2: steadyrl's checkpoints and generation are not "
             "tested with parameters offloaded to CPU memory. Set fsdp_offload_params: false, or use DeepSpeed ZeRO-3 "
@@ -69,10 +71,17 @@ def full_state_dict(model: torch.nn.Module, everywhere: bool) -> dict[str, torch
     dtensor = _dtensor_type()
     main = not dist.is_initialized() or dist.get_rank() == 0
     state = {} if everywhere or main else None
+    # tied weights (one parameter under two names) stay one tensor, which save_pretrained then writes once
+    first_name: dict[int, str] = {}
+    source = {name: first_name.setdefault(id(p), name) for name, p in model.named_parameters(remove_duplicate=False)}
+    gathered: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():
-        whole = tensor.full_tensor() if isinstance(tensor, dtensor) else tensor
+        key = source.get(name, name)
+        if key not in gathered:
+            whole = tensor.full_tensor() if isinstance(tensor, dtensor) else tensor
+            gathered[key] = whole if everywhere else whole.detach().to("cpu", copy=True)
         if state is not None:
-            state[name] = whole if everywhere else whole.detach().to("cpu", copy=True)
+            state[name] = gathered[key]
     return state
 
 

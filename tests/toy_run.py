@@ -215,7 +215,8 @@ def main() -> None:
     if trainer.is_world_process_zero():  # one writer: on several machines output_dir is shared
         with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
-    trainer.accelerator.end_training()  # destroys the process group: left to interpreter exit, gloo may abort
+    if not trainer.args.use_vllm:  # vLLM's engine finalizer, at exit, needs the process group it made
+        trainer.accelerator.end_training()  # destroys the process group: left to interpreter exit, gloo may abort
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ import torch
 
 from .. import compat
 from ..checkpoint.rng import rng_untouched
+from ..fsdp import full_state_dict, is_sharded
 from ..quiet import quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
-from ..fsdp import full_state_dict, is_sharded
 from .weights import base_config, gathered, plain_state_dict
 
 logger = logging.getLogger(__name__)

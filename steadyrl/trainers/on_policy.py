@@ -200,7 +200,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.fsdp_version = enable_fsdp(self.accelerator)  # 2: FSDP2 shards the trained models at prepare()
         if self.fsdp_version is not None:
             self.is_fsdp_enabled = True
-            check_fsdp_support(self.accelerator, self.model)
+            check_fsdp_support(self.accelerator.state.fsdp_plugin, self.model)
         check_master_weights(self.model, "model", args, self.deepspeed_config)
         self.identity = run_identity(self.model, self.reward_model, processing_class, train_dataset, self.reward_funcs)
         self.zero3 = self.zero_stage == 3

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
 from transformers.utils import logging
 
+from ..fsdp import full_state_dict, is_sharded
 from ..hub import (
     HubPushError,
     describe,
@@ -33,7 +34,6 @@ from ..hub import (
     transient,
     upload,
 )
-from ..fsdp import full_state_dict, is_sharded
 from ..zero import consolidated_state_dict
 
 logger = logging.get_logger(__name__)

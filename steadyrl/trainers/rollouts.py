@@ -20,6 +20,7 @@ import time
 import torch
 from accelerate.utils import gather_object
 
+from ..fsdp import unsharded
 from ..generation import Generation, sampling_seed
 from ..ops import (
     batched_logprobs,
@@ -42,7 +43,6 @@ from ..rollout import (
     minibatch_schedule,
     rollout_metrics,
 )
-from ..fsdp import unsharded
 from ..zero import gathered_for_generation
 
 
