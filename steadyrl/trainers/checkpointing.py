@@ -4,7 +4,8 @@ A checkpoint directory holds::
 
     actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
     optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True);
-                              under DeepSpeed ZeRO, optimizer_<rank>.pt: each process's partition
+                              under DeepSpeed ZeRO or FSDP2, optimizer_<rank>.pt: each process's partition or
+                              shard, as plain tensors
     scheduler.pt              LR scheduler state_dict (same)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
