@@ -140,23 +140,31 @@ def load_optimizer_shard_state(optimizer, saved: dict) -> None:
 
 
 @contextlib.contextmanager
-def unsharded(model: torch.nn.Module) -> Iterator[None]:
+def unsharded(model: torch.nn.Module, reshard_after_forward: bool = True) -> Iterator[None]:
     """Every FSDP2 unit of ``model`` whole for the block (one collective all-gather each, every process together)
     and left whole after each forward pass, so that ``generate`` runs as many forward passes on each process as its
     own completions need without waiting on the others. Costs one whole copy of the model per process while it
-    lasts. Without FSDP2 units, nothing."""
+    lasts. Without FSDP2 units, nothing.
+
+    Afterwards the units are resharded and reshard after forward as accelerate set them up: the root and the unit of
+    the output embedding (with the final norm, and the input embedding when tied) keep their weights whole until
+    the backward pass; every other unit follows the plugin's ``reshard_after_forward``."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [module for module in model.modules() if isinstance(module, FSDPModule)]
     if not units:
         yield
         return
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    kept_whole = {id(model), id(output)}
     for unit in units:
         unit.unshard()
         unit.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for unit in units:  # resharding after forward again frees the whole weights after each training forward
-            unit.set_reshard_after_forward(True, recurse=False)
+        # the kept units last: modules sharded as one group (the tail) share the setting
+        for unit in sorted(units, key=lambda unit: id(unit) in kept_whole):
+            unit.set_reshard_after_forward(reshard_after_forward and id(unit) not in kept_whole, recurse=False)
+        for unit in units:
             unit.reshard()

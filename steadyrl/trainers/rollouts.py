@@ -122,7 +122,10 @@ class RolloutMixin:
         if not training_model or chunk is None:  # vLLM schedules its own batches: it gets every row at once
             chunk = max(1, len(prompt_ids))
         parts = []
-        whole = unsharded(actor) if self.fsdp_version else gathered_for_generation(self.model_wrapped)
+        if self.fsdp_version:
+            whole = unsharded(actor, self.accelerator.state.fsdp_plugin.reshard_after_forward)
+        else:
+            whole = gathered_for_generation(self.model_wrapped)
         with whole if training_model else contextlib.nullcontext():
             for i in range(0, len(prompt_ids), chunk):
                 parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
