@@ -8,7 +8,7 @@ for ``--steps`` global steps with HF generate: 8 prompts x 4 samples per rollout
 new tokens, one torch thread per process. Reported per launch: the median wall time of a global step after the
 ``--warmup`` steps (a rollout's time falls on the first step of the two it feeds, so the median of whole rollouts
 is taken: the mean over pairs of steps), and the peak RSS (``ru_maxrss``) of each of the two processes. Engines take
-turns over ``--rounds``; results go to bench-output/fsdp2_vs_zero3.json.
+turns over ``--rounds``; results go to bench-output/fsdp2_vs_zero3.json (not tracked).
 """
 
 from __future__ import annotations
