@@ -4,7 +4,7 @@ These internals change without notice, so each accessor first checks that the pa
 steadyrl was tested with (``TESTED``, the same ranges as setup.cfg). Outside that range the first use raises
 ``UntestedVersionError``; with ``STEADYRL_ALLOW_UNTESTED_VERSIONS=1`` it logs a warning instead. A package is
 checked only where its internals are used: DeepSpeed once a ZeRO optimizer or engine is at hand, transformers only
-under ZeRO-3, vLLM only with ``use_vllm=True``.
+under ZeRO-3, vLLM only with ``use_vllm=True``, accelerate only when FSDP is launched on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from packaging.specifiers import SpecifierSet
 
 logger = logging.getLogger(__name__)
 
-TESTED = {"deepspeed": ">=0.15,<0.20", "transformers": ">=5.0,<5.20", "vllm": ">=0.10,<0.33"}
+TESTED = {
+    "accelerate": ">=1.0,<1.16", "deepspeed": ">=0.15,<0.20", "transformers": ">=5.0,<5.20", "vllm": ">=0.10,<0.33",
+}  # fmt: skip
 ALLOW_UNTESTED = "STEADYRL_ALLOW_UNTESTED_VERSIONS"
 
 
@@ -51,6 +53,34 @@ def require_tested(package: str) -> None:
         f"{problem} Install a tested version ({package}{tested}), or set {ALLOW_UNTESTED}=1 to run anyway with "
         "a warning instead of this error."
     )
+
+
+# ---- accelerate ----------------------------------------------------------------------------------------------
+
+
+def enable_accelerate_fsdp(accelerator) -> int | None:
+    """The FSDP version of the launch (``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``, which ``accelerate launch`` sets
+    from a config with ``distributed_type: FSDP``), or None without FSDP.
+
+    accelerate picks FSDP only for GPU-like process types: with ``use_cpu`` (gloo on CPU) its state says MULTI_CPU and
+    the run would silently train as DDP. There the FSDP type and plugin are written into accelerate's shared state
+    (``PartialState`` and ``AcceleratorState``), which is what ``Accelerator(fsdp_plugin=...)`` sets on a GPU."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return None
+    state = accelerator.state
+    if state.distributed_type == DistributedType.FSDP:
+        return state.fsdp_plugin.fsdp_version
+    if state.distributed_type != DistributedType.MULTI_CPU:  # one process: nothing to shard over
+        return None
+    require_tested("accelerate")
+    plugin = FullyShardedDataParallelPlugin()
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["fsdp_plugin"] = plugin
+    return plugin.fsdp_version
 
 
 # ---- DeepSpeed ------------------------------------------------------------------------------------------------

@@ -815,6 +815,50 @@ def _(ctx):
     make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
 
 
+@trigger("resume-other-backend")
+def _(ctx):
+    from steadyrl.checkpoint.files import write_manifest
+
+    checkpoint = ctx.tmp_path / "checkpoint-2"  # as an FSDP2 run would have written it
+    shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
+    state = checkpoint / "steadyrl_state.json"
+    state.write_text(state.read_text().replace('"fsdp_version": null', '"fsdp_version": 2'))
+    write_manifest(checkpoint, 2)
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
+
+
+def fsdp_plugin(**kwargs):
+    """accelerate's FSDP plugin as ``accelerate launch`` builds it from a config's ``fsdp_config``."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    return FullyShardedDataParallelPlugin(**kwargs)
+
+
+@trigger("fsdp-version")
+def _(ctx):
+    from steadyrl.fsdp import check_fsdp_support
+
+    check_fsdp_support(fsdp_plugin(fsdp_version=1), AutoModelForCausalLM.from_pretrained(toy_model_path()))
+
+
+@trigger("fsdp-offload")
+def _(ctx):
+    from steadyrl.fsdp import check_fsdp_support
+
+    plugin = fsdp_plugin(fsdp_version=2, cpu_offload=True)  # fsdp_offload_params: true
+    check_fsdp_support(plugin, AutoModelForCausalLM.from_pretrained(toy_model_path()))
+
+
+@trigger("fsdp-peft")
+def _(ctx):
+    from peft import LoraConfig, get_peft_model
+
+    from steadyrl.fsdp import check_fsdp_support
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(toy_model_path()), LoraConfig(r=4))
+    check_fsdp_support(fsdp_plugin(fsdp_version=2), model)
+
+
 # ---- the test -------------------------------------------------------------------------------------------------------
 
 ROWS = readme_rows()

@@ -101,7 +101,8 @@ class KillAfterSave(TrainerCallback):
 
 class SaveLiveActor(TrainerCallback):
     """After global step ``step``, write the actor's live parameters to OUTPUT_DIR/live-actor-<step>.safetensors,
-    gathered with DeepSpeed's own ``GatheredParameters`` under ZeRO-3 (independently of the checkpoint code)."""
+    gathered with DeepSpeed's own ``GatheredParameters`` under ZeRO-3, with ``DTensor.full_tensor`` under FSDP2
+    (independently of the checkpoint code)."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -110,8 +111,9 @@ class SaveLiveActor(TrainerCallback):
         if state.global_step != self.step:
             return
         from safetensors.torch import save_file
+        from torch.distributed.tensor import DTensor
 
-        params = dict(model.named_parameters())
+        params = {name: p.full_tensor() if isinstance(p, DTensor) else p for name, p in model.named_parameters()}
         with contextlib.ExitStack() as stack:
             if any(hasattr(p, "ds_id") for p in params.values()):
                 import deepspeed
@@ -213,6 +215,8 @@ def main() -> None:
     if trainer.is_world_process_zero():  # one writer: on several machines output_dir is shared
         with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+    if not trainer.args.use_vllm:  # vLLM's engine finalizer, at exit, needs the process group it made
+        trainer.accelerator.end_training()  # destroys the process group: left to interpreter exit, gloo may abort
 
 
 if __name__ == "__main__":

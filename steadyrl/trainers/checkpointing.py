@@ -4,7 +4,8 @@ A checkpoint directory holds::
 
     actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
     optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True);
-                              under DeepSpeed ZeRO, optimizer_<rank>.pt: each process's partition
+                              under DeepSpeed ZeRO or FSDP2, optimizer_<rank>.pt: each process's partition or
+                              shard, as plain tensors
     scheduler.pt              LR scheduler state_dict (same)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
@@ -50,6 +51,13 @@ from ..checkpoint import (
 )
 from ..checkpoint.ownership import OutputDirLock, refuse_other_runs
 from ..checkpoint.shared_dir import create_marker, not_shared_error, remove_marker, view_of
+from ..fsdp import (
+    is_sharded,
+    is_sharded_optimizer,
+    load_optimizer_shard_state,
+    optimizer_shard_state,
+    sharded_like,
+)
 from ..generation.weights import is_peft
 from ..zero import load_zero_state, modifiable, zero_optimizer, zero_state
 from .fingerprint import check_resumable
@@ -246,6 +254,8 @@ class Checkpointer:
             optimizer_file, scheduler_file = module.state_files
             if zero_optimizer(module.optimizer) is not None:  # each process holds its own partition
                 torch.save(zero_state(module.optimizer), tmp / rank_file(optimizer_file, self.rank))
+            elif is_sharded_optimizer(module.optimizer):  # FSDP2: each process holds its own shards' state
+                torch.save(optimizer_shard_state(module.optimizer), tmp / rank_file(optimizer_file, self.rank))
             elif self.main:
                 torch.save(module.optimizer.state_dict(), tmp / optimizer_file)
             module.save(tmp / module.name)
@@ -313,6 +323,9 @@ class Checkpointer:
         if zero_optimizer(module.optimizer) is not None:
             state = torch.load(directory / rank_file(optimizer_file, self.rank), weights_only=True)
             load_zero_state(module.optimizer, state)
+        elif is_sharded_optimizer(module.optimizer):
+            state = torch.load(directory / rank_file(optimizer_file, self.rank), weights_only=True)
+            load_optimizer_shard_state(module.optimizer, state)
         else:
             module.optimizer.load_state_dict(torch.load(directory / optimizer_file, weights_only=True))
         module.scheduler.load_state_dict(torch.load(directory / scheduler_file, weights_only=True))
@@ -356,6 +369,8 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
     state = {}
     for file in files:
         state.update(load_file(file))
+    if is_sharded(model):  # FSDP2: each process keeps its shard of every whole tensor
+        state = sharded_like(model, state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - _tied_parameter_names(model)
     if missing or unexpected:

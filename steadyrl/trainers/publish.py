@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
 from transformers.utils import logging
 
+from ..fsdp import full_state_dict, is_sharded
 from ..hub import (
     HubPushError,
     describe,
@@ -56,17 +57,22 @@ class PublishMixin:
             self.processing_class.save_pretrained(directory)
 
     def save_pretrained_model(self, model: PreTrainedModel, directory: Path) -> None:
-        """``model.save_pretrained`` on the main process; under ZeRO-3 with the weights gathered from every one."""
+        """``model.save_pretrained`` on the main process; under ZeRO-3 or FSDP2 with the weights gathered from every
+        one."""
         main = self.accelerator.is_main_process
-        state = consolidated_state_dict(model, main) if self.zero3 else None
+        state = None
+        if self.zero3:
+            state = consolidated_state_dict(model, main)
+        elif is_sharded(model):
+            state = full_state_dict(model, everywhere=False)
         if main:
             model.save_pretrained(directory, state_dict=state, safe_serialization=True)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        if not self.is_deepspeed_enabled:
+        if not (self.is_deepspeed_enabled or self.fsdp_version):
             return super().save_model(output_dir, _internal_call)
         directory = Path(output_dir or self.args.output_dir)
-        self.save_actor(directory)  # every process: ZeRO-3 gathers the weights
+        self.save_actor(directory)  # every process: ZeRO-3 and FSDP2 gather the weights
         self.saved_actor = (directory, self.state.global_step)
         self.accelerator.wait_for_everyone()
         if self.args.push_to_hub and not _internal_call:

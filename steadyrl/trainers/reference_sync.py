@@ -59,6 +59,14 @@ def parameter_pairs(policy: torch.nn.Module, reference: torch.nn.Module) -> Iter
             yield pairs
 
 
+def whole(param: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 shard gathered whole (every process calls it, in the same order); any other tensor as it is. The
+    reference stays whole on every process under FSDP2, so each mixes in the whole actor parameter."""
+    from torch.distributed.tensor import DTensor
+
+    return param.full_tensor() if isinstance(param, DTensor) else param
+
+
 @torch.no_grad()
 def mix_into_reference(policy: torch.nn.Module, reference: torch.nn.Module, alpha: float, main: bool) -> None:
     """``reference = alpha x policy + (1 - alpha) x reference`` in place, wherever each model lives (the reference
@@ -69,4 +77,4 @@ def mix_into_reference(policy: torch.nn.Module, reference: torch.nn.Module, alph
         with gathered(params), gathered(ref_params, modify=True) as partitioned:
             if main or not partitioned:
                 for param, ref_param in pairs:
-                    ref_param.mul_(1.0 - alpha).add_(param.to(ref_param.device), alpha=alpha)
+                    ref_param.mul_(1.0 - alpha).add_(whole(param).to(ref_param.device), alpha=alpha)

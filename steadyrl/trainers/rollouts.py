@@ -20,6 +20,7 @@ import time
 import torch
 from accelerate.utils import gather_object
 
+from ..fsdp import unsharded
 from ..generation import Generation, sampling_seed
 from ..ops import (
     batched_logprobs,
@@ -117,11 +118,15 @@ class RolloutMixin:
         seeds; with HF generate in calls of ``chunk`` rows (all at once if None)."""
         actor = self.model
         self.backend.sync_weights(actor, version=self.state.global_step)
-        training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3, gather the actor first
+        training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3 or FSDP2, gather the actor first
         if not training_model or chunk is None:  # vLLM schedules its own batches: it gets every row at once
             chunk = max(1, len(prompt_ids))
         parts = []
-        with gathered_for_generation(self.model_wrapped) if training_model else contextlib.nullcontext():
+        if self.fsdp_version:
+            whole = unsharded(actor, self.accelerator.state.fsdp_plugin.reshard_after_forward)
+        else:
+            whole = gathered_for_generation(self.model_wrapped)
+        with whole if training_model else contextlib.nullcontext():
             for i in range(0, len(prompt_ids), chunk):
                 parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
         return Generation.concatenate(parts)
