@@ -8,12 +8,16 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-SERVE_HINT = "start one with `steadyrl vllm-serve --model MODEL --port PORT` (see README, 'vLLM as a separate server')"
+SERVE_HINT = "start one with 'steadyrl vllm-serve --model MODEL --port PORT' (README: 'vLLM as a separate server')"
 
 
 class VLLMServerError(RuntimeError):
-    """The vLLM server could not be reached, or refused or failed a request, or serves something else than the
-    trainer needs."""
+    """The vLLM server could not be reached (``unreachable``: no answer at all), or refused or failed a request, or
+    serves something else than the trainer needs."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class ServerClient:
@@ -54,7 +58,8 @@ class ServerClient:
             raise VLLMServerError(
                 f"no vLLM server answers at {self.base_url} ({doing}: {type(reason).__name__}: {reason}); "
                 f"{SERVE_HINT}, or set vllm_server_base_url (or vllm_server_host and vllm_server_port) to where it "
-                "runs"
+                "runs",
+                unreachable=True,
             ) from err
         return json.loads(raw) if raw.strip() else None
 

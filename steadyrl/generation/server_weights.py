@@ -79,6 +79,8 @@ class FileTransfer(WeightTransfer):
         try:
             self.client.collective_rpc("reload_weights", {"weights_path": final})
         except VLLMServerError as err:
+            if err.unreachable:
+                raise
             raise VLLMServerError(
                 f"{err}. The server could not load the actor's weights from {final}: it must be able to read that "
                 "directory (set vllm_server_weights_dir to a path both see) and serve the same architecture"

@@ -9,14 +9,16 @@ run samples exactly what an uninterrupted one would, and the same as the colocat
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
-from .server_client import SERVE_HINT, ServerClient, VLLMServerError
+from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
 from .weights import gathered, plain_state_dict
 
@@ -59,7 +61,7 @@ def check_server(client: ServerClient, s: ServerSettings) -> str:
     if not same_model(served, s.model):
         raise VLLMServerError(
             f"the vLLM server at {client.base_url} serves {served!r}, not the trainer's model {s.model!r}: start "
-            f"it with `{command}`, or point vllm_server_base_url at a server of that model"
+            f"it with '{command}', or point vllm_server_base_url at a server of that model"
         )
     if config.get("max_model_len", 0) < s.max_model_len:
         raise VLLMServerError(
@@ -119,13 +121,24 @@ class VLLMServerBackend(GenerationBackend):
         if version == self._synced_version:
             return
         distributed = torch.distributed.is_initialized()
-        with gathered(model):
+        with gathered(model), self.stops_cleanly():
             if not distributed or torch.distributed.get_rank() == 0:
                 self.transfer.push(plain_state_dict(model), version)
         if distributed:  # no process generates before the server holds the new weights
             torch.distributed.barrier()
         self._synced_version = version
         self.pushes += 1
+
+    @contextlib.contextmanager
+    def stops_cleanly(self) -> Iterator[None]:
+        """A server failure during the run: say that the run stopped there and how to go on."""
+        try:
+            yield
+        except VLLMServerError as err:
+            raise VLLMServerError(
+                f"the run lost its vLLM server: {err}. It stopped here; the checkpoints already written are intact: "
+                "once the server answers again, resume with resume_from_checkpoint=True"
+            ) from err
 
     def request_body(self, prompt: list[int], seed: int) -> dict:
         s = self.settings
@@ -142,14 +155,8 @@ class VLLMServerBackend(GenerationBackend):
 
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
         workers = max(1, min(self.server.concurrency, len(prompt_ids)))
-        try:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                results = list(pool.map(self._one, prompt_ids, seeds))
-        except VLLMServerError as err:
-            raise VLLMServerError(
-                f"{err}. Generation stopped; the checkpoints already written are intact: once the server answers "
-                f"again ({SERVE_HINT}), resume with resume_from_checkpoint=True"
-            ) from err
+        with self.stops_cleanly(), ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(self._one, prompt_ids, seeds))
         return Generation([ids for ids, _ in results], [logprobs for _, logprobs in results])
 
     def close(self) -> None:

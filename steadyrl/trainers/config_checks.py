@@ -135,7 +135,7 @@ def check_vllm_server(config) -> None:
     if config.vllm_mode not in ("colocate", "server"):
         raise ValueError(
             f"vllm_mode={config.vllm_mode!r} is invalid: use 'colocate' (vLLM in each training process) or 'server' "
-            "(a running `vllm serve`)."
+            "(a running vLLM server)."
         )
     if config.vllm_mode == "colocate":
         return
