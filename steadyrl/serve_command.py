@@ -28,15 +28,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context length: at least max_prompt_length + max_completion_length")  # fmt: skip
     parser.add_argument("--dtype", default="float32",
-                        help="the actor's dtype (default float32, as steadyrl loads models; or vllm_dtype)")  # fmt: skip
-    parser.add_argument("--logprobs-mode", default="processed_logprobs", choices=["processed_logprobs", "raw_logprobs"],
-                        help="log-probs after temperature (default, as the trainer computes them) or before")  # fmt: skip
+                        help="the actor's dtype (float32, as steadyrl loads models) or vllm_dtype")  # fmt: skip
+    parser.add_argument("--logprobs-mode", default="processed_logprobs",
+                        choices=["processed_logprobs", "raw_logprobs"],
+                        help="log-probs after temperature (default, as the trainer) or before")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="the engine's seed (each request brings its own)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the server shards the model over")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="share of GPU memory (GPUs)")
     parser.add_argument("--kv-cache-space", type=int, default=1, help="GiB of KV cache on CPU (default 1)")
     parser.add_argument("--weight-transfer", choices=["file", "nccl"], default="file",
-                        help="vllm_server_weight_transfer of the run: 'nccl' enables vLLM's NCCL weight transfer")  # fmt: skip
+                        help="the run's vllm_server_weight_transfer ('nccl': vLLM's NCCL weight transfer)")  # fmt: skip
     parser.add_argument("--print", action="store_true", help="print the command line and exit")
     return parser
 

@@ -99,8 +99,8 @@ def test_completions_equal_the_colocated_engines_for_the_same_weights_and_seeds(
     assert len({tuple(ids) for ids in first.completion_ids}) > 4, "the seeds do not vary the samples"
     assert os.listdir(tmp_path / "weights") == ["v1"]
 
-    local = VLLMGenerationBackend(tokenizer, settings, EngineSettings(
-        max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs"), torch.device("cpu"))  # fmt: skip
+    engine = EngineSettings(max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs")
+    local = VLLMGenerationBackend(tokenizer, settings, engine, torch.device("cpu"))
     try:
         local.sync_weights(model, version=1)
         colocated = local.generate(model, prompts, seeds)
@@ -109,6 +109,13 @@ def test_completions_equal_the_colocated_engines_for_the_same_weights_and_seeds(
     assert first.completion_ids == colocated.completion_ids
     for ours, theirs in zip(first.logprobs, colocated.logprobs):
         torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=0, atol=1e-4)
+
+
+@torch.no_grad()
+def hf_greedy(model, ids: list[int], eos_token_id: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, pad_token_id=0,
+                         eos_token_id=eos_token_id)  # fmt: skip
+    return out[0, len(ids) :].tolist()
 
 
 def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tmp_path):
@@ -120,9 +127,7 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
         model = perturbed_model(seed)
         remote.sync_weights(model, version)
         served = remote.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids
-        with torch.no_grad():
-            hf = [model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, pad_token_id=0,
-                                 eos_token_id=tokenizer.eos_token_id)[0, len(ids):].tolist() for ids in prompts]  # fmt: skip
+        hf = [hf_greedy(model, ids, tokenizer.eos_token_id) for ids in prompts]
         assert served == hf, f"after push {version} the server's greedy completions differ from the model's"
     assert os.listdir(tmp_path / "weights") == ["v2"], "older versions are removed"
 

@@ -56,7 +56,8 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
     # vLLM reports log-probs after temperature ("processed") or before it ("raw"): pick what the trainer uses
     logprobs_mode = "processed_logprobs" if logprob_temperature == args.temperature else "raw_logprobs"
     if args.vllm_mode == "server":
-        return VLLMServerBackend(tokenizer, settings, server_settings(args, config, max_model_len, dtype, logprobs_mode))
+        server = server_settings(args, config, max_model_len, dtype, logprobs_mode)
+        return VLLMServerBackend(tokenizer, settings, server)
     import_vllm()
     check_servable(config, device)
     engine = EngineSettings(

@@ -172,6 +172,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
 
     def needs_reference(self, args: OnlineDPOConfig) -> bool:
         return True  # the DPO logits are relative to the reference
+
     samples_per_group = 2
 
     def __init__(
