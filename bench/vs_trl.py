@@ -225,14 +225,8 @@ def worker(spec: dict) -> None:
             self.last = now
             if state.global_step % steps_per_round:
                 return
-            report = dict(
-                GEN,
-                **PHASES,
-                round_s=now - self.start,
-                cpu_s=time.process_time() - clock["cpu"],
-                step_s=self.steps,
-                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            )
+            report = dict(GEN, **PHASES, round_s=now - self.start, cpu_s=time.process_time() - clock["cpu"],
+                          step_s=self.steps, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             channel.write(json.dumps(report) + "\n")
             self.start = self.last = pause()  # after the last round too: the run ends only when both are done
             self.steps = []
@@ -335,10 +329,8 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
             "ms_per_token": statistics.median(1000 * r["round_s"] / r["tokens"] for r in rows),
             "sequences_per_round": rows[0]["sequences"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
-            "phases_s": {
-                phase: statistics.median(phase_shares(r, library)[phase] / steps for r in rows)
-                for phase in ("gen", "score", "train")
-            },  # fmt: skip
+            "phases_s": {phase: statistics.median(phase_shares(r, library)[phase] / steps for r in rows)
+                         for phase in ("gen", "score", "train")},  # fmt: skip
         }
     result["raw"] = reports
     result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]

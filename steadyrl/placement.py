@@ -41,3 +41,5 @@ def offloaded(model: torch.nn.Module, device, offload: bool):
     finally:
         if offload:
             model.to("cpu")
+
+

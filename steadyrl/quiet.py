@@ -23,6 +23,7 @@ def name_deepspeeds_accelerator() -> None:
         os.environ["DS_ACCELERATOR"] = "cpu"
 
 
+
 class _RotaryCacheReload(logging.Filter):
     """vLLM's layer-wise weight reload (``reload_weights``, which each weight push calls) counts the rotary
     embedding's ``cos_sin_cache`` as a weight to load; no checkpoint holds it (vLLM computes it from the config), so
@@ -40,6 +41,7 @@ def quiet_vllm_weight_reload() -> None:
     target = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if not any(isinstance(f, _RotaryCacheReload) for f in target.filters):
         target.addFilter(_RotaryCacheReload())
+
 
 
 def quiet_deepspeed_collectives() -> None:

@@ -46,8 +46,7 @@ def check_same_vocabulary(model: PreTrainedModel, role: str, policy: PreTrainedM
         hint = (
             " If it has a tokenizer of its own, pass it as reward_processing_class (or give the reward model as a "
             "path, which loads its tokenizer): completions are then re-rendered for it."
-            if role == "reward_model"
-            else ""
+            if role == "reward_model" else ""
         )
         raise ValueError(
             f"{role} has vocab_size={vocab} but the policy has vocab_size={policy_vocab}: it scores the policy's "

@@ -180,11 +180,8 @@ def test_a_hub_outage_when_the_trainer_is_built_does_not_stop_the_run(hub, tmp_p
     assert "someone/late" in hub.repos
 
     hub.fail_next(1, 401, path="/api/repos/create")
-    with pytest.raises(
-        HubPushError,
-        match=r"push_to_hub=True, but the Hugging Face Hub at http://127\.0\.0\.1:\d+ "
-        r"answered HTTP 401 \(the token is missing, invalid or cannot write there\).*'someone/denied'",
-    ):
+    with pytest.raises(HubPushError, match=r"push_to_hub=True, but the Hugging Face Hub at http://127\.0\.0\.1:\d+ "
+                       r"answered HTTP 401 \(the token is missing, invalid or cannot write there\).*'someone/denied'"):
         make_trainer(tmp_path / "denied", push_to_hub=True, hub_model_id="someone/denied", hub_token=TOKEN)
     # after a refused creation huggingface_hub asks whether the repository exists anyway; the stand-in answers 404
     assert hub.unexpected == ["GET /api/models/someone/denied"]
@@ -230,10 +227,8 @@ def test_failed_final_push_says_where_the_actor_is_and_how_to_publish_it(hub, tm
     hub.fail_next(1, 429)  # the command the message gives reports a failing Hub without a traceback
     assert main(["push", str(kept), "someone/final"]) == 2
     err = capsys.readouterr().err
-    assert (
-        f"steadyrl push: error: could not push to 'someone/final': the Hugging Face Hub at {hub.url} answered "
-        "HTTP 429" in err
-    )
+    assert f"steadyrl push: error: could not push to 'someone/final': the Hugging Face Hub at {hub.url} answered " \
+           "HTTP 429" in err
     assert main(["push", str(kept), "someone/final"]) == 0
     pushed = load_pushed(hub.files("someone/final"), tmp_path / "pushed").state_dict()
     for name, value in trainer.model.state_dict().items():

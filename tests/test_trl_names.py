@@ -286,11 +286,8 @@ def test_every_trl_field_is_in_the_readme_table_and_declared(trl):
 # TRL's defaults that steadyrl does not share (README.md, "Coming from TRL", says so for each)
 DEFAULT_DIFFERENCES = {
     "rloo": {"num_generations": (2, 4), "max_completion_length": (512, 64), "epsilon_high": (None, 0.2)},
-    "grpo": {
-        "max_completion_length": (512, 64),
-        "epsilon_high": (None, 0.2),
-        "vllm_importance_sampling_correction": (True, False),
-    },
+    "grpo": {"max_completion_length": (512, 64), "epsilon_high": (None, 0.2),
+             "vllm_importance_sampling_correction": (True, False)},
     "online-dpo": {"temperature": (0.9, 1.0), "vllm_gpu_memory_utilization": (0.55, 0.3), "max_length": (512, 576)},
 }
 

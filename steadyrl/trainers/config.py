@@ -42,6 +42,7 @@ DICT_FIELDS = {  # field -> an example for the command line
 }
 
 
+
 @dataclass
 class OnPolicyConfig(TRLNames, TrainingArguments):
     r"""Configuration shared by steadyrl's on-policy trainers: ``TrainingArguments`` plus the batch hierarchy,
@@ -145,10 +146,8 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     )  # fmt: skip
     micro_train_batch_size: int | None = field(
         default=None,
-        metadata={
-            "help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8, "
-            "or derived from train_batch_size if that is given."
-        },
+        metadata={"help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8, "
+                  "or derived from train_batch_size if that is given."},
     )
     micro_generation_batch_size: int | None = field(
         default=None,

@@ -192,7 +192,9 @@ def check_vllm(config) -> None:
     if config.vllm_dtype not in dtypes:
         raise ValueError(f"vllm_dtype={config.vllm_dtype!r} is invalid: use one of {', '.join(dtypes)}.")
     if not isinstance(config.vllm_kv_cache_space, int) or config.vllm_kv_cache_space < 1:
-        raise ValueError(f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1.")
+        raise ValueError(
+            f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
+        )
 
 
 def check_reference_sync(config) -> None:

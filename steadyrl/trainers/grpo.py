@@ -77,7 +77,9 @@ class GRPOConfig(PolicyLossOptions, OnPolicyConfig):
     multi_objective_aggregation: str = field(
         default="sum_then_normalize", metadata={"help": "sum_then_normalize or normalize_then_sum."}
     )
-    use_bias_correction_kl: bool = field(default=True, metadata={"help": "Weight the KL term by the importance ratio."})
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Weight the KL term by the importance ratio."}
+    )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
     # Accepted only at TRL's default (GRPO_UNSUPPORTED).
     top_entropy_quantile: float = field(default=1.0, metadata={"help": "Only 1.0."})

@@ -172,7 +172,6 @@ class OnlineDPOTrainer(OnPolicyTrainer):
 
     def needs_reference(self, args: OnlineDPOConfig) -> bool:
         return True  # the DPO logits are relative to the reference
-
     samples_per_group = 2
 
     def __init__(

@@ -90,7 +90,9 @@ class PPOConfig(OnPolicyConfig):
     )
     # TRL's old PPOConfig names: two map onto steadyrl's fields, two are refused with what to use instead
     kl_coef: float | None = field(default=None, metadata={"help": "TRL's old PPO name of beta."})
-    response_length: int | None = field(default=None, metadata={"help": "TRL's old PPO name of max_completion_length."})
+    response_length: int | None = field(
+        default=None, metadata={"help": "TRL's old PPO name of max_completion_length."}
+    )
     num_mini_batches: int | None = field(default=None, metadata={"help": "Not supported: set train_batch_size."})
     whiten_rewards: bool | None = field(
         default=None, metadata={"help": "Not supported: see normalize_reward and whiten_advantages."}
@@ -113,6 +115,7 @@ class PPOConfig(OnPolicyConfig):
             raise ValueError(f"kl_estimator={self.kl_estimator!r} is invalid: use 'k1' or 'k3'.")
         if self.critic_warmup_steps < 0:
             raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps} is invalid: it must be >= 0.")
+
 
     def _resolve_old_trl_names(self) -> None:
         for old, own, meaning, default in (("kl_coef", "beta", "the KL coefficient", 0.05),

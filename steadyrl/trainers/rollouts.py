@@ -137,13 +137,8 @@ class RolloutMixin:
         needed = self.needs_old_logprobs() or engine_logprobs  # the engine's log-probs are checked against them
         old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
-        return Rollout(
-            **vars(tokens),
-            scores=total,
-            reward_scores=scores.to(device),
-            ref_logprobs=ref_logprobs,
-            old_logprobs=old_logprobs,
-        )
+        return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
+                       old_logprobs=old_logprobs)
 
     def with_engine_weights(self, rollout: Rollout, engine_logprobs: list[list[float]]) -> tuple[Rollout, dict]:
         """The rollout with the truncated importance weights pi_trainer / pi_vLLM of its sampled tokens, and their
