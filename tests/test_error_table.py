@@ -348,14 +348,14 @@ def _(ctx):
     make_trainer(ctx.tmp_path, **SERVER, vllm_server_host="127.0.0.1", vllm_server_port=port)
 
 
-def standin_error(row_id: str, dev_mode: bool = True, **changes) -> None:
-    """A row whose error a server reporting the toy model's settings with ``changes`` provokes at start-up
-    (``dev_mode=False``: a server without its development routes)."""
+def standin_error(row_id: str, dev_mode: bool = True, version: str = "0.32.0", **changes) -> None:
+    """A row whose error a server of vLLM ``version`` reporting the toy model's settings with ``changes`` provokes at
+    start-up (``dev_mode=False``: a server without its development routes)."""
 
     def provoke(ctx):
         from vllm_server_standin import model_config, start
 
-        url, server = start(model_config(**changes) if dev_mode else None)
+        url, server = start(model_config(**changes) if dev_mode else None, version)
         try:
             make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url)
         finally:
@@ -365,6 +365,7 @@ def standin_error(row_id: str, dev_mode: bool = True, **changes) -> None:
 
 
 standin_error("vllm-server-dev-mode", dev_mode=False)
+standin_error("vllm-server-version", version="0.40.0")
 standin_error("vllm-server-model", model="/models/other", served_model_name="/models/other")
 standin_error("vllm-server-context", max_model_len=128)
 standin_error("vllm-server-dtype", dtype="torch.bfloat16")

@@ -1,8 +1,9 @@
-"""A stand-in for a misconfigured vLLM server, for the error table only: it answers the two requests steadyrl's
-start-up check makes (``GET /health`` and the development-mode ``GET /server_info?config_format=json``) with a
-``model_config`` of the test's choosing, or 404 for ``/server_info`` as a server without VLLM_SERVER_DEV_MODE
-does. Starting a real server takes ~30 s; tests/test_vllm_server.py checks the same refusals (another model, a
-shorter context) and every behaviour against a real one."""
+"""A stand-in for a misconfigured vLLM server, for the error table only: it answers the requests steadyrl's
+start-up check makes (``GET /health``, ``GET /version`` and the development-mode
+``GET /server_info?config_format=json``) with a version and a ``model_config`` of the test's choosing, or 404 for
+``/server_info`` as a server without VLLM_SERVER_DEV_MODE does. Starting a real server takes ~30 s;
+tests/test_vllm_server.py checks the same refusals (another model, a shorter context) and every behaviour against
+a real one."""
 
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ def model_config(**changes) -> dict:
     return {**config, **changes}
 
 
-def start(config: dict | None) -> tuple[str, ThreadingHTTPServer]:
-    """(URL, server) of a stand-in reporting ``config`` (``None``: no development routes); ``server.shutdown()``
-    stops it."""
+def start(config: dict | None, version: str = "0.32.0") -> tuple[str, ThreadingHTTPServer]:
+    """(URL, server) of a stand-in of vLLM ``version`` reporting ``config`` (``None``: no development routes);
+    ``server.shutdown()`` stops it."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
             if self.path == "/health":
                 self._answer(200, b"")
+            elif self.path == "/version":
+                self._answer(200, json.dumps({"version": version}).encode())
             elif self.path.startswith("/server_info") and config is not None:
                 self._answer(200, json.dumps({"vllm_config": {"model_config": config}}).encode())
             else:

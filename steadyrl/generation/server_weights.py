@@ -112,6 +112,9 @@ class NCCLTransfer(WeightTransfer):
         self.engine = None
 
     def _start(self, source) -> None:
+        from .. import compat
+
+        compat.require_tested("vllm")
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 

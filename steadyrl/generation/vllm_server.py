@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import compat
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
@@ -53,6 +54,9 @@ def same_model(served: str, wanted: str) -> bool:
 def check_server(client: ServerClient, s: ServerSettings) -> str:
     """Refuse a server that is down or serves something else than the run needs; return its served model name."""
     client.health()
+    version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
+    # the development routes and reload_weights are vLLM internals, as in colocate mode
+    compat.require_tested_version("vllm", version, f"runs the vLLM server at {client.base_url}")
     config = client.model_settings()
     served, name = config.get("model"), (config.get("served_model_name") or config.get("model"))
     if isinstance(name, list):
