@@ -5,6 +5,7 @@ the trainer's, a killed trainer resumed byte-identical, and clear errors when th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -210,10 +211,11 @@ class StopAfterSave(TrainerCallback):
             self.proxy.stop()
 
 
-def test_the_server_going_down_mid_run_stops_it_clearly_with_its_checkpoints_intact(server, tmp_path, capsys):
+def test_the_server_going_down_mid_run_stops_it_clearly_and_a_resume_ends_identical(server, uninterrupted, tmp_path,
+                                                                                      capsys):  # fmt: skip
     proxy = Proxy(int(server.rsplit(":", 1)[1]))
     url = f"http://127.0.0.1:{proxy.port}"
-    trainer = make_trainer(tmp_path, **server_flags(url), max_steps=8, callbacks=[StopAfterSave(proxy, 3)])
+    trainer = make_trainer(tmp_path, **server_flags(url), callbacks=[StopAfterSave(proxy, 3)])
     with pytest.raises(VLLMServerError) as failure:
         trainer.train()
     message = str(failure.value)
@@ -223,6 +225,13 @@ def test_the_server_going_down_mid_run_stops_it_clearly_with_its_checkpoints_int
     capsys.readouterr()
     assert steadyrl_main(["checkpoints", str(tmp_path)]) == 0, "checkpoint-3 must be complete and intact"
     assert re.search(r"^\s+3 .* complete\s+ok\s+<- resume_from_checkpoint=True$", capsys.readouterr().out, re.M)
+
+    # the server answers again, at another address: the run resumes from checkpoint-3 as if never stopped
+    resumed = make_trainer(tmp_path, **server_flags(server))
+    resumed.train(resume_from_checkpoint=True)
+    resumed.save_model(str(tmp_path / "final-actor"))
+    (tmp_path / "log_history.json").write_text(json.dumps(resumed.state.log_history))
+    assert_same_result(uninterrupted, tmp_path, after_step=3)
 
 
 def test_a_server_of_another_model_or_a_shorter_context_is_refused_before_any_work(server, tmp_path):
