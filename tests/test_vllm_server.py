@@ -253,3 +253,10 @@ def test_vllm_serve_prints_the_command_it_runs(capsys):
                  "--dtype float32", "--logprobs-mode processed_logprobs", "--generation-config vllm",
                  "--max-num-seqs 64"):  # fmt: skip
         assert flag in line, flag
+
+
+def test_vllm_serve_is_listed_and_describes_itself(capsys):
+    for args, expected in ((["--help"], "vllm-serve"), (["vllm-serve", "--help"], "--max-model-len")):
+        with pytest.raises(SystemExit) as done:
+            steadyrl_main(args)
+        assert done.value.code == 0 and expected in capsys.readouterr().out
