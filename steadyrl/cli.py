@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         "would pick. Exits with 1 if a checkpoint is damaged or incomplete.",
     )
     checkpoints.add_argument("output_dir", metavar="OUTPUT_DIR", help="a run's output_dir")
+    commands.add_parser(
+        "vllm-serve",
+        add_help=False,
+        help="start a vLLM server for vllm_mode='server' runs: --model M --port P ... (see --help)",
+    )
     return parser
 
 
@@ -87,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
         demo(argv[1:], prog="steadyrl demo")
         return 0
+    if argv and argv[0] == "vllm-serve":
+        from .serve_command import main as vllm_serve
+
+        return vllm_serve(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "export":
         from .export import export_actor

@@ -39,12 +39,17 @@ def installed_version(package: str) -> str:
 def require_tested(package: str) -> None:
     """Raise ``UntestedVersionError`` unless ``package``'s installed version is in ``TESTED`` (or warn, with
     STEADYRL_ALLOW_UNTESTED_VERSIONS=1)."""
-    version, tested = installed_version(package), TESTED[package]
+    require_tested_version(package, installed_version(package), "is installed")
+
+
+def require_tested_version(package: str, version: str, where: str) -> None:
+    """``require_tested`` for a version of ``package`` found elsewhere (``where``: e.g. "runs the vLLM server")."""
+    tested = TESTED[package]
     if SpecifierSet(tested).contains(version, prereleases=True):  # an unparsable version is not contained
         return
     problem = (
         f"steadyrl relies on private internals of {package} and was tested with {package}{tested}; "
-        f"{package} {version} is installed, outside that range, and its internals may differ."
+        f"{package} {version} {where}, outside that range, and its internals may differ."
     )
     if os.environ.get(ALLOW_UNTESTED, "").lower() in ("1", "true", "yes"):
         logger.warning("%s Going on because %s is set.", problem, ALLOW_UNTESTED)

@@ -312,12 +312,6 @@ config_error("trl-whole-steps", **UNSET_BATCH, per_device_train_batch_size=2, gr
 
 # TRL fields for what steadyrl does not do, each set to something else than TRL's default
 UNSUPPORTED_VALUES = {
-    "vllm_mode": "server",
-    "vllm_server_base_url": "http://localhost:8000",
-    "vllm_server_host": "10.0.0.1",
-    "vllm_server_port": 8001,
-    "vllm_server_timeout": 60.0,
-    "vllm_group_port": 51217,
     "vllm_model_impl": "transformers",
     "vllm_structured_outputs_regex": "[0-9]+",
     "ds3_gather_for_generation": False,
@@ -330,6 +324,63 @@ UNSUPPORTED_VALUES = {
 }
 for name, value in UNSUPPORTED_VALUES.items():
     config_error(f"trl-{name.replace('_', '-')}", **{name: value})
+
+
+# vLLM server mode: config checks, then a server that is down or does not fit (a stand-in: tests/vllm_server_standin.py)
+
+SERVER = dict(use_vllm=True, vllm_dtype="float32", vllm_mode="server")
+config_error("vllm-mode", use_vllm=True, vllm_mode="remote")
+config_error("vllm-server-use-vllm", vllm_mode="server")
+config_error("vllm-server-port", **SERVER, vllm_server_port=0)
+config_error("vllm-server-timeout", **SERVER, vllm_server_timeout=0)
+config_error("vllm-server-url", **SERVER, vllm_server_base_url="localhost:8000")
+config_error("vllm-server-transfer", **SERVER, vllm_server_weight_transfer="shm")
+config_error("vllm-server-nccl-cpu", **SERVER, vllm_server_weight_transfer="nccl")
+
+
+@trigger("vllm-server-down")
+def _(ctx):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    make_trainer(ctx.tmp_path, **SERVER, vllm_server_host="127.0.0.1", vllm_server_port=port)
+
+
+def standin_error(row_id: str, dev_mode: bool = True, version: str = "0.32.0", **changes) -> None:
+    """A row whose error a server of vLLM ``version`` reporting the toy model's settings with ``changes`` provokes at
+    start-up (``dev_mode=False``: a server without its development routes)."""
+
+    def provoke(ctx):
+        from vllm_server_standin import model_config, start
+
+        url, server = start(model_config(**changes) if dev_mode else None, version)
+        try:
+            make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url)
+        finally:
+            server.shutdown()
+
+    trigger(row_id)(provoke)
+
+
+standin_error("vllm-server-dev-mode", dev_mode=False)
+standin_error("vllm-server-version", version="0.40.0")
+standin_error("vllm-server-model", model="/models/other", served_model_name="/models/other")
+standin_error("vllm-server-context", max_model_len=128)
+standin_error("vllm-server-dtype", dtype="torch.bfloat16")
+standin_error("vllm-server-logprobs", logprobs_mode="raw_logprobs")
+
+
+@trigger("vllm-server-stopped")
+def _(ctx):
+    from vllm_server_standin import model_config, start
+
+    url, server = start(model_config())
+    trainer = make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url)
+    server.shutdown()
+    server.server_close()
+    trainer.train()
 
 
 # data

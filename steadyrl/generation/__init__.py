@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import socket
+from urllib.parse import urlparse
+
 import torch
 
 from .base import Generation, GenerationBackend, SamplingSettings, sampling_seed
 from .hf import HFGenerationBackend
+from .server_client import VLLMServerError
 from .vllm import EngineSettings, VLLMGenerationBackend, check_servable, import_vllm
+from .vllm_server import ServerSettings, VLLMServerBackend, server_url
 from .weights import base_config, check_mergeable
 
 __all__ = [
@@ -16,6 +22,8 @@ __all__ = [
     "HFGenerationBackend",
     "SamplingSettings",
     "VLLMGenerationBackend",
+    "VLLMServerBackend",
+    "VLLMServerError",
     "make_backend",
     "sampling_seed",
 ]
@@ -40,24 +48,51 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
             f"cache_implementation={args.cache_implementation!r} is for transformers' generate; with use_vllm=True "
             "vLLM manages its own KV cache. Leave cache_implementation unset, or use_vllm=False."
         )
-    import_vllm()
     check_mergeable(model)
     config = base_config(model)
-    check_servable(config, device)
     needed = args.max_prompt_length + args.max_completion_length
     max_model_len = args.vllm_max_model_len or min(needed, getattr(config, "max_position_embeddings", needed))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if args.vllm_dtype == "auto" else args.vllm_dtype
+    # vLLM reports log-probs after temperature ("processed") or before it ("raw"): pick what the trainer uses
+    logprobs_mode = "processed_logprobs" if logprob_temperature == args.temperature else "raw_logprobs"
+    if args.vllm_mode == "server":
+        server = server_settings(args, config, max_model_len, dtype, logprobs_mode)
+        return VLLMServerBackend(tokenizer, settings, server)
+    import_vllm()
+    check_servable(config, device)
     engine = EngineSettings(
         max_model_len=max_model_len,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         tensor_parallel_size=args.vllm_tensor_parallel_size,
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch.")
-        if args.vllm_dtype == "auto"
-        else args.vllm_dtype,
+        dtype=dtype,
         enable_sleep_mode=args.vllm_enable_sleep_mode,
         kv_cache_space=args.vllm_kv_cache_space,
         seed=args.seed,
-        # vLLM reports log-probs after temperature ("processed") or before it ("raw"): pick what the trainer uses
-        logprobs_mode="processed_logprobs" if logprob_temperature == args.temperature else "raw_logprobs",
+        logprobs_mode=logprobs_mode,
         world_size=args.world_size,
     )
     return VLLMGenerationBackend(tokenizer, settings, engine, device)
+
+
+def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
+    """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
+    weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
+    return ServerSettings(
+        base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
+        timeout=args.vllm_server_timeout,
+        weight_transfer=args.vllm_server_weight_transfer,
+        weights_dir=weights_dir,
+        group_host=group_host(args.vllm_server_base_url, args.vllm_server_host),
+        group_port=args.vllm_group_port,
+        model=config._name_or_path,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        logprobs_mode=logprobs_mode,
+    )
+
+
+def group_host(base_url: str | None, host: str) -> str:
+    """The trainer's address for the NCCL rendezvous, as the server's workers reach it: the loopback address for a
+    server on this machine, else this machine's name."""
+    server_host = urlparse(base_url).hostname if base_url else host
+    return "127.0.0.1" if server_host in ("localhost", "127.0.0.1", "0.0.0.0", "::1") else socket.getfqdn()

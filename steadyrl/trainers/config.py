@@ -53,7 +53,7 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     ``gradient_accumulation_steps``, ``generation_batch_size``, ``steps_per_generation``, ``num_generations``,
     ``num_iterations``, ``epsilon``, ``epsilon_high`` and ``vllm_max_model_length`` resolve onto the fields below;
     giving both names of one setting with different values is refused. TRL fields for what steadyrl does not do
-    (``vllm_mode='server'``, ``use_transformers_continuous_batching``, ...) are refused unless left at TRL's default.
+    (``use_transformers_continuous_batching``, ...) are refused unless left at TRL's default.
 
     Args:
         rollout_batch_size: prompts generated per rollout (global). Default: ``train_batch_size /
@@ -109,6 +109,10 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         use_vllm: generate with an in-process vLLM engine; ``vllm_gpu_memory_utilization``,
             ``vllm_max_model_len`` (TRL: ``vllm_max_model_length``), ``vllm_tensor_parallel_size``, ``vllm_dtype``,
             ``vllm_enable_sleep_mode`` and ``vllm_kv_cache_space`` (GiB, CPU) configure it.
+        vllm_mode: ``'colocate'`` (default) or ``'server'``: generate on a running ``vllm serve``
+            (``steadyrl vllm-serve``) at ``vllm_server_base_url`` or ``vllm_server_host``:``vllm_server_port``,
+            waiting at most ``vllm_server_timeout`` seconds per answer; the actor's weights reach it through
+            ``vllm_server_weight_transfer`` (``'file'``: safetensors in ``vllm_server_weights_dir``, or ``'nccl'``).
         learning_rate, logging_steps, save_steps, ...: as in ``TrainingArguments``, counted in global steps
             (``learning_rate`` defaults to 1e-6 and ``logging_steps`` to 1 here).
 
@@ -270,6 +274,17 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
         metadata={"help": "On CUDA, release vLLM's memory while training and wake it for generation."},
     )
     vllm_kv_cache_space: int = field(default=1, metadata={"help": "GiB of KV cache for vLLM on CPU."})
+    vllm_server_weight_transfer: str = field(
+        default="file",
+        metadata={"help": "vllm_mode='server': how the actor's weights reach the server after each update: 'file' "
+                  "(safetensors written to vllm_server_weights_dir, reloaded by the server; CPU and GPU) or 'nccl' "
+                  "(vLLM's NCCL weight transfer; GPUs, untested)."},
+    )  # fmt: skip
+    vllm_server_weights_dir: str | None = field(
+        default=None,
+        metadata={"help": "vllm_mode='server' with 'file' transfer: a directory the trainer writes and the server "
+                  "reads (shared between their machines). Default output_dir/vllm-server-weights."},
+    )  # fmt: skip
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Delete the checkpoints already in output_dir before a fresh start (without it, a fresh "

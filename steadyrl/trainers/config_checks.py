@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 
+import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
 from .batch_hierarchy import check_positive_int
@@ -128,7 +129,48 @@ def check_saving(config) -> None:
         )
 
 
+def check_vllm_server(config) -> None:
+    """``vllm_mode`` and the settings of ``vllm_mode='server'``."""
+    if config.vllm_mode not in ("colocate", "server"):
+        raise ValueError(
+            f"vllm_mode={config.vllm_mode!r} is invalid: use 'colocate' (vLLM in each training process) or 'server' "
+            "(a running vLLM server)."
+        )
+    if config.vllm_mode == "colocate":
+        return
+    if not config.use_vllm:
+        raise ValueError(
+            "vllm_mode='server' configures vLLM generation, and use_vllm=False generates with transformers: set "
+            "use_vllm=True to generate on the server, or leave vllm_mode at 'colocate'."
+        )
+    for name in ("vllm_server_port", "vllm_group_port"):
+        port = getattr(config, name)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"{name}={port!r} is invalid: a TCP port is a whole number in 1..65535.")
+    timeout = config.vllm_server_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (finite(timeout) and timeout > 0):
+        raise ValueError(f"vllm_server_timeout={timeout!r} is invalid: seconds to wait, a number > 0.")
+    url = config.vllm_server_base_url
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        raise ValueError(
+            f"vllm_server_base_url={url!r} is invalid: give the server's URL with its scheme, e.g. "
+            "'http://10.0.0.5:8000' (or set vllm_server_host and vllm_server_port instead)."
+        )
+    transfer = config.vllm_server_weight_transfer
+    if transfer not in ("file", "nccl"):
+        raise ValueError(
+            f"vllm_server_weight_transfer={transfer!r} is invalid: use 'file' (safetensors in "
+            "vllm_server_weights_dir, reloaded by the server) or 'nccl' (vLLM's NCCL weight transfer, GPUs only)."
+        )
+    if transfer == "nccl" and (config.use_cpu or not torch.cuda.is_available()):
+        raise ValueError(
+            "vllm_server_weight_transfer='nccl' needs CUDA GPUs (NCCL), and this run trains on the CPU: use "
+            "vllm_server_weight_transfer='file'."
+        )
+
+
 def check_vllm(config) -> None:
+    check_vllm_server(config)
     needed = config.max_prompt_length + config.max_completion_length
     if config.vllm_max_model_len is not None and config.vllm_max_model_len < needed:
         raise ValueError(

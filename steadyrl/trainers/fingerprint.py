@@ -46,7 +46,8 @@ FREE_SETTINGS = frozenset({
     "torch_compile", "torch_compile_backend", "torch_compile_mode",
     "gradient_checkpointing", "gradient_checkpointing_kwargs", "ref_reward_offload", "allow_low_precision_weights",
     "vllm_gpu_memory_utilization", "vllm_kv_cache_space", "vllm_enable_sleep_mode", "vllm_server_base_url",
-    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
+    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_server_weight_transfer",
+    "vllm_server_weights_dir",
 })  # fmt: skip
 # Free settings a checkpoint does not record: where the run happens to be (a checkpoint's content does not depend on
 # its directory, so a run directory can be moved) and secrets.

@@ -7,7 +7,7 @@ Three kinds of TRL field:
   ...), resolved onto them; giving both names with different values is refused;
 - the batch sizes, which TRL counts differently (per device and per optimizer step), resolved onto steadyrl's batch
   hierarchy by ``resolve_batch_hierarchy``;
-- fields for what steadyrl does not do (a vLLM server, continuous batching, ...), declared with TRL's default and
+- fields for what steadyrl does not do (continuous batching, structured outputs, ...), declared with TRL's default and
   refused when set to anything else (``UNSUPPORTED``), so that none is silently ignored.
 
 ``TRLNames`` declares the first and last kind, the batch names TRL shares with ``TrainingArguments`` with ``None``
@@ -81,14 +81,28 @@ class TRLNames:
     )
 
     # Accepted only at TRL's default (see UNSUPPORTED).
-    vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate': vLLM runs in the training process."})
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={"help": "With use_vllm=True: 'colocate' (vLLM runs in each training process) or 'server' "
+                  "(generation requests go to a running `vllm serve`; see vllm_server_*)."},
+    )  # fmt: skip
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Only 'vllm'."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported: leave unset."})
-    vllm_server_base_url: str | None = field(default=None, metadata={"help": "Not supported (vLLM server mode)."})
-    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Not supported (vLLM server mode)."})
-    vllm_server_port: int = field(default=8000, metadata={"help": "Not supported (vLLM server mode)."})
-    vllm_server_timeout: float = field(default=240.0, metadata={"help": "Not supported (vLLM server mode)."})
-    vllm_group_port: int = field(default=51216, metadata={"help": "Not supported (vLLM server mode)."})
+    vllm_server_base_url: str | None = field(
+        default=None,
+        metadata={"help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000'; replaces "
+                  "vllm_server_host and vllm_server_port."},
+    )  # fmt: skip
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "vllm_mode='server': the server's host."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "vllm_mode='server': the server's port."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "vllm_mode='server': seconds to wait for any one answer of the server."}
+    )
+    vllm_group_port: int = field(
+        default=51216,
+        metadata={"help": "vllm_mode='server' with vllm_server_weight_transfer='nccl': the port of the NCCL "
+                  "rendezvous between the trainer and the server's workers."},
+    )  # fmt: skip
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Only True: under ZeRO-3 the actor is gathered to generate."}
     )
@@ -115,18 +129,9 @@ class Unsupported:
     also_accepted: tuple = ()
 
 
-_SERVER = "it configures vllm_mode='server', and steadyrl runs vLLM in the training process (colocate)"
 _CONTINUOUS = "steadyrl generates with transformers' generate or, with use_vllm=True, with vLLM"
 
 UNSUPPORTED: dict[str, Unsupported] = {
-    "vllm_mode": Unsupported(
-        "colocate", "steadyrl runs vLLM in the training process (colocate)", "Use vllm_mode='colocate' (the default)."
-    ),
-    "vllm_server_base_url": Unsupported(None, _SERVER, "Leave it unset."),
-    "vllm_server_host": Unsupported("0.0.0.0", _SERVER, "Leave it unset."),
-    "vllm_server_port": Unsupported(8000, _SERVER, "Leave it unset."),
-    "vllm_server_timeout": Unsupported(240.0, _SERVER, "Leave it unset."),
-    "vllm_group_port": Unsupported(51216, _SERVER, "Leave it unset."),
     "vllm_model_impl": Unsupported(
         "vllm",
         "steadyrl pushes the actor's weights into vLLM's own model implementation",

@@ -1,0 +1,152 @@
+"""Ways to push the actor's weights into a running vLLM server, behind one interface.
+
+- ``FileTransfer`` (``vllm_server_weight_transfer='file'``, the default): the trainer writes the weights as
+  safetensors into a directory the server can read (the same machine, or a shared file system) and asks the server,
+  through its development-mode ``/collective_rpc``, to ``reload_weights`` from it in place. Works on CPU and GPU;
+  tested on CPU.
+- ``NCCLTransfer`` (``'nccl'``): vLLM's own RL weight-transfer API (``/init_weight_transfer_engine``,
+  ``/update_weights``), the trainer broadcasting each tensor over NCCL from GPU memory. GPUs only; untested (no GPU
+  was available where steadyrl is tested).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from abc import ABC, abstractmethod
+
+import torch
+
+from .server_client import ServerClient, VLLMServerError
+
+
+class WeightTransfer(ABC):
+    """Pushes a plain Hugging Face state dict into the server's model; called on the main process only."""
+
+    def __init__(self, client: ServerClient) -> None:
+        self.client = client
+
+    @abstractmethod
+    def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Make the server generate with ``weights`` (the actor as of global step ``version``)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the transfer holds."""
+
+
+def unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``weights`` on the CPU, a tensor that shares memory with an earlier one (tied embeddings) copied: safetensors
+    refuses shared tensors, and vLLM's in-place reload needs every name (a tied ``lm_head.weight`` left out keeps
+    its old values)."""
+    seen, kept = set(), {}
+    for name, tensor in weights.items():
+        tensor = tensor.detach().cpu().contiguous()
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        kept[name] = tensor.clone() if key in seen else tensor
+        seen.add(key)
+    return kept
+
+
+class FileTransfer(WeightTransfer):
+    """Writes ``weights_dir/v<version>/model.safetensors`` (via a temporary name, then renamed), has the server
+    reload its weights from there in place and reset its prefix cache, then removes the older versions.
+
+    Args:
+        client: the server's client.
+        weights_dir: a directory both the trainer and the server can read (and the trainer write).
+
+    Example::
+
+        transfer = FileTransfer(ServerClient("http://127.0.0.1:8000", 240), "out/vllm-server-weights")
+        transfer.push(dict(model.state_dict()), version=3)
+    """
+
+    def __init__(self, client: ServerClient, weights_dir: str) -> None:
+        super().__init__(client)
+        self.weights_dir = os.path.abspath(weights_dir)
+
+    def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(self.weights_dir, exist_ok=True)
+        final = os.path.join(self.weights_dir, f"v{version}")
+        tmp = final + ".tmp"
+        for stale in (tmp, final):
+            shutil.rmtree(stale, ignore_errors=True)
+        os.makedirs(tmp)
+        save_file(unshared(weights), os.path.join(tmp, "model.safetensors"))
+        os.replace(tmp, final)
+        try:
+            self.client.collective_rpc("reload_weights", {"weights_path": final})
+        except VLLMServerError as err:
+            if err.unreachable:
+                raise
+            raise VLLMServerError(
+                f"{err}. The server could not load the actor's weights from {final}: it must be able to read that "
+                "directory (set vllm_server_weights_dir to a path both see) and serve the same architecture"
+            ) from err
+        self.client.reset_prefix_cache()
+        for name in os.listdir(self.weights_dir):
+            if name != f"v{version}":
+                shutil.rmtree(os.path.join(self.weights_dir, name), ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+class NCCLTransfer(WeightTransfer):
+    """vLLM's NCCL weight transfer: the trainer joins a NCCL group with the server's workers (rank 0, on
+    ``vllm_group_port``) once, then broadcasts every tensor per update while the server receives it through
+    ``/update_weights``. The server must be started with ``--weight-transfer-config '{"backend": "nccl"}'``.
+    Untested: no GPU was available where steadyrl is tested.
+
+    Args:
+        client: the server's client.
+        host: the trainer's address as the server's workers reach it.
+        group_port: the port of the NCCL rendezvous (TRL's ``vllm_group_port``).
+    """
+
+    def __init__(self, client: ServerClient, host: str, group_port: int) -> None:
+        super().__init__(client)
+        self.host, self.group_port = host, group_port
+        self.engine = None
+
+    def _start(self, source) -> None:
+        from .. import compat
+
+        compat.require_tested("vllm")
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
+
+        answer = self.client.request("GET", "/get_world_size", what="reading its world size")
+        world_size = int(answer["world_size"]) + 1  # the server's workers and this trainer process
+        init = NCCLTrainerInitInfo(master_address=self.host, master_port=self.group_port, world_size=world_size, rank=0)
+        http = HTTPVLLMWeightSyncClient(self.client.base_url, timeout=self.client.timeout)
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=http, source=source)
+
+    def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        source = DictSource(weights)
+        if self.engine is None:
+            self._start(source)
+        self.engine.source = source
+        self.engine.send_weights()
+        self.client.reset_prefix_cache()
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+def DictSource(weights: dict[str, torch.Tensor]):  # noqa: N802 - a class made on first use (vLLM is imported late)
+    """vLLM's ``WeightSource`` over a plain state dict (tensors on the GPU the NCCL group uses)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class _DictSource(WeightSource):
+        def metadata(self) -> list:
+            return [ParamMeta(name=name, dtype=t.dtype, shape=tuple(t.shape)) for name, t in weights.items()]
+
+        def __iter__(self):
+            return iter(weights.items())
+
+    return _DictSource()

@@ -1,0 +1,168 @@
+"""Rollout generation on a separate, already running vLLM server (``vllm_mode='server'``).
+
+The trainer checks the server before any work (it answers, serves the trainer's model with a long enough context,
+in the expected dtype and log-prob mode), pushes the actor's weights into it before each rollout that follows an
+update (``server_weights``), and sends one completion request per prompt row, each with its own sampling seed,
+concurrently: the server batches them, and every completion depends only on its seed and the weights, so a resumed
+run samples exactly what an uninterrupted one would, and the same as the colocated engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from .. import compat
+from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
+from .server_client import ServerClient, VLLMServerError
+from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
+from .weights import gathered, plain_state_dict
+
+
+@dataclass
+class ServerSettings:
+    base_url: str
+    timeout: float
+    weight_transfer: str  # 'file' or 'nccl'
+    weights_dir: str
+    group_host: str  # the trainer's address for the NCCL rendezvous
+    group_port: int
+    model: str  # the trainer's model, as the server should name it
+    max_model_len: int  # the context the run needs
+    dtype: str  # the dtype the server should compute in
+    logprobs_mode: str
+    concurrency: int = 64  # requests in flight at once
+
+
+def server_url(base_url: str | None, host: str, port: int) -> str:
+    """``vllm_server_base_url``, or ``http://host:port`` (TRL's precedence)."""
+    return base_url.rstrip("/") if base_url else f"http://{host}:{port}"
+
+
+def same_model(served: str, wanted: str) -> bool:
+    """Whether the server's model path or name is the trainer's (paths compared once resolved)."""
+    if os.path.isdir(served) and os.path.isdir(wanted):
+        return os.path.realpath(served) == os.path.realpath(wanted)
+    return served == wanted
+
+
+def check_server(client: ServerClient, s: ServerSettings) -> str:
+    """Refuse a server that is down or serves something else than the run needs; return its served model name."""
+    client.health()
+    version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
+    # the development routes and reload_weights are vLLM internals, as in colocate mode
+    compat.require_tested_version("vllm", version, f"runs the vLLM server at {client.base_url}")
+    config = client.model_settings()
+    served, name = config.get("model"), (config.get("served_model_name") or config.get("model"))
+    if isinstance(name, list):
+        name = name[0]
+    command = f"steadyrl vllm-serve --model {s.model} --max-model-len {s.max_model_len} --dtype {s.dtype}"
+    if not same_model(served, s.model):
+        raise VLLMServerError(
+            f"the vLLM server at {client.base_url} serves {served!r}, not the trainer's model {s.model!r}: start "
+            f"it with '{command}', or point vllm_server_base_url at a server of that model"
+        )
+    if config.get("max_model_len", 0) < s.max_model_len:
+        raise VLLMServerError(
+            f"the vLLM server at {client.base_url} has max_model_len={config.get('max_model_len')}, and the run needs "
+            f"{s.max_model_len} (max_prompt_length + max_completion_length, or vllm_max_model_len): restart it with "
+            f"--max-model-len {s.max_model_len}"
+        )
+    served_dtype = str(config.get("dtype", "")).removeprefix("torch.")
+    if served_dtype != s.dtype:
+        raise VLLMServerError(
+            f"the vLLM server at {client.base_url} computes in {served_dtype}, and the run expects {s.dtype} (the "
+            f"actor's dtype, or vllm_dtype): restart it with --dtype {s.dtype}, or set vllm_dtype={served_dtype!r}"
+        )
+    if config.get("logprobs_mode", s.logprobs_mode) != s.logprobs_mode:
+        raise VLLMServerError(
+            f"the vLLM server at {client.base_url} reports log-probs as {config.get('logprobs_mode')}, and the run "
+            f"uses {s.logprobs_mode}: restart it with --logprobs-mode {s.logprobs_mode}"
+        )
+    return name
+
+
+class VLLMServerBackend(GenerationBackend):
+    """Samples on a running vLLM server; ``sync_weights`` pushes the actor's weights into it.
+
+    Args:
+        tokenizer: the actor's tokenizer (its EOS ends completions).
+        settings: the sampling settings.
+        server: where the server is and what it must serve.
+        transfer: how weights reach it (default: from ``server.weight_transfer``).
+
+    Example::
+
+        backend = VLLMServerBackend(tokenizer, SamplingSettings(max_new_tokens=64), server_settings)
+        backend.sync_weights(model, version=0)
+        generation = backend.generate(model, [[5, 6, 7]], seeds=[1234])
+    """
+
+    runs_training_model = False
+
+    def __init__(self, tokenizer, settings: SamplingSettings, server: ServerSettings,
+                 transfer: WeightTransfer | None = None) -> None:  # fmt: skip
+        super().__init__(tokenizer, settings)
+        self.server = server
+        self.client = ServerClient(server.base_url, server.timeout)
+        self.served_name = check_server(self.client, server)
+        if transfer is None:
+            transfer = (
+                NCCLTransfer(self.client, server.group_host, server.group_port)
+                if server.weight_transfer == "nccl"
+                else FileTransfer(self.client, server.weights_dir)
+            )
+        self.transfer = transfer
+        self._synced_version: int | None = None
+        self.pushes = 0
+
+    def sync_weights(self, model: torch.nn.Module, version: int) -> None:
+        if version == self._synced_version:
+            return
+        distributed = torch.distributed.is_initialized()
+        with gathered(model), self.stops_cleanly():
+            if not distributed or torch.distributed.get_rank() == 0:
+                self.transfer.push(plain_state_dict(model), version)
+        if distributed:  # no process generates before the server holds the new weights
+            torch.distributed.barrier()
+        self._synced_version = version
+        self.pushes += 1
+
+    @contextlib.contextmanager
+    def stops_cleanly(self) -> Iterator[None]:
+        """A server failure during the run: say that the run stopped there and how to go on."""
+        try:
+            yield
+        except VLLMServerError as err:
+            raise VLLMServerError(
+                f"the run lost its vLLM server: {err}. It stopped here; the checkpoints already written are intact: "
+                "once the server answers again, resume with resume_from_checkpoint=True"
+            ) from err
+
+    def request_body(self, prompt: list[int], seed: int) -> dict:
+        s = self.settings
+        return dict(
+            model=self.served_name, prompt=prompt, max_tokens=s.max_new_tokens, temperature=s.temperature,
+            top_p=s.top_p, top_k=s.top_k, min_p=s.min_p or 0.0, repetition_penalty=s.repetition_penalty, seed=seed,
+            logprobs=0, return_token_ids=True, **s.extra,
+        )  # fmt: skip
+
+    def _one(self, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
+        choice = self.client.complete(self.request_body(prompt, seed))
+        ids = trim_completion(list(choice["token_ids"]), self.tokenizer.eos_token_id)
+        return ids, list(choice["logprobs"]["token_logprobs"][: len(ids)])
+
+    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+        workers = max(1, min(self.server.concurrency, len(prompt_ids)))
+        with self.stops_cleanly(), ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(self._one, prompt_ids, seeds))
+        return Generation([ids for ids, _ in results], [logprobs for _, logprobs in results])
+
+    def close(self) -> None:
+        self.transfer.close()
+        self._synced_version = None
