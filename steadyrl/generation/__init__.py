@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import socket
-from urllib.parse import urlparse
-
 import torch
 
 from .base import Generation, GenerationBackend, SamplingSettings, sampling_seed
 from .hf import HFGenerationBackend
 from .server_client import VLLMServerError
 from .vllm import EngineSettings, VLLMGenerationBackend, check_servable, import_vllm
-from .vllm_server import ServerSettings, VLLMServerBackend, server_url
+from .vllm_server import VLLMServerBackend, server_settings
 from .weights import base_config, check_mergeable
 
 __all__ = [
@@ -73,26 +69,3 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
     )
     return VLLMGenerationBackend(tokenizer, settings, engine, device)
 
-
-def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
-    """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
-    weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
-    return ServerSettings(
-        base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
-        timeout=args.vllm_server_timeout,
-        weight_transfer=args.vllm_server_weight_transfer,
-        weights_dir=weights_dir,
-        group_host=group_host(args.vllm_server_base_url, args.vllm_server_host),
-        group_port=args.vllm_group_port,
-        model=config._name_or_path,
-        max_model_len=max_model_len,
-        dtype=dtype,
-        logprobs_mode=logprobs_mode,
-    )
-
-
-def group_host(base_url: str | None, host: str) -> str:
-    """The trainer's address for the NCCL rendezvous, as the server's workers reach it: the loopback address for a
-    server on this machine, else this machine's name."""
-    server_host = urlparse(base_url).hostname if base_url else host
-    return "127.0.0.1" if server_host in ("localhost", "127.0.0.1", "0.0.0.0", "::1") else socket.getfqdn()

@@ -20,10 +20,9 @@ import torch
 
 from .. import compat
 from ..checkpoint.rng import rng_untouched
-from ..fsdp import full_state_dict, is_sharded
 from ..quiet import quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
-from .weights import base_config, gathered, plain_state_dict
+from .weights import base_config, whole_weights
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +148,8 @@ class VLLMGenerationBackend(GenerationBackend):
             self._asleep = False
         if version == self._synced_version:
             return
-        if is_sharded(model):  # FSDP2: every process's engine gets the whole actor
-            compat.reload_weights(self.llm, list(full_state_dict(model, everywhere=True).items()))
-        else:
-            with gathered(model):
-                weights = list(plain_state_dict(model).items())
-                compat.reload_weights(self.llm, weights)
+        with whole_weights(model) as weights:  # every process's engine gets the whole actor
+            compat.reload_weights(self.llm, list(weights.items()))
         self.llm.reset_prefix_cache()
         self._synced_version = version
 

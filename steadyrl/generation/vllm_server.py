@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import torch
 
@@ -21,7 +23,7 @@ from .. import compat
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
-from .weights import gathered, plain_state_dict
+from .weights import whole_weights
 
 
 @dataclass
@@ -42,6 +44,30 @@ class ServerSettings:
 def server_url(base_url: str | None, host: str, port: int) -> str:
     """``vllm_server_base_url``, or ``http://host:port`` (TRL's precedence)."""
     return base_url.rstrip("/") if base_url else f"http://{host}:{port}"
+
+
+def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
+    """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
+    weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
+    return ServerSettings(
+        base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
+        timeout=args.vllm_server_timeout,
+        weight_transfer=args.vllm_server_weight_transfer,
+        weights_dir=weights_dir,
+        group_host=group_host(args.vllm_server_base_url, args.vllm_server_host),
+        group_port=args.vllm_group_port,
+        model=config._name_or_path,
+        max_model_len=max_model_len,
+        dtype=dtype,
+        logprobs_mode=logprobs_mode,
+    )
+
+
+def group_host(base_url: str | None, host: str) -> str:
+    """The trainer's address for the NCCL rendezvous, as the server's workers reach it: the loopback address for a
+    server on this machine, else this machine's name."""
+    server_host = urlparse(base_url).hostname if base_url else host
+    return "127.0.0.1" if server_host in ("localhost", "127.0.0.1", "0.0.0.0", "::1") else socket.getfqdn()
 
 
 def same_model(served: str, wanted: str) -> bool:
@@ -125,9 +151,9 @@ class VLLMServerBackend(GenerationBackend):
         if version == self._synced_version:
             return
         distributed = torch.distributed.is_initialized()
-        with gathered(model), self.stops_cleanly():
+        with whole_weights(model, everywhere=False) as weights, self.stops_cleanly():
             if not distributed or torch.distributed.get_rank() == 0:
-                self.transfer.push(plain_state_dict(model), version)
+                self.transfer.push(weights, version)
         if distributed:  # no process generates before the server holds the new weights
             torch.distributed.barrier()
         self._synced_version = version

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ..fsdp import full_state_dict, is_sharded
+
 
 def is_peft(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config")
@@ -69,3 +71,15 @@ def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             key = key.replace(f".modules_to_save.{adapter}.", ".")
         state[key] = value + deltas[key] if key in deltas else value
     return state
+
+
+@contextlib.contextmanager
+def whole_weights(model: torch.nn.Module, everywhere: bool = True) -> Iterator[dict[str, torch.Tensor] | None]:
+    """``plain_state_dict(model)`` with every weight whole for the block: ZeRO-3 partitions gathered on every
+    process, FSDP2 shards gathered one tensor at a time (with ``everywhere=False`` on the main process only, None on
+    the others). Every process must enter it."""
+    if is_sharded(model):
+        yield full_state_dict(model, everywhere)
+        return
+    with gathered(model):
+        yield plain_state_dict(model)
