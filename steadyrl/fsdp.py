@@ -30,10 +30,14 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(p, dtensor) for p in model.parameters())
 
 
-def enable(accelerator) -> int | None:
-    """The FSDP version the launch asked for (``accelerate launch`` with ``distributed_type: FSDP``), else None;
-    on a machine without a GPU, where accelerate falls back to DDP without a word, FSDP is switched on again."""
-    return compat.enable_accelerate_fsdp(accelerator)
+def enable(accelerator, model: torch.nn.Module) -> int | None:
+    """The FSDP version the launch asked for (``accelerate launch`` with ``distributed_type: FSDP``), else None,
+    after refusing what ``check_fsdp_support`` refuses; on a machine without a GPU, where accelerate falls back to
+    DDP without a word, FSDP is switched on again."""
+    version = compat.enable_accelerate_fsdp(accelerator)
+    if version is not None:
+        check_fsdp_support(accelerator.state.fsdp_plugin, model)
+    return version
 
 
 def check_fsdp_support(plugin, model: torch.nn.Module) -> None:

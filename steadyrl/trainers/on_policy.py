@@ -34,7 +34,6 @@ from ..callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallba
 from ..checkpoint import checkpoint_name
 from ..checkpoint.ownership import supersede_newer
 from ..completion_log import CompletionLog
-from ..fsdp import check_fsdp_support
 from ..fsdp import enable as enable_fsdp
 from ..generation import make_backend
 from ..generation.weights import is_peft
@@ -200,10 +199,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.zero_stage = None
         if self.is_deepspeed_enabled:
             self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model)
-        self.fsdp_version = enable_fsdp(self.accelerator)  # 2: FSDP2 shards the trained models at prepare()
-        if self.fsdp_version is not None:
-            self.is_fsdp_enabled = True
-            check_fsdp_support(self.accelerator.state.fsdp_plugin, self.model)
+        self.fsdp_version = enable_fsdp(self.accelerator, self.model)  # 2: FSDP2 shards the trained models at prepare()
+        self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_version is not None
         check_master_weights(self.model, "model", args, self.deepspeed_config)
         self.identity = run_identity(self.model, self.reward_model, processing_class, train_dataset, self.reward_funcs)
         self.zero3 = self.zero_stage == 3
