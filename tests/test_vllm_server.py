@@ -123,6 +123,8 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
     greedy = SamplingSettings(max_new_tokens=10, temperature=0.0)
     remote = server_backend(server, tokenizer, greedy, tmp_path)
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "notes.txt").write_text("a user's file in the chosen vllm_server_weights_dir")
     prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:6]]
     for version, seed in ((1, 1), (2, 2)):  # two updates in a row: the second replaces the first
         model = perturbed_model(seed)
@@ -130,7 +132,9 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
         served = remote.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids
         hf = [hf_greedy(model, ids, tokenizer.eos_token_id) for ids in prompts]
         assert served == hf, f"after push {version} the server's greedy completions differ from the model's"
-    assert os.listdir(tmp_path / "weights") == ["v2"], "older versions are removed"
+    assert sorted(os.listdir(tmp_path / "weights")) == ["notes.txt", "v2"], "older versions are removed, only they"
+    remote.close()
+    assert os.listdir(tmp_path / "weights") == ["notes.txt"], "close() removes the versions it wrote, only they"
 
 
 # ---- whole runs ------------------------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 from abc import ABC, abstractmethod
 
@@ -86,12 +88,21 @@ class FileTransfer(WeightTransfer):
                 "directory (set vllm_server_weights_dir to a path both see) and serve the same architecture"
             ) from err
         self.client.reset_prefix_cache()
+        self.remove_versions(keep=f"v{version}")
+
+    def remove_versions(self, keep: str | None = None) -> None:
+        """Delete the versions this transfer wrote (``v<step>``, ``v<step>.tmp``) but ``keep``; anything else in
+        ``weights_dir`` (a directory the user may have chosen) is left alone."""
+        if not os.path.isdir(self.weights_dir):
+            return
         for name in os.listdir(self.weights_dir):
-            if name != f"v{version}":
+            if name != keep and re.fullmatch(r"v\d+(\.tmp)?", name):
                 shutil.rmtree(os.path.join(self.weights_dir, name), ignore_errors=True)
 
     def close(self) -> None:
-        shutil.rmtree(self.weights_dir, ignore_errors=True)
+        self.remove_versions()
+        with contextlib.suppress(OSError):  # only if nothing else is in it
+            os.rmdir(self.weights_dir)
 
 
 class NCCLTransfer(WeightTransfer):
