@@ -67,6 +67,15 @@ def launch_machines(output_dir, *flags, cwds=(None, None), expect="success") -> 
     return outputs
 
 
+def worker_tracebacks(output: str) -> list[str]:
+    """The lines that start a traceback, except in torchrun's own exit-barrier error record: the agent of a machine
+    other than 0 may find machine 0's agent (the store's host) already gone when both runs have finished
+    (pytorch/pytorch#69520; the launcher still exits 0)."""
+    lines = output.splitlines()
+    barrier_records = {line.split("]", 1)[0] for line in lines if "Error waiting on exit barrier" in line}
+    return [line for line in lines if "Traceback" in line and line.split("]", 1)[0] not in barrier_records]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, toy_path):
     out = tmp_path_factory.mktemp("multinode")
@@ -85,7 +94,8 @@ def test_a_run_over_two_machines_checkpoints_the_state_of_both(uninterrupted):
         assert per_rank <= set(manifest["files"]), rank
     # nothing of the run's ownership is left: the lock (taken by the main process only) and the shared-directory mark
     assert not [p.name for p in out.iterdir() if p.name.startswith(".steadyrl")]
-    assert all("Traceback" not in output for output in outputs)
+    for output in outputs:
+        assert not worker_tracebacks(output), output[-6000:]
 
 
 def test_both_machines_killed_after_a_checkpoint_resume_identically(uninterrupted, tmp_path):
