@@ -63,9 +63,11 @@ def require_tested_version(package: str, version: str, where: str) -> None:
 # ---- accelerate ----------------------------------------------------------------------------------------------
 
 
-def enable_accelerate_fsdp(accelerator) -> int | None:
-    """The FSDP version of the launch (``ACCELERATE_USE_FSDP`` and ``FSDP_VERSION``, which ``accelerate launch`` sets
-    from a config with ``distributed_type: FSDP``), or None without FSDP.
+def enable_accelerate_fsdp(accelerator, plugin_args: dict | None = None) -> int | None:
+    """The FSDP version of the run, or None without FSDP. FSDP comes from the launch (``ACCELERATE_USE_FSDP`` and
+    ``FSDP_*``, which ``accelerate launch`` sets from a config with ``distributed_type: FSDP``) or from
+    ``TrainingArguments.fsdp`` / ``fsdp_config``, whose plugin settings (``args.fsdp_plugin_args``) are
+    ``plugin_args``.
 
     accelerate picks FSDP only for GPU-like process types: with ``use_cpu`` (gloo on CPU) its state says MULTI_CPU and
     the run would silently train as DDP. There the FSDP type and plugin are written into accelerate's shared state
@@ -73,15 +75,15 @@ def enable_accelerate_fsdp(accelerator) -> int | None:
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
-        return None
     state = accelerator.state
     if state.distributed_type == DistributedType.FSDP:
         return state.fsdp_plugin.fsdp_version
+    if plugin_args is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
+        return None
     if state.distributed_type != DistributedType.MULTI_CPU:  # one process: nothing to shard over
         return None
     require_tested("accelerate")
-    plugin = FullyShardedDataParallelPlugin()
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # the one given to Accelerator is not kept here
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
     AcceleratorState._shared_state["fsdp_plugin"] = plugin

@@ -30,11 +30,12 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(p, dtensor) for p in model.parameters())
 
 
-def enable(accelerator, model: torch.nn.Module) -> int | None:
-    """The FSDP version the launch asked for (``accelerate launch`` with ``distributed_type: FSDP``), else None,
-    after refusing what ``check_fsdp_support`` refuses; on a machine without a GPU, where accelerate falls back to
-    DDP without a word, FSDP is switched on again."""
-    version = compat.enable_accelerate_fsdp(accelerator)
+def enable(accelerator, model: torch.nn.Module, plugin_args: dict | None = None) -> int | None:
+    """The FSDP version the run asked for (``accelerate launch`` with ``distributed_type: FSDP``, or
+    ``TrainingArguments.fsdp``, whose ``fsdp_plugin_args`` are ``plugin_args``), else None, after refusing what
+    ``check_fsdp_support`` refuses; on a machine without a GPU, where accelerate falls back to DDP without a word,
+    FSDP is switched on again."""
+    version = compat.enable_accelerate_fsdp(accelerator, plugin_args)
     if version is not None:
         check_fsdp_support(accelerator.state.fsdp_plugin, model)
     return version
@@ -50,8 +51,8 @@ def check_fsdp_support(plugin, model: torch.nn.Module) -> None:
     if plugin.fsdp_version != 2:
         raise ValueError(
             f"fsdp_version={plugin.fsdp_version} is not supported: steadyrl runs FSDP2 (torch's fully_shard) only. "
-            "Set fsdp_version: 2 in the accelerate config (examples/accelerate_configs/fsdp2.yaml), or use DeepSpeed "
-            "ZeRO (zero2.yaml, zero3.yaml)."
+            "Set fsdp_version: 2 in the accelerate config (examples/accelerate_configs/fsdp2.yaml) or version 2 in "
+            "fsdp_config, or use DeepSpeed ZeRO (zero2.yaml, zero3.yaml)."
         )
     if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
         raise ValueError(

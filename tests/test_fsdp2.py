@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from conftest import CONFIGS, TWO_PROCESSES, read_logs, run_toy
+from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, read_logs, run_toy
 from safetensors.torch import load_file
 from test_ref_sync import assert_trls_mix_at_each_sync_step
 from test_resume import assert_same_result
@@ -59,6 +59,17 @@ def test_fsdp2_rloo_trains_like_ddp_and_checkpoints_each_optimizer_shard(rloo_ru
     assert 0.9 * whole < sum(sizes) <= whole and max(sizes) <= whole // 2 + 1024, (sizes, whole)  # each about half
     fingerprint = json.loads((checkpoint / "steadyrl_state.json").read_text())["fingerprint"]
     assert fingerprint["fsdp_version"] == 2 and fingerprint["world_size"] == 2
+
+
+def test_fsdp_through_training_arguments_shards_like_the_accelerate_config(rloo_run, tmp_path):
+    # TRL / transformers' way: TrainingArguments.fsdp (fsdp_config's version 2 by default) under a plain 2-process
+    # launch; on CPU accelerate drops the plugin transformers gives it, and the run would silently train as DDP
+    run_toy(tmp_path, *TWO_PROCESSES, "fsdp=full_shard", "max_steps=3", accelerate_config=MULTI_CPU)
+    assert_trains_like_ddp(tmp_path, rloo_run, COMPARED, steps=range(1, 4))
+    sizes = [shard_sizes(tmp_path / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
+    assert sizes == [shard_sizes(rloo_run / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
+    fingerprint = json.loads((tmp_path / "checkpoint-3" / "steadyrl_state.json").read_text())["fingerprint"]
+    assert fingerprint["fsdp_version"] == 2
 
 
 def test_export_of_an_fsdp2_checkpoint_equals_the_live_actor(rloo_run, tmp_path):

@@ -199,7 +199,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.zero_stage = None
         if self.is_deepspeed_enabled:
             self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model)
-        self.fsdp_version = enable_fsdp(self.accelerator, self.model)  # 2: FSDP2 shards the trained models at prepare()
+        self.fsdp_version = enable_fsdp(self.accelerator, self.model, self.args.fsdp_plugin_args)
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_version is not None
         check_master_weights(self.model, "model", args, self.deepspeed_config)
         self.identity = run_identity(self.model, self.reward_model, processing_class, train_dataset, self.reward_funcs)
