@@ -2,7 +2,8 @@
 gloo: RLOO trains like DDP, checkpoints each process's optimizer shard as plain tensors and the actor whole, exports
 it equal to the live actor, and resumes byte-identically after a SIGKILL; PPO (two sharded models) trains like DDP;
 online DPO runs; GRPO with vLLM gets the gathered actor pushed to its engines and mixes the reference with the sharded
-actor (``sync_ref_model``) exactly as TRL's operations do. A file of its own, so pytest-xdist runs it beside the
+actor (``sync_ref_model``) exactly as TRL's operations do; FSDP set through ``TrainingArguments.fsdp`` trains and
+evaluates like DDP. A file of its own, so pytest-xdist runs it beside the
 other multi-process tests."""
 
 from __future__ import annotations
@@ -61,14 +62,21 @@ def test_fsdp2_rloo_trains_like_ddp_and_checkpoints_each_optimizer_shard(rloo_ru
     assert fingerprint["fsdp_version"] == 2 and fingerprint["world_size"] == 2
 
 
-def test_fsdp_through_training_arguments_shards_like_the_accelerate_config(rloo_run, tmp_path):
+def test_fsdp_through_training_arguments_trains_and_evaluates_like_ddp(rloo_run, tmp_path):
     # TRL / transformers' way: TrainingArguments.fsdp (fsdp_config's version 2 by default) under a plain 2-process
-    # launch; on CPU accelerate drops the plugin transformers gives it, and the run would silently train as DDP
-    run_toy(tmp_path, *TWO_PROCESSES, "fsdp=full_shard", "max_steps=3", accelerate_config=MULTI_CPU)
-    assert_trains_like_ddp(tmp_path, rloo_run, COMPARED, steps=range(1, 4))
-    sizes = [shard_sizes(tmp_path / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
+    # launch; on CPU accelerate drops the plugin transformers gives it, and the run would silently train as DDP.
+    # evaluate(): 5 held-out prompts over 2 processes (3 each, one repeated and left out of the metrics)
+    fsdp, ddp = tmp_path / "fsdp", tmp_path / "ddp"
+    for out, settings in ((fsdp, ["fsdp=full_shard"]), (ddp, [])):
+        run_toy(out, "--eval-prompts", "5", *TWO_PROCESSES, "max_steps=4", *settings, accelerate_config=MULTI_CPU)
+    histories = [json.loads((out / "log_history.json").read_text()) for out in (fsdp, ddp)]
+    train = [[e[key] for e in history if "loss" in e for key in COMPARED] for history in histories]
+    evals = [{e["step"]: e["eval_reward"] for e in history if "eval_reward" in e} for history in histories]
+    assert len(train[0]) == 4 * len(COMPARED) and train[0] == pytest.approx(train[1], rel=1e-4, abs=1e-5)
+    assert list(evals[0]) == [2, 4] and evals[0] == pytest.approx(evals[1], rel=1e-5)
+    sizes = [shard_sizes(fsdp / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
     assert sizes == [shard_sizes(rloo_run / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
-    fingerprint = json.loads((tmp_path / "checkpoint-3" / "steadyrl_state.json").read_text())["fingerprint"]
+    fingerprint = json.loads((fsdp / "checkpoint-3" / "steadyrl_state.json").read_text())["fingerprint"]
     assert fingerprint["fsdp_version"] == 2
 
 
