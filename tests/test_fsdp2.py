@@ -3,8 +3,7 @@ gloo: RLOO trains like DDP, checkpoints each process's optimizer shard as plain 
 it equal to the live actor, and resumes byte-identically after a SIGKILL; PPO (two sharded models) trains like DDP;
 online DPO runs; GRPO with vLLM gets the gathered actor pushed to its engines and mixes the reference with the sharded
 actor (``sync_ref_model``) exactly as TRL's operations do; FSDP set through ``TrainingArguments.fsdp`` trains and
-evaluates like DDP. A file of its own, so pytest-xdist runs it beside the
-other multi-process tests."""
+evaluates like DDP. A file of its own, so pytest-xdist runs it beside the other multi-process tests."""
 
 from __future__ import annotations
 

