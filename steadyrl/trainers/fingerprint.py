@@ -70,6 +70,13 @@ def _plain(value):
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
+def evenly_spaced(size: int, count: int) -> torch.Tensor:
+    """``min(count, size)`` int64 indices from 0 to ``size - 1``, evenly spaced. Integer arithmetic: float32 steps
+    (``linspace``) round past the last index of a tensor over 2**24 elements, i.e. of any real LM's embedding."""
+    count = min(count, size)
+    return torch.arange(count, dtype=torch.int64) * (size - 1) // max(count - 1, 1)
+
+
 @torch.no_grad()
 def weights_digest(model: torch.nn.Module) -> str:
     """A cheap digest of a model's weights: every tensor's name, shape, dtype and ``SAMPLED_VALUES`` evenly spaced
@@ -77,7 +84,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         flat = tensor.detach().reshape(-1)
-        index = torch.linspace(0, max(flat.numel() - 1, 0), min(SAMPLED_VALUES, flat.numel())).long()
+        index = evenly_spaced(flat.numel(), SAMPLED_VALUES)
         sample = flat[index.to(flat.device)].to("cpu", torch.float64)
         digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
         digest.update(sample.numpy().tobytes())
