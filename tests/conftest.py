@@ -98,3 +98,16 @@ def run_entries(output_dir) -> list[str]:
 
 def read_logs(output_dir):
     return {entry["step"]: entry for entry in json.loads((Path(output_dir) / "log_history.json").read_text())}
+
+
+def assert_close_to_scale(actual, expected, rel: float = 1e-5, scale: float | None = None, what: str = "") -> None:
+    """``actual`` equals ``expected`` (numbers or tensors) within ``rel`` times their scale: the largest
+    |expected| unless ``scale`` names it (e.g. the size of the terms a loss averages). Float32 results of two
+    libraries, or of one library on two machines' kernels, differ by rounding proportional to the values' size, so
+    an absolute bound that holds on one machine fails on another."""
+    import torch
+
+    expected, actual = torch.as_tensor(expected, dtype=torch.float64), torch.as_tensor(actual, dtype=torch.float64)
+    scale = float(expected.abs().max()) if scale is None else scale
+    error = float((actual - expected).abs().max())
+    assert error <= rel * scale, f"{what}: off by {error:.3g}, more than {rel:g} x the scale {scale:.3g}"

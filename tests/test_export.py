@@ -74,7 +74,7 @@ def test_lora_checkpoint_exports_the_merged_model(tmp_path):
     merged = trainer.model.merge_and_unload().state_dict()
     assert exported.keys() == merged.keys()
     for key in merged:
-        torch.testing.assert_close(exported[key], merged[key], rtol=0, atol=1e-6)
+        torch.testing.assert_close(exported[key], merged[key], rtol=1e-5, atol=1e-6)
 
 
 def test_damaged_checkpoint_or_wrong_directory_is_refused(trained, tmp_path):

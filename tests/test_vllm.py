@@ -132,7 +132,7 @@ def test_lora_weights_are_merged_for_the_engine_without_touching_the_training_mo
     expected = model.merge_and_unload().state_dict()
     assert merged.keys() == expected.keys()
     for key in expected:
-        torch.testing.assert_close(merged[key], expected[key], rtol=0, atol=1e-6)
+        torch.testing.assert_close(merged[key], expected[key], rtol=1e-5, atol=1e-6)
 
 
 def test_lora_run_with_vllm_generates_with_the_adapted_actor(tmp_path):
