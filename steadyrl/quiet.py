@@ -1,6 +1,7 @@
 """Third-party messages that steadyrl's own calls provoke and that say nothing is wrong, stopped at their source.
 
-Each entry says which call provokes the message and why it is harmless; nothing else is filtered. Imported first by
+Each entry says which call provokes the message and why it is harmless; nothing else is filtered, except vLLM's
+logs, which ``quiet_vllm_logs`` turns down to errors unless the user set vLLM's logging up. Imported first by
 ``steadyrl/__init__.py``.
 """
 
@@ -23,7 +24,6 @@ def name_deepspeeds_accelerator() -> None:
         os.environ["DS_ACCELERATOR"] = "cpu"
 
 
-
 class _RotaryCacheReload(logging.Filter):
     """vLLM's layer-wise weight reload (``reload_weights``, which each weight push calls) counts the rotary
     embedding's ``cos_sin_cache`` as a weight to load; no checkpoint holds it (vLLM computes it from the config), so
@@ -43,6 +43,30 @@ def quiet_vllm_weight_reload() -> None:
         target.addFilter(_RotaryCacheReload())
 
 
+VLLM_LOG_SETTINGS = ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING")
+
+
+def quiet_vllm_logs() -> dict[str, str]:
+    """vLLM logs about 30 INFO and WARNING lines as steadyrl starts an engine in (or talks to one from) a training
+    process — its whole configuration, serving tips (LD_PRELOAD, thread binding), notes on what steadyrl chose on
+    purpose (the seed, ``enforce_eager`` on CPU) — and three on every weight push: noise that buries the run's output.
+    Unless the user set vLLM's logging up (any of ``VLLM_LOG_SETTINGS``), vLLM then logs errors only: the ``vllm``
+    logger is set to ERROR now (vLLM logs while it is imported, before it configures itself), and the variables
+    returned, set while the engine is created, make vLLM's own configuration use ERROR. ``VLLM_LOGGING_LEVEL=INFO``
+    (vLLM's default) shows everything again. Call it before importing vLLM."""
+    if any(name in os.environ for name in VLLM_LOG_SETTINGS):
+        return {}
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    return {"VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+def quiet_vllm_kernel_scan() -> None:
+    """At engine start, vLLM's kernel dispatcher (``vllm/triton_utils/dispatcher.py``) looks through the attributes of
+    every imported module for Triton kernels; reading ``torch.distributed.reduce_op``, a deprecated alias it never
+    uses, raises torch's FutureWarning twice. Only that message, from that module, is ignored."""
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning,
+                            module=r"vllm\.triton_utils\.dispatcher")  # fmt: skip
+
 
 def quiet_deepspeed_collectives() -> None:
     """DeepSpeed 0.19's ZeRO-3 partitioning calls ``torch.distributed.all_gather_into_tensor`` and
@@ -56,3 +80,4 @@ def quiet_deepspeed_collectives() -> None:
 
 name_deepspeeds_accelerator()
 quiet_deepspeed_collectives()
+quiet_vllm_kernel_scan()

@@ -1,21 +1,28 @@
-"""What a person sees of a plain run: a printed dict per logging step and a summary at the end, no warning lines,
-and every logged entry in output_dir/metrics.jsonl, which a resumed run continues as an uninterrupted one."""
+"""What a person sees of a plain run: a printed dict per logging step and a summary at the end, no warning lines
+(with vLLM too: none of vLLM's logs), and every logged entry in output_dir/metrics.jsonl, which a resumed run
+continues as an uninterrupted one."""
 
 import json
+import logging
+import os
+import re
 import shutil
 import subprocess
 import sys
 
 from conftest import ROOT
 
+from steadyrl.quiet import VLLM_LOG_SETTINGS, quiet_vllm_logs
+
 TIMINGS = {"tokens_per_second", "train_runtime", "train_steps_per_second", "train_samples_per_second",
            "train_tokens_per_second"}  # fmt: skip
 
 
-def run(output_dir, *flags) -> str:
+def run(output_dir, *flags, overrides=()) -> str:
     cmd = [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(output_dir), *flags,
-           "--set", "max_steps=4", "save_steps=2", "disable_tqdm=false"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           "--set", "max_steps=4", "save_steps=2", "disable_tqdm=false", *overrides]  # fmt: skip
+    env = {name: value for name, value in os.environ.items() if name not in VLLM_LOG_SETTINGS}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -44,3 +51,30 @@ def test_a_plain_run_prints_its_metrics_and_summary_quietly_and_keeps_them(tmp_p
     again = entries(resumed)
     assert again[:4] == logged[:4], "steps 3 and 4 are logged once, as in the uninterrupted run"
     assert again[4]["step"] == 4 and again[4]["final_reward"] == logged[4]["final_reward"]  # this call's summary
+
+
+# vLLM's CPU worker binds memory with C++ code that prints this through torch's C++ logging, outside Python's logging
+# and warnings (TORCH_CPP_LOG_LEVEL=ERROR, set before Python starts, hides it)
+NUMA_LINE = re.compile(r"\[W\d+ [\d:.]+ utils\.cpp:\d+\] Warning: NUMA binding: .*?\(function init_cpu_memory_env\)")
+VLLM_RECORD = re.compile(r"\b(DEBUG|INFO|WARNING)\b|warn|vllm|triton", re.IGNORECASE)
+
+
+def test_a_vllm_run_prints_none_of_vllms_logs(tmp_path):
+    output = run(tmp_path / "vllm", overrides=["use_vllm=true", "vllm_dtype=float32"])
+    lines = NUMA_LINE.sub("", output).replace("\r", "\n").splitlines()
+    assert not [line for line in lines if VLLM_RECORD.search(line)], output[-3000:]
+    printed = [line for line in lines if line.startswith("{'")]
+    assert sum("'generation_logprob_diff':" in line for line in printed) == 4, printed
+
+
+def test_vllms_own_logging_settings_are_left_to_the_user(monkeypatch):
+    vllm_logger, level = logging.getLogger("vllm"), logging.getLogger("vllm").level
+    try:
+        vllm_logger.setLevel(logging.NOTSET)
+        monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+        assert quiet_vllm_logs() == {} and vllm_logger.level == logging.NOTSET
+        for name in VLLM_LOG_SETTINGS:
+            monkeypatch.delenv(name, raising=False)
+        assert quiet_vllm_logs() == {"VLLM_LOGGING_LEVEL": "ERROR"} and vllm_logger.level == logging.ERROR
+    finally:
+        vllm_logger.setLevel(level)

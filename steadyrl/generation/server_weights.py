@@ -124,7 +124,9 @@ class NCCLTransfer(WeightTransfer):
 
     def _start(self, source) -> None:
         from .. import compat
+        from ..quiet import quiet_vllm_logs
 
+        quiet_vllm_logs()
         compat.require_tested("vllm")
         from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine

@@ -20,7 +20,7 @@ import torch
 
 from .. import compat
 from ..checkpoint.rng import rng_untouched
-from ..quiet import quiet_vllm_weight_reload
+from ..quiet import quiet_vllm_logs, quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .weights import base_config, whole_weights
 
@@ -43,7 +43,8 @@ class EngineSettings:
 
 
 def import_vllm():
-    """vLLM, or an ImportError that says which package to install."""
+    """vLLM, or an ImportError that says which package to install; its logs turned down (``quiet_vllm_logs``)."""
+    quiet_vllm_logs()
     try:
         import vllm
     except ImportError as err:
@@ -86,6 +87,7 @@ def engine_variables(settings: EngineSettings, on_cuda: bool) -> dict[str, str]:
     then caches vLLM's environment settings (``vllm.envs.enable_envs_cache``): they need not outlive that."""
     # the engine lives in the training process, unless the user set otherwise
     values = {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+    values.update(quiet_vllm_logs())  # errors only, unless the user set vLLM's logging up
     if not on_cuda:
         values["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_space)  # GiB
     return values
