@@ -28,6 +28,7 @@ from steadyrl.cli import main as steadyrl_main
 from steadyrl.generation import SamplingSettings, VLLMServerError, sampling_seed
 from steadyrl.generation.vllm import EngineSettings, VLLMGenerationBackend
 from steadyrl.generation.vllm_server import ServerSettings, VLLMServerBackend
+from steadyrl.quiet import VLLM_LOG_SETTINGS
 from steadyrl.toy import toy_dataset, toy_model_path
 
 MAX_MODEL_LEN = 256  # the toy model's max_position_embeddings: what a toy run asks for
@@ -141,10 +142,19 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(server, tmp_path_factory):
+def uninterrupted_output(server, tmp_path_factory):
+    """The output directory of an uninterrupted run against the server, and what it printed."""
     out = tmp_path_factory.mktemp("server-uninterrupted")
-    run_toy(out, *toy_flags(server))
-    return out
+    with pytest.MonkeyPatch.context() as patch:
+        for name in VLLM_LOG_SETTINGS:
+            patch.delenv(name, raising=False)
+        _, printed = run_toy(out, *toy_flags(server))
+    return out, printed
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_output):
+    return uninterrupted_output[0]
 
 
 def toy_flags(url: str) -> list[str]:
@@ -156,6 +166,11 @@ def test_every_rollout_is_generated_with_the_trainers_current_weights(uninterrup
     assert sorted(logs) == list(range(1, 13))
     diffs = [log["generation_logprob_diff"] for log in logs.values()]
     assert max(diffs) < 1e-4, f"the server's log-probs differ from the trainer's: {diffs}"
+
+
+def test_the_trainer_prints_no_warning_and_none_of_vllms_logs(uninterrupted_output):
+    noise = [line for line in uninterrupted_output[1].splitlines() if re.search(r"warn|\bINFO\b|vllm", line, re.I)]
+    assert not noise, noise
 
 
 def test_a_killed_trainer_resumes_byte_identical(server, uninterrupted, tmp_path):
