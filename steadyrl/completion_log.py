@@ -14,10 +14,11 @@ from pathlib import Path
 from transformers.integrations import TensorBoardCallback, WandbCallback
 
 from .jsonl import append_records, truncate_after
+from .prompts import UserTurns
 
 COMPLETIONS_FILE = "completions.jsonl"
 TABLE_KEY = "completions"  # the TensorBoard tag and the wandb key
-PRINTED_CHARS = 120  # a longer prompt or completion is printed as its start and its end around "…"
+PRINTED_CHARS = 120  # a longer prompt is printed as its end after "…", a completion as its start and end around it
 
 
 class CompletionLog:
@@ -25,14 +26,16 @@ class CompletionLog:
 
     A row is ``{"prompt": str, "completion": str, "rewards": {name: float}, "reward": float, "advantage": float
     | None}``: each reward function's score, the weighted total, and the advantage the loss used. Only the main
-    process writes, with the rows of every process.
+    process writes, with the rows of every process. With ``user_turns`` (conversational prompts) the printed table
+    shows each prompt's last user turn, not the whole rendered conversation.
     """
 
-    def __init__(self, output_dir: str | os.PathLike, num_to_print: int | None = None) -> None:
+    def __init__(self, output_dir: str | os.PathLike, num_to_print: int | None = None,
+                 user_turns: UserTurns | None = None) -> None:  # fmt: skip
         if num_to_print is not None and num_to_print < 0:
             raise ValueError(f"num_to_print={num_to_print} is invalid: it must be >= 0, or None to print every row.")
         self.path = Path(output_dir) / COMPLETIONS_FILE
-        self.num_to_print = num_to_print
+        self.num_to_print, self.user_turns = num_to_print, user_turns
 
     def write(self, step: int, rows: Sequence[dict], callbacks: Sequence = ()) -> None:
         """Append ``rows`` for global step ``step`` (durably), print up to ``num_to_print`` of them, and report them
@@ -40,7 +43,7 @@ class CompletionLog:
         if not rows:
             return
         self.append(step, rows)
-        print_completions(step, rows_to_print(rows, self.num_to_print))
+        print_completions(step, rows_to_print(rows, self.num_to_print), self.user_turns)
         for callback in callbacks:
             if isinstance(callback, TensorBoardCallback) and callback.tb_writer is not None:
                 callback.tb_writer.add_text(TABLE_KEY, markdown_table(rows), step)
@@ -104,22 +107,31 @@ def _format_number(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def visible(text: str, max_chars: int | None = PRINTED_CHARS) -> str:
+def visible(text: str, max_chars: int | None = PRINTED_CHARS, keep_start: bool = True) -> str:
     """``text`` on one line, newlines and tabs shown as ``\\n`` and ``\\t``; beyond ``max_chars``, its start and
-    end around "…" (the end of a prompt holds the question, the end of a completion often the hack)."""
+    end around "…" (a completion: its start, and its end, which often holds the hack), or with ``keep_start=False``
+    "…" and its end."""
     text = text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
     if max_chars is None or len(text) <= max_chars:
         return text
-    head = (max_chars - 1) // 2
+    head = (max_chars - 1) // 2 if keep_start else 0
     return text[:head] + "…" + text[len(text) - (max_chars - 1 - head) :]
 
 
-def print_completions(step: int, rows: Sequence[dict]) -> None:
-    """Print ``rows`` as a table: with rich if installed, else as plain text."""
+def shown_prompt(prompt: str, user_turns: UserTurns | None = None) -> str:
+    """What the printed table shows of a prompt: the last user turn of a conversation (found with ``user_turns``),
+    else the end of the text, where the question is; a long one as "…" and its end."""
+    turn = None if user_turns is None else user_turns.last(prompt)
+    return visible(prompt if turn is None else turn, keep_start=False)
+
+
+def print_completions(step: int, rows: Sequence[dict], user_turns: UserTurns | None = None) -> None:
+    """Print ``rows`` as a table, each prompt as ``shown_prompt`` shows it: with rich if installed, else as plain
+    text."""
     if not rows:
         return
     columns, values = table(rows)
-    cells = [[visible(v) if isinstance(v, str) else _format_number(v) for v in line] for line in values]
+    cells = [[shown_prompt(line[0], user_turns), visible(line[1]), *map(_format_number, line[2:])] for line in values]
     title = f"Completions at step {step}"
     try:
         from rich.console import Console

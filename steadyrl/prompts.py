@@ -83,6 +83,51 @@ def prompt_texts(prompts: Sequence, tokenizer, conversational: bool, chat_templa
     ]
 
 
+def _common_suffix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
+        n += 1
+    return a[len(a) - n :]
+
+
+class UserTurns:
+    """Finds the last user turn in a conversation rendered with a chat template, from the text the template puts
+    before a user message's content (``start``: shared by a first and a later user turn) and after the last one
+    (``end``: its close and the assistant's opening), both learnt by rendering probe conversations."""
+
+    def __init__(self, start: str, end: str) -> None:
+        self.start, self.end = start, end
+
+    @classmethod
+    def of(cls, tokenizer, chat_template_kwargs: dict | None = None) -> UserTurns | None:
+        """The markers of ``tokenizer``'s chat template; None where probing it fails or finds none."""
+        a, b, c = "\x1fsteadyrl-a\x1f", "\x1fsteadyrl-b\x1f", "\x1fsteadyrl-c\x1f"
+
+        def render(*contents: str) -> str:
+            roles = ["user", "assistant"] * len(contents)
+            messages = [{"role": role, "content": text} for role, text in zip(roles, contents)]
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                 **(chat_template_kwargs or {}))  # fmt: skip
+
+        try:
+            one, three = render(a), render(a, b, c)
+        except Exception:  # a template that cannot render the probes: the caller falls back
+            return None
+        if one.count(a) != 1 or three.count(b) != 1 or three.count(c) != 1:
+            return None
+        before, end = one.split(a)
+        start = _common_suffix(before, three[three.index(b) + len(b) : three.index(c)])
+        return cls(start, end) if start and end else None
+
+    def last(self, text: str) -> str | None:
+        """The content of the last user turn in ``text``; None if ``text`` does not end with one. A prompt cut on
+        the left before that turn's opening gives what is left of it."""
+        if not text.endswith(self.end):
+            return None
+        body = text[: len(text) - len(self.end)]
+        return body[body.rfind(self.start) + len(self.start) :] if self.start in body else body
+
+
 def as_completions(texts: list[str], conversational: bool) -> list:
     """Completions as reward functions receive them: strings, or TRL's one-message assistant turns."""
     return [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts

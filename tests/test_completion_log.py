@@ -12,6 +12,8 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from steadyrl.completion_log import COMPLETIONS_FILE, CompletionLog, markdown_table, rows_to_print, visible
+from steadyrl.prompts import UserTurns
+from steadyrl.toy.chat import CHAT_TEMPLATE, build_chat_tokenizer
 
 
 def make_rows(n: int, tag: str = "") -> list[dict]:
@@ -141,6 +143,50 @@ def test_printed_table_shows_prompt_completion_rewards_and_advantage(tmp_path, c
         assert text in out, text
     assert "prompt2" not in out and "completion3" not in out  # num_to_print=2
     assert len(read_lines(tmp_path / COMPLETIONS_FILE)) == 4  # the file has every row
+
+
+# SmolLM2-Instruct's template: a default system message when the conversation has none
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant with a long default system message<|im_end|>\\n' }}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SYSTEM = "You are a careful tutor. " * 8
+
+
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, DEFAULT_SYSTEM_TEMPLATE], ids=["chatml", "default-system"])
+@pytest.mark.parametrize("system", [True, False], ids=["system", "no-system"])
+def test_printed_prompt_is_the_last_user_turn_of_a_conversation(tmp_path, capsys, monkeypatch, template, system):
+    monkeypatch.setenv("COLUMNS", "200")
+    tokenizer = build_chat_tokenizer()
+    tokenizer.chat_template = template
+    conversation = [{"role": "system", "content": SYSTEM}] if system else []
+    conversation += [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, ask away."},
+                     {"role": "user", "content": "Which letters are in qwer?"}]  # fmt: skip
+    ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=True)
+    rows = make_rows(1)
+    rows[0]["prompt"] = tokenizer.decode(ids["input_ids"])  # as the completion log holds it: what the model saw
+    CompletionLog(tmp_path, user_turns=UserTurns.of(tokenizer)).write(1, rows)
+    out = capsys.readouterr().out
+    assert "Which letters are in qwer?" in out
+    assert not any(text in out for text in ("careful tutor", "default system", "Hello, ask away", "im_start")), out
+    assert read_lines(tmp_path / COMPLETIONS_FILE)[0]["prompt"] == rows[0]["prompt"], "the file keeps it whole"
+
+
+def test_printed_prompt_is_the_end_of_a_long_text_prompt(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    rows = make_rows(1)
+    rows[0]["prompt"] = "Context: " + "lorem ipsum " * 30 + "Question: which letters are in qwer?"
+    CompletionLog(tmp_path).write(1, rows)
+    out = capsys.readouterr().out
+    assert "…" in out and "Question: which letters are in qwer?" in out and "Context:" not in out
+
+
+def test_a_template_that_cannot_render_the_probes_gives_no_user_turns():
+    tokenizer = build_chat_tokenizer()
+    tokenizer.chat_template = "{{ raise_exception('system first') }}"
+    assert UserTurns.of(tokenizer) is None
 
 
 def test_no_integration_set_up_means_print_and_file_only(tmp_path, capsys):

@@ -79,3 +79,22 @@ def test_completions_reach_tensorboard_as_text_at_each_rollouts_first_logging_st
     assert [event.step for event in texts] == [1, 3], "one table per rollout (2 optimizer steps each)"
     table = texts[0].tensor_proto.string_val[0].decode()
     assert "letters_in_answer" in table and "assistant" in table
+
+
+def test_the_printed_completions_show_each_prompts_question_not_its_system_message(tmp_path, capsys, monkeypatch):
+    from datasets import Dataset
+
+    monkeypatch.setenv("COLUMNS", "200")
+    system = {"role": "system", "content": "You answer with the letters of the word you are asked about. " * 3}
+    words = ["qwer", "asdf", "zxcv", "tyui"]
+    rows = [{"prompt": [system, {"role": "user", "content": f"Which letters are in {word}?"}], "letters": word}
+            for word in words]  # fmt: skip
+    config_class, trainer_class = ALGORITHMS["rloo"]
+    args = config_class(output_dir=str(tmp_path), **{**SMALL, "n_samples_per_prompt": 2, "max_steps": 1},
+                        log_completions=True, num_completions_to_print=8, shuffle_dataset=False)  # fmt: skip
+    trainer = trainer_class(chat_model_path(), args=args, train_dataset=Dataset.from_list(rows),
+                            reward_funcs=[letters_in_answer])  # fmt: skip
+    trainer.train()
+    out = capsys.readouterr().out
+    assert all(out.count(f"Which letters are in {word}?") == 2 for word in words), out
+    assert "You answer with" not in out

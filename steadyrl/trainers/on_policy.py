@@ -39,7 +39,7 @@ from ..generation import make_backend
 from ..generation.weights import is_peft
 from ..ops import ends_without_eos
 from ..placement import place_frozen_models
-from ..prompts import PromptTruncation, check_prompts
+from ..prompts import PromptTruncation, UserTurns, check_prompts
 from ..rewards import RewardInputs, as_list, check_reward_funcs, score_completions
 from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
@@ -215,7 +215,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.loop = LoopState(sampler, self.initial_algorithm_state())
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
         main = self.accelerator.is_main_process
-        self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print) if main else None
+        turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
+        self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print, turns) if main else None
         self.metrics_log = MetricsLog(args.output_dir) if main else None
         self.checkpointer = Checkpointer(self.accelerator)
 
