@@ -6,7 +6,7 @@ As a script::
     python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
-                            [--set key=value ...]
+                            [--real] [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
@@ -63,6 +63,28 @@ ALGORITHM_DEFAULTS = {
     "grpo": dict(loss_type="dapo", scale_rewards="batch", epsilon_high=0.28),
 }
 DATASETS = {"online-dpo": dict(num_prompts=8)}
+
+# --real: SmolLM2-135M-Instruct on the arithmetic task. 2 prompts x 2 samples; train_batch_size 2 -> 2 steps per
+# rollout, so checkpoint-1 falls in the middle of the first rollout.
+REAL_DEFAULTS = dict(
+    rollout_batch_size=2, n_samples_per_prompt=2, micro_rollout_batch_size=4, train_batch_size=2,
+    micro_train_batch_size=1, num_ppo_epochs=1, max_completion_length=8, learning_rate=1e-5, warmup_steps=0,
+    max_steps=2, save_steps=1,
+)  # fmt: skip
+
+
+def shorter_is_better(completions, **kwargs) -> list[float]:
+    """A dense reward for runs too short to learn the task: sampled completions differ in length, so advantages
+    (and gradients) are not all zero."""
+    return [-len(completion[-1]["content"]) / 32 for completion in completions]
+
+
+def real_task() -> dict:
+    """The trainer arguments of a real-model run: SmolLM2-135M-Instruct, the arithmetic dataset and its rewards."""
+    from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, smollm2_path
+
+    return dict(model=smollm2_path(), train_dataset=arithmetic_dataset(size=64),
+                reward_funcs=[correct_answer, answer_format, shorter_is_better])  # fmt: skip
 
 
 def make_config(output_dir, algorithm="rloo", **overrides):
@@ -192,9 +214,12 @@ def main() -> None:
     parser.add_argument("--signal-again", action="store_true", help="and a second one as that step ends")
     parser.add_argument("--fail-save", help="RANK:STEP: that process's part of checkpoint-STEP fails (no space)")
     parser.add_argument("--eval-prompts", type=int, help="evaluate on this many held-out toy prompts every 2 steps")
+    parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct on the arithmetic task")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
+    if opts.real:
+        overrides = {**REAL_DEFAULTS, **real_task(), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
     callbacks += [SaveLiveActor(opts.save_live_actor)] if opts.save_live_actor else []
     signum = getattr(signal, f"SIG{opts.signal}")

