@@ -7,9 +7,11 @@ logs, which ``quiet_vllm_logs`` turns down to errors unless the user set vLLM's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 
 import torch
 
@@ -66,6 +68,27 @@ def quiet_vllm_kernel_scan() -> None:
     uses, raises torch's FutureWarning twice. Only that message, from that module, is ignored."""
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning,
                             module=r"vllm\.triton_utils\.dispatcher")  # fmt: skip
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off for the block: ``save_pretrained`` draws "Writing model shards" for every model
+    a checkpoint holds, noise within the training bar. transformers' switch turns huggingface_hub's bars off and on
+    too, globally, so where the user chose for either (``HF_HUB_DISABLE_PROGRESS_BARS``, their ``disable_progress_bar``
+    calls) the block changes nothing."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from transformers.utils import logging as hf_logging
+
+    chosen = constants.HF_HUB_DISABLE_PROGRESS_BARS is not None or are_progress_bars_disabled()
+    if chosen or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def quiet_deepspeed_collectives() -> None:

@@ -40,6 +40,8 @@ def test_a_plain_run_prints_its_metrics_and_summary_quietly_and_keeps_them(tmp_p
     printed = [line for line in output.replace("\r", "\n").splitlines() if line.startswith("{'")]
     assert sum("'reward':" in line for line in printed) == 4, printed  # one dict per logging step
     assert "'train_runtime':" in printed[-1] and "'final_reward':" in printed[-1]
+    # checkpoints 2 and 4 draw no "Writing model shards" bar inside the training bar: only save_model's final-actor does
+    assert output.count("Writing model shards:   0%") == 1, output
     logged = entries(full)
     assert [e["step"] for e in logged] == [1, 2, 3, 4, 4]
     assert all("reward" in e and "loss" in e for e in logged[:4])
@@ -47,7 +49,10 @@ def test_a_plain_run_prints_its_metrics_and_summary_quietly_and_keeps_them(tmp_p
 
     resumed = tmp_path / "resumed"  # killed after step 4 was logged but before its checkpoint was written
     shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("checkpoint-4", "final-actor"))
-    assert "Resuming from" in run(resumed, "--resume")
+    output = run(resumed, "--resume")
+    assert "Resuming from" in output
+    bars = [line for line in output.replace("\r", "\n").splitlines() if line.startswith("steadyrl:")]
+    assert "| 2/4 [" in bars[0] and "?it/s" in bars[0], bars  # from the resumed step, no rate before a step is done
     again = entries(resumed)
     assert again[:4] == logged[:4], "steps 3 and 4 are logged once, as in the uninterrupted run"
     assert again[4]["step"] == 4 and again[4]["final_reward"] == logged[4]["final_reward"]  # this call's summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tqdm.auto import tqdm
 from transformers.trainer_callback import ProgressCallback
 
 POSTFIX_KEYS = {"reward": "reward", "kl": "kl", "loss": "loss"}
@@ -12,10 +13,10 @@ class RLProgressCallback(ProgressCallback):
     """Trainer's progress bar, with the step rate and the latest reward, KL and loss in its postfix."""
 
     def on_train_begin(self, args, state, control, **kwargs):
-        super().on_train_begin(args, state, control, **kwargs)
-        if self.training_bar is not None:
-            self.training_bar.set_description("steadyrl")
-            self.training_bar.update(state.global_step)
+        """The bar starts at ``global_step`` (a resumed run's), which its rate and time left leave out."""
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(total=state.max_steps, initial=state.global_step, desc="steadyrl",
+                                     dynamic_ncols=True)  # fmt: skip
         self.current_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):

@@ -40,6 +40,7 @@ from ..generation.weights import is_peft
 from ..ops import ends_without_eos
 from ..placement import place_frozen_models
 from ..prompts import PromptTruncation, UserTurns, check_prompts
+from ..quiet import no_progress_bars
 from ..rewards import RewardInputs, as_list, check_reward_funcs, score_completions
 from ..rollout import Advantages, Rollout
 from ..sampling import PromptSampler
@@ -492,7 +493,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as
         ``hub_strategy`` asks."""
         args, step = self.args, self.state.global_step
-        final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
+        with no_progress_bars():  # not one bar per model saved
+            final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
         if self.accelerator.is_main_process:
             self.push_checkpoint(final, step)
         self.accelerator.wait_for_everyone()
