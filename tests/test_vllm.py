@@ -14,6 +14,7 @@ from toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
 from steadyrl import RLOOTrainer
+from steadyrl.generation import engine_dir
 from steadyrl.generation.vllm import scoped_environment
 from steadyrl.generation.weights import plain_state_dict
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
@@ -76,15 +77,57 @@ def test_in_place_sync_matches_hf_greedy_and_trainer_logprobs(tmp_path):
 
 # PPO only: RLOO and online DPO share the same generation and checkpoint path (a minute of CI each).
 @pytest.mark.parametrize("algorithm", ["ppo"])
-def test_sigkill_after_mid_rollout_checkpoint_resumes_identically_with_vllm(tmp_path, algorithm):
+def test_sigkill_after_mid_rollout_checkpoint_resumes_identically_with_vllm(tmp_path, algorithm, monkeypatch):
+    temp = tmp_path / "tmp"  # the runs' system temp dir, where each engine's config directory is
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     flags = ["--algorithm", algorithm, "--set", "use_vllm=true", "vllm_dtype=float32"]
     run_toy(tmp_path / "uninterrupted", *flags)
+    assert not engine_dirs(temp), "a run that ends removes its engine directory"
     run_toy(tmp_path / "resumed", *flags[:2], "--kill-after-save", "6", *flags[2:], expect_kill=True)
     assert (tmp_path / "resumed" / "checkpoint-6" / "rollout_buffer_0.safetensors").is_file()
+    assert len(engine_dirs(temp)) == 1, "the killed run's is left"
     _, output = run_toy(tmp_path / "resumed", *flags[:2], "--resume", *flags[2:])
     assert "Resuming from" in output and "checkpoint-6" in output
     assert_same_result(tmp_path / "uninterrupted", tmp_path / "resumed", after_step=6)
     assert all(log["generation_logprob_diff"] < 1e-4 for log in read_logs(tmp_path / "resumed").values())
+    assert not engine_dirs(temp), "the next run removed the killed run's engine directory"
+
+
+def engine_dirs(root) -> list[str]:
+    return sorted(path.name for path in root.iterdir() if path.name.startswith(engine_dir.PREFIX))
+
+
+HOLD_ENGINE_DIR = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("engine_dir", sys.argv[2])  # alone: no torch to import
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+held = module.EngineDir(sys.argv[1])
+print(held.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_only_engine_directories_of_runs_that_are_gone_are_removed(tmp_path):
+    cmd = [sys.executable, "-c", HOLD_ENGINE_DIR, str(tmp_path), engine_dir.__file__]
+    holders = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        live, killed = (holder.stdout.readline().strip() for holder in holders)
+        holders[1].kill()
+        holders[1].wait()
+        older = tmp_path / f"{engine_dir.PREFIX}older"  # no lock file: being made, or an older steadyrl's
+        older.mkdir()
+        assert sorted(engine_dirs(tmp_path)) == sorted(os.path.basename(p) for p in (live, killed, older))
+        mine = engine_dir.EngineDir(str(tmp_path))
+        assert engine_dirs(tmp_path) == sorted(os.path.basename(p) for p in (live, older, mine.name))
+        assert engine_dir.remove_stale(str(tmp_path)) == [], "a live run's (this one's too) is kept"
+        mine.cleanup()
+        assert engine_dirs(tmp_path) == sorted(os.path.basename(p) for p in (live, older))
+    finally:
+        holders[0].kill()
+        holders[0].wait()
+    assert engine_dir.remove_stale(str(tmp_path)) == [live]
 
 
 class EngineSeen(TrainerCallback):

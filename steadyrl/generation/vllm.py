@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,6 +21,7 @@ from .. import compat
 from ..checkpoint.rng import rng_untouched
 from ..quiet import quiet_vllm_logs, quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
+from .engine_dir import EngineDir
 from .weights import base_config, whole_weights
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class VLLMGenerationBackend(GenerationBackend):
     def _start(self, model: torch.nn.Module) -> None:
         vllm = import_vllm()
         config = base_config(model)
-        self._model_dir = tempfile.TemporaryDirectory(prefix="steadyrl-vllm-")
+        self._model_dir = EngineDir()  # a killed run's is removed at the next start
         config.save_pretrained(self._model_dir.name)
         self.tokenizer.save_pretrained(self._model_dir.name)
         e, on_cuda = self.engine, self.device.type == "cuda"
