@@ -93,3 +93,54 @@ def test_callbacks_work_with_a_plain_transformers_trainer(tmp_path, toy_path):
     trainer.train()
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
     assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [3, 6], "each has a valid manifest"
+
+
+class RecordEvents(TrainerCallback):
+    """(event, global_step) for each step-level callback, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.events.append(("begin", state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.events.append(("end", state.global_step))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.events.append(("log", state.global_step))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.events.append(("save", state.global_step))
+
+
+def test_a_step_begins_before_the_rollout_it_needs_and_callbacks_come_in_trainers_order(tmp_path, toy_path):
+    """4 steps per rollout (8 samples, train_batch_size 4, 2 epochs): steps 1 and 5 make one, as part of the step,
+    so a callback timing a step from on_step_begin to on_step_end sees the whole of it."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    recorder = RecordEvents()
+    trainer = make_trainer(tmp_path / "rl", callbacks=[recorder], max_steps=5, save_steps=3, max_completion_length=4)
+    make_rollout = trainer.make_rollout
+
+    def recorded_rollout():
+        recorder.events.append(("rollout", trainer.state.global_step))
+        return make_rollout()
+
+    trainer.make_rollout = recorded_rollout
+    trainer.train()
+    steps = [[("begin", s), ("end", s + 1), ("log", s + 1)] + [("save", 3)] * (s == 2) for s in range(5)]
+    for s in (0, 4):
+        steps[s].insert(1, ("rollout", s))
+    assert recorder.events == [event for step in steps for event in step] + [("log", 5)]  # and the summary's
+
+    plain = RecordEvents()  # transformers.Trainer's order for the same schedule
+    data = Dataset.from_dict({"input_ids": [[3, 4, 5, 6]] * 16, "labels": [[3, 4, 5, 6]] * 16})
+    args = TrainingArguments(output_dir=str(tmp_path / "plain"), max_steps=5, save_steps=3, logging_steps=1,
+                             per_device_train_batch_size=2, report_to="none", disable_tqdm=True,
+                             use_cpu=True)  # fmt: skip
+    Trainer(model=AutoModelForCausalLM.from_pretrained(toy_path), args=args, train_dataset=data,
+            callbacks=[plain]).train()  # fmt: skip
+    without_rollouts = [event for event in recorder.events[:-1] if event[0] != "rollout"]
+    assert without_rollouts == plain.events[: len(without_rollouts)], plain.events

@@ -24,33 +24,23 @@ VLLM = dict(use_vllm=True, vllm_dtype="float32")
 ONE_STEP_ROLLOUTS = dict(train_batch_size=8, micro_train_batch_size=4, num_ppo_epochs=1)
 
 
-class GreedyAgreement(TrainerCallback):
-    """Right after the rollout of step ``step`` (the engine was just synced, the actor not yet updated again),
-    compare vLLM's greedy completions with transformers' greedy completions of the actor."""
+def greedy_agreement(trainer) -> tuple[list, list]:
+    """vLLM's greedy completions of the first prompts, and transformers' greedy completions of the actor."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
 
-    def __init__(self, trainer, step: int) -> None:
-        self.trainer, self.step, self.result = trainer, step, None
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step != self.step:
-            return
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        trainer, tok = self.trainer, self.trainer.processing_class
-        prompts = [tok(p)["input_ids"] for p in trainer.train_dataset["prompt"][:8]]
-        greedy = SamplingParams(max_tokens=args.max_completion_length, temperature=0.0)
-        outputs = trainer.backend.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], greedy)
-        actor = trainer.accelerator.unwrap_model(trainer.model)
-        hf = []
-        with torch.no_grad():
-            for ids in prompts:
-                out = actor.generate(
-                    torch.tensor([ids]), do_sample=False, max_new_tokens=args.max_completion_length,
-                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                )  # fmt: skip
-                hf.append(out[0, len(ids) :].tolist())
-        self.result = ([list(o.outputs[0].token_ids) for o in outputs], hf)
+    tok, max_tokens = trainer.processing_class, trainer.args.max_completion_length
+    prompts = [tok(p)["input_ids"] for p in trainer.train_dataset["prompt"][:8]]
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    outputs = trainer.backend.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], greedy)
+    actor = trainer.accelerator.unwrap_model(trainer.model)
+    hf = []
+    with torch.no_grad():
+        for ids in prompts:
+            out = actor.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_tokens,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+            hf.append(out[0, len(ids) :].tolist())
+    return [list(o.outputs[0].token_ids) for o in outputs], hf
 
 
 def test_in_place_sync_matches_hf_greedy_and_trainer_logprobs(tmp_path):
@@ -58,16 +48,18 @@ def test_in_place_sync_matches_hf_greedy_and_trainer_logprobs(tmp_path):
     pushes = []
     sync = trainer.backend.sync_weights
 
+    result = []
+
     def counting_sync(model, version):
         pushes.append(version)
         sync(model, version)
+        if version == 3:  # right after the push of the actor's third update, before the rollout
+            result.extend(greedy_agreement(trainer))
 
     trainer.backend.sync_weights = counting_sync
-    check = GreedyAgreement(trainer, step=3)
-    trainer.add_callback(check)
     trainer.train()
 
-    vllm_greedy, hf_greedy = check.result
+    vllm_greedy, hf_greedy = result
     assert vllm_greedy == hf_greedy, "after 3 updates vLLM's greedy completions differ from the actor's"
     assert trainer.backend.engines_created == 1, "the engine must be created once per run"
     assert pushes == [0, 1, 2, 3]
@@ -131,12 +123,12 @@ def test_only_engine_directories_of_runs_that_are_gone_are_removed(tmp_path):
 
 
 class EngineSeen(TrainerCallback):
-    """The trainer's vLLM engine, as the first step begins."""
+    """The trainer's vLLM engine, as the first step ends."""
 
     def __init__(self, trainer) -> None:
         self.trainer, self.engine = trainer, None
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, **kwargs):
         self.engine = self.engine or self.trainer.backend.llm.llm_engine
 
 

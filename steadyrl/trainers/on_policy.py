@@ -328,10 +328,11 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         try:
             with stop:
                 while self.state.global_step < max_steps and not self.control.should_training_stop:
+                    # a step begins before the rollout it needs, if any: generation is part of the step it feeds
+                    self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                     if self.loop.needs_rollout:
                         self.loop.buffer = self.make_rollout()
                         self.meter.tokens += int(self.loop.buffer.rollout.completion_mask.sum())
-                    self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                     metrics = self.train_on_minibatch(self.loop.buffer.next_minibatch())
                     self.loop.record({**self.loop.buffer.metrics, **metrics})
                     self.state.global_step += 1
