@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from tqdm import tqdm
 from transformers.integrations import TensorBoardCallback, WandbCallback
 
 from .jsonl import append_records, truncate_after
@@ -132,7 +133,11 @@ def print_completions(step: int, rows: Sequence[dict], user_turns: UserTurns | N
         return
     columns, values = table(rows)
     cells = [[shown_prompt(line[0], user_turns), visible(line[1]), *map(_format_number, line[2:])] for line in values]
-    title = f"Completions at step {step}"
+    with tqdm.external_write_mode():  # the progress bar cleared first, drawn again below
+        _print_table(f"Completions at step {step}", columns, cells)
+
+
+def _print_table(title: str, columns: list[str], cells: list[list[str]]) -> None:
     try:
         from rich.console import Console
         from rich.table import Table

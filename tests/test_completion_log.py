@@ -183,6 +183,19 @@ def test_printed_prompt_is_the_end_of_a_long_text_prompt(tmp_path, capsys, monke
     assert "…" in out and "Question: which letters are in qwer?" in out and "Context:" not in out
 
 
+def test_the_table_starts_on_a_line_of_its_own_under_a_progress_bar(tmp_path, capsys):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=4, desc="steadyrl", file=sys.stdout)  # as the training bar, on the same terminal
+    bar.update(1)
+    CompletionLog(tmp_path).write(1, make_rows(1))
+    bar.close()
+    out = capsys.readouterr().out
+    line = out[: out.index("Completions at step 1")].replace("\r", "\n").splitlines()[-1]
+    assert "steadyrl" not in line, "the bar is cleared before the table"
+    assert "steadyrl" in out[out.index("Completions at step 1") :], "and drawn again after it"
+
+
 def test_a_template_that_cannot_render_the_probes_gives_no_user_turns():
     tokenizer = build_chat_tokenizer()
     tokenizer.chat_template = "{{ raise_exception('system first') }}"
