@@ -4,6 +4,8 @@
   completions run to their full length); prompts: the toy task's.
 - ``qwen-vocab``: Qwen2, hidden 64, 2 layers, a word-level vocabulary of 151,936 tokens as Qwen2.5's: the LM head
   and the [batch, tokens, vocabulary] logits dominate, as in real models; prompts of ``--prompt_length`` words.
+- ``smollm2``: the real pretrained SmolLM2-135M-Instruct (``steadyrl.real``) on the arithmetic task, with the
+  ``correct_answer`` reward.
 
 ``phase_timers(library)`` instruments a trainer class so each round reports the seconds spent generating, scoring
 (the rest of making a rollout: tokenizing, reward functions, log-prob passes) and training (forward and backward
@@ -96,6 +98,10 @@ def task(model: str, prompt_length: int):
     """``(model path, train_dataset, reward function)`` of a benchmark model name."""
     from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
+    if model == "smollm2":
+        from steadyrl.real import arithmetic_dataset, correct_answer, smollm2_path
+
+        return smollm2_path(), arithmetic_dataset(), correct_answer
     if model == "qwen-vocab":
         return qwen_vocab_path(), word_prompts(512, prompt_length), word_overlap
     if model == "small100":

@@ -138,6 +138,11 @@ def sync_weights_by_reload(self) -> None:
     self.llm.reset_prefix_cache()
 
 
+def beta(algorithm: str, s: dict) -> float:
+    """The KL coefficient of a grouped row: ``--beta`` if given, else the row's default."""
+    return BETA[algorithm] if s["beta"] is None else s["beta"]
+
+
 def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict, callback):
     from real_shapes import load_tokenizer, task
 
@@ -155,7 +160,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
                        max_completion_length=L, save_steps=10**9)  # fmt: skip
         if algorithm in GROUPED:
             extra = dict(micro_rollout_batch_size=s["micro_rollout_batch"] or P * K, num_ppo_epochs=s["epochs"],
-                         beta=BETA[algorithm], vllm_dtype="float32")  # fmt: skip
+                         beta=beta(algorithm, s), vllm_dtype="float32")  # fmt: skip
         else:
             extra = dict(micro_rollout_batch_size=M, beta=0.1)
         config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
@@ -174,7 +179,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
             trl_vllm.VLLMGeneration.sync_weights = sync_weights_by_reload
         args = trl.RLOOConfig(**trl_common, num_generations=K, per_device_train_batch_size=M,
                               gradient_accumulation_steps=T // M, steps_per_generation=P * K // M,
-                              num_iterations=s["epochs"], max_completion_length=L, beta=0.05,
+                              num_iterations=s["epochs"], max_completion_length=L, beta=beta(algorithm, s),
                               vllm_mode="colocate")  # fmt: skip
         return trl.RLOOTrainer(model_path, args=args, processing_class=tokenizer, **data)
     if algorithm == "grpo":
@@ -182,7 +187,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
 
         args = trl.GRPOConfig(**trl_common, num_generations=K, per_device_train_batch_size=M,
                               gradient_accumulation_steps=T // M, steps_per_generation=P * K // M,
-                              num_iterations=s["epochs"], max_completion_length=L, beta=BETA["grpo"])  # fmt: skip
+                              num_iterations=s["epochs"], max_completion_length=L, beta=beta(algorithm, s))  # fmt: skip
         return trl.GRPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
@@ -262,7 +267,7 @@ def worker(spec: dict) -> None:
 def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
     if algorithm in GROUPED:
         s = dict(prompts=opts.prompts, samples=opts.samples, train_batch=opts.train_batch, micro_batch=opts.micro_batch,
-                 epochs=opts.epochs)  # fmt: skip
+                 epochs=opts.epochs, beta=opts.beta)  # fmt: skip
         s["steps_per_round"] = opts.prompts * opts.samples * opts.epochs // opts.train_batch
     else:
         s = dict(prompts=opts.dpo_prompts, train_batch=opts.dpo_train_batch, micro_batch=opts.dpo_micro_batch)
@@ -355,6 +360,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="RLOO: passes over a rollout")
     parser.add_argument("--micro_rollout_batch", type=int, help="RLOO: steadyrl's micro_rollout_batch_size (default "
                         "the whole rollout)")  # fmt: skip
+    parser.add_argument("--beta", type=float, help="RLOO and GRPO: the KL coefficient (default RLOO 0.05, GRPO 0.04; "
+                        "0: no reference model on either side)")  # fmt: skip
     parser.add_argument("--prompt_length", type=int, default=128, help="qwen-vocab: words per prompt")
     parser.add_argument("--dpo_prompts", type=int, default=16, help="online DPO: prompts per round")
     parser.add_argument("--dpo_train_batch", type=int, default=16, help="online DPO: sequences per optimizer step")

