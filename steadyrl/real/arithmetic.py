@@ -36,7 +36,8 @@ def _pairs(rng: random.Random, digits: int, count: int, exclude: set) -> list[tu
 
 def arithmetic_dataset(split: str = "train", size: int | None = None, digits: int = 2, seed: int = 0):
     """``size`` distinct ``digits``-digit additions as a conversational ``datasets.Dataset`` (columns ``prompt``,
-    ``answer``), the same for the same arguments. Default sizes: 4096 for ``"train"``, 128 for ``"eval"``.
+    ``answer``), the same for the same arguments. Default sizes: 4096 for ``"train"``, 128 for ``"eval"`` (fewer
+    for 1-digit numbers).
 
     Example:
         >>> arithmetic_dataset("eval", size=2)[0]
@@ -48,11 +49,12 @@ def arithmetic_dataset(split: str = "train", size: int | None = None, digits: in
         raise ValueError(f"split={split!r} is invalid: use 'train' or 'eval'.")
     if digits < 1:
         raise ValueError(f"digits={digits} is invalid: use 1 or more.")
-    held_out = _pairs(random.Random(f"eval/{digits}/{seed}"), digits, EVAL_SIZE, set())
+    held_out_size = min(EVAL_SIZE, (9 * 10 ** (digits - 1)) ** 2 // 4)  # a quarter of the 1-digit problems
+    held_out = _pairs(random.Random(f"eval/{digits}/{seed}"), digits, held_out_size, set())
     if split == "eval":
-        pairs = held_out[: size or EVAL_SIZE] if (size or EVAL_SIZE) <= EVAL_SIZE else None
-        if pairs is None:
-            raise ValueError(f"size={size}: the eval split holds at most {EVAL_SIZE} problems")
+        if (size or held_out_size) > held_out_size:
+            raise ValueError(f"size={size}: the eval split of {digits}-digit additions holds {held_out_size} problems")
+        pairs = held_out[: size or held_out_size]
     else:
         pairs = _pairs(random.Random(f"train/{digits}/{seed}"), digits, size or TRAIN_SIZE, set(held_out))
     return Dataset.from_dict({
