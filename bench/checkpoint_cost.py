@@ -1,9 +1,10 @@
 """Checkpoint cost of steadyrl's trainers: save time and size on disk against the step time, and resume time.
 
-    python bench/checkpoint_cost.py [--models toy,25m] [--algorithms rloo,ppo,online-dpo] [--steps 12]
+    python bench/checkpoint_cost.py [--models toy,25m,smollm2] [--algorithms rloo,ppo,online-dpo] [--steps 12]
 
 For each trainer (RLOO, PPO with a critic made from the policy, online DPO) and model (the toy model and the ~25M
-model of bench/vllm_vs_hf.py), in this process, with HF generate and up to 64 new tokens:
+model of bench/vllm_vs_hf.py on the toy task; SmolLM2-135M-Instruct on the arithmetic task, see real_shapes.py), in
+this process, with HF generate and up to ``--completion_length`` (64) new tokens:
 
 1. A fresh run of ``--steps`` optimizer steps saving every 2 (``save_total_limit=2``). RLOO and PPO: 8 prompts x 4
    samples, 16 samples per step, micro batch 8, 2 epochs = 4 steps per rollout, so checkpoints alternate between
@@ -33,11 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from real_shapes import task  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
-from vllm_vs_hf import model_25m_path  # noqa: E402
 
 import steadyrl  # noqa: E402
-from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
 SETTINGS = {  # per registry name (steadyrl.ALGORITHMS)
     "rloo": dict(rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=32, num_ppo_epochs=2),
@@ -58,16 +58,16 @@ class Clock(TrainerCallback):
         self.step_ends.append(time.perf_counter())
 
 
-def make_trainer(algorithm: str, model_path: str, output_dir: Path, max_steps: int, clock: Clock):
+def make_trainer(algorithm: str, model: str, output_dir: Path, max_steps: int, clock: Clock, completion_length: int):
     config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
     settings = SETTINGS[algorithm]
     args = config_class(
-        output_dir=str(output_dir), train_batch_size=16, micro_train_batch_size=8, max_completion_length=64,
-        learning_rate=1e-5, max_steps=max_steps, save_steps=2, save_total_limit=2, seed=0, report_to="none",
-        disable_tqdm=True, **settings,
+        output_dir=str(output_dir), train_batch_size=16, micro_train_batch_size=8,
+        max_completion_length=completion_length, learning_rate=1e-5, max_steps=max_steps, save_steps=2,
+        save_total_limit=2, seed=0, report_to="none", disable_tqdm=True, **settings,
     )  # fmt: skip
-    trainer = trainer_class(model_path, args=args, train_dataset=toy_dataset(), reward_funcs=[letters_reward],
-                            callbacks=[clock])  # fmt: skip
+    model_path, dataset, reward = task(model, prompt_length=0)
+    trainer = trainer_class(model_path, args=args, train_dataset=dataset, reward_funcs=[reward], callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # keep stdout for the results
     return trainer
 
@@ -76,11 +76,11 @@ def size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
-def bench(algorithm: str, model: str, model_path: str, steps: int, out: Path) -> dict:
+def bench(algorithm: str, model: str, steps: int, completion_length: int, out: Path) -> dict:
     directory = out / f"{model}-{algorithm}"
     shutil.rmtree(directory, ignore_errors=True)
     clock = Clock()
-    trainer = make_trainer(algorithm, model_path, directory, steps, clock)
+    trainer = make_trainer(algorithm, model, directory, steps, clock, completion_length)
     saves, save = [], trainer.save_checkpoint
 
     def timed_save(*args, **kwargs):
@@ -103,7 +103,7 @@ def bench(algorithm: str, model: str, model_path: str, steps: int, out: Path) ->
 
     resume_clock = Clock()
     begin = time.perf_counter()
-    resumed = make_trainer(algorithm, model_path, directory, steps + 1, resume_clock)
+    resumed = make_trainer(algorithm, model, directory, steps + 1, resume_clock, completion_length)
     construct = time.perf_counter() - begin
     begin = time.perf_counter()
     resumed.train(resume_from_checkpoint=True)
@@ -125,19 +125,20 @@ def main() -> None:
     parser.add_argument("--models", default="toy,25m")
     parser.add_argument("--algorithms", default=",".join(SETTINGS))
     parser.add_argument("--steps", type=int, default=12, help="steps of the fresh run (a multiple of 4)")
+    parser.add_argument("--completion_length", type=int, default=64, help="max new tokens")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (see BENCHMARKS.md)")
     parser.add_argument("--output_dir", default="bench-output/checkpoint_cost")
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
-    paths = {"toy": toy_model_path, "25m": model_25m_path}
     out = Path(opts.output_dir)
     results = []
     for model in opts.models.split(","):
         for algorithm in opts.algorithms.split(","):
-            results.append(bench(algorithm, model, paths[model](), opts.steps, out))
+            results.append(bench(algorithm, model, opts.steps, opts.completion_length, out))
             print(json.dumps(results[-1]), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s); {opts.steps} steps saving every 2")
+    print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s); {opts.steps} steps saving every 2; "
+          f"up to {opts.completion_length} new tokens")  # fmt: skip
     print("| model | trainer | step s | save s | save / step | size MB (boundary / mid-rollout) | of which actor MB | "
           "construct s | resume: load s | resume: to 1st step s | fresh: to 1st step s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|")
