@@ -26,11 +26,12 @@ $(STAMP): setup.cfg pyproject.toml
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
 
+# GRPO teaches the real SmolLM2-135M-Instruct two-digit additions (steadyrl demo without --model: the toy task)
 demo: install
-	$(PY) -m steadyrl demo
+	$(PY) -m steadyrl demo --model smollm2
 
 lint: install
 	$(VENV)/bin/ruff check steadyrl tests examples bench
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache
+	rm -rf $(VENV) demo-output demo-output-smollm2 .pytest_cache

@@ -40,6 +40,7 @@ def main() -> None:
         learning_rate=opts.learning_rate,
         lr_scheduler_type="constant",
         beta=0.0,  # TRL's default: no reference model, no KL term
+        gradient_checkpointing=False,  # 20% faster steps; this model's activations fit in memory easily
         reward_weights=[1.0, opts.format_weight],
         use_vllm=opts.use_vllm,
         vllm_dtype="float32",  # CPU; on a GPU leave vLLM's default (bfloat16)

@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "demo",
         add_help=False,
-        help="train RLOO (or --algorithm NAME) on the embedded toy task, on CPU, in a few minutes (see --help)",
+        help="train RLOO (or --algorithm NAME) on the embedded toy task, or with --model smollm2 GRPO on a real "
+        "chat model's arithmetic, on CPU, in minutes (see --help)",
     )
     export = commands.add_parser(
         "export",

@@ -114,7 +114,8 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
             waiting at most ``vllm_server_timeout`` seconds per answer; the actor's weights reach it through
             ``vllm_server_weight_transfer`` (``'file'``: safetensors in ``vllm_server_weights_dir``, or ``'nccl'``).
         learning_rate, logging_steps, save_steps, ...: as in ``TrainingArguments``, counted in global steps
-            (``learning_rate`` defaults to 1e-6 and ``logging_steps`` to 1 here).
+            (``learning_rate`` defaults to 1e-6 and ``logging_steps`` to 1 here; ``gradient_checkpointing`` to True,
+            as in TRL).
 
     Example::
 
@@ -297,6 +298,11 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     )  # fmt: skip
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial learning rate of the actor."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
+    gradient_checkpointing: bool = field(
+        default=True,
+        metadata={"help": "Recompute activations in the backward pass instead of keeping them (TRL's default): less "
+                  "memory, ~20% more time per step. False keeps them."},
+    )  # fmt: skip
 
     def __post_init__(self):
         self._check_trl_fields()
