@@ -78,6 +78,12 @@ def plot_rewards(log_history: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("--model", default="toy")
+    if model.parse_known_args(argv)[0].model == "smollm2":  # its own flags and --help
+        from ..real.demo import main as real_demo
+
+        return real_demo(argv, prog)
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
     parser.add_argument("--model", choices=["toy", "smollm2"], default="toy",
@@ -89,10 +95,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         "--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint, or a path"
     )
     opts = parser.parse_args(argv)
-    if opts.model == "smollm2":
-        from ..real.demo import main as real_demo
-
-        return real_demo(argv, prog)
     out = Path(opts.output_dir)
     resuming = opts.resume_from_checkpoint not in (None, "false")
     if out.exists() and not resuming:

@@ -301,7 +301,7 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     gradient_checkpointing: bool = field(
         default=True,
         metadata={"help": "Recompute activations in the backward pass instead of keeping them (TRL's default): less "
-                  "memory, ~20% more time per step. False keeps them."},
+                  "memory, about 1.2x the time per step. False keeps them."},
     )  # fmt: skip
 
     def __post_init__(self):
