@@ -81,3 +81,20 @@ def test_rewards_read_the_replys_last_number_and_its_form():
     assert answer_format(completions) == [1.0, 1.0, 0.0, 0.0, 0.0]
     assert correct_answer(replies, answer=["85"] * 5) == [1.0, 1.0, 0.0, 1.0, 0.0], "plain-text completions too"
     assert final_number("no number") is None
+
+
+def test_the_weight_digest_samples_a_real_embedding_up_to_its_last_element():
+    """An embedding of SmolLM2's shape, 49,152 x 576 = 28,311,552 elements (past 2**24, where float32 index steps
+    round past the end): every trainer crashed at construction computing this digest."""
+    import torch
+
+    from steadyrl.trainers.fingerprint import evenly_spaced, weights_digest
+
+    size = 49152 * 576
+    index = evenly_spaced(size, 64)
+    assert index.dtype == torch.int64 and index[0] == 0 and index[-1] == size - 1 and len(set(index.tolist())) == 64
+    embedding = torch.nn.Embedding(49152, 576, _weight=torch.zeros(49152, 576))
+    before = weights_digest(embedding)
+    with torch.no_grad():
+        embedding.weight[-1, -1] = 1.0  # the last element is one of the sampled values
+    assert weights_digest(embedding) != before
