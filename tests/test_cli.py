@@ -84,7 +84,7 @@ def test_demo_trains_the_toy_task(tmp_path, toy_path, capsys):
 def test_demo_trains_the_real_model(tmp_path, capsys):
     """``make demo``'s command, one step of one prompt x 8 completions: accuracy before and after on held-out
     problems, the actor and the resume command."""
-    flags = ["--max_steps", "1", "--prompts_per_step", "1", "--eval_size", "4", "--no-vllm"]
+    flags = ["--max_steps", "1", "--prompts_per_step", "1", "--eval_size", "4"]
     code, output = steadyrl(capsys, "demo", "--model", "smollm2", *flags, "--output_dir", tmp_path)
     assert code == 0, output[-3000:]
     assert "held-out additions: " in output and "% before -> " in output
