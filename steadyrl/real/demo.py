@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,15 +36,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint")
     opts = parser.parse_args(argv)
 
-    from ..toy.demo import plot_rewards
+    from ..toy.demo import demo_output_dir, plot_rewards
     from ..trainers import ALGORITHMS
     from . import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy, smollm2_path
 
-    out = Path(opts.output_dir)
-    resuming = opts.resume_from_checkpoint not in (None, "false")
-    if out.exists() and not resuming:
-        print(f"Removing the previous demo run in {out}/")
-        shutil.rmtree(out)
+    out = demo_output_dir(opts.output_dir, opts.resume_from_checkpoint)
     config_class, trainer_class = ALGORITHMS["grpo"]
     args = config_class(output_dir=str(out), max_steps=opts.max_steps, use_vllm=opts.use_vllm,
                         per_device_train_batch_size=8 * opts.prompts_per_step, **TRAINING_SETTINGS)  # fmt: skip

@@ -59,6 +59,15 @@ def mean_reward(model, tokenizer, dataset, seed: int = 1234) -> float:
     return sum(letters_reward(completions, letters)) / len(prompts)
 
 
+def demo_output_dir(output_dir: str, resume_from_checkpoint: str | None) -> Path:
+    """The demo's output directory: a fresh start removes the previous demo run in it, a resume keeps it."""
+    out = Path(output_dir)
+    if out.exists() and resume_from_checkpoint in (None, "false"):
+        print(f"Removing the previous demo run in {out}/")
+        shutil.rmtree(out)
+    return out
+
+
 def plot_rewards(log_history: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -95,11 +104,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         "--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint, or a path"
     )
     opts = parser.parse_args(argv)
-    out = Path(opts.output_dir)
-    resuming = opts.resume_from_checkpoint not in (None, "false")
-    if out.exists() and not resuming:
-        print(f"Removing the previous demo run in {out}/")
-        shutil.rmtree(out)
+    out = demo_output_dir(opts.output_dir, opts.resume_from_checkpoint)
 
     config_class, trainer_class = ALGORITHMS[opts.algorithm]
     settings = {**TRAINING_SETTINGS.get(opts.algorithm, _SHARED), "output_dir": str(out), "max_steps": opts.max_steps}
