@@ -79,6 +79,12 @@ def test_grpo_trains_the_real_model_and_its_export_generates_like_the_live_actor
     _, live_replies = greedy_accuracy(trainer.model, trainer.processing_class, held_out, max_new_tokens=12)
     _, exported_replies = greedy_accuracy(exported, tokenizer, held_out, max_new_tokens=12)
     assert exported_replies == live_replies and len(set(live_replies)) > 1, (exported_replies, live_replies)
+    # A user's own generate right after train(), with gradient checkpointing on (the default): the actor is left in
+    # eval mode, so transformers' generate keeps its KV cache and the reply continues the question.
+    question = tokenizer.apply_chat_template(held_out[0]["prompt"], add_generation_prompt=True, return_tensors="pt",
+                                             return_dict=True)  # fmt: skip
+    live, saved = (m.generate(**question, do_sample=False, max_new_tokens=12) for m in (trainer.model, exported))
+    assert torch.equal(live, saved), tokenizer.batch_decode(torch.cat([live, saved]))
 
 
 def test_lora_on_the_real_model_syncs_merged_weights_to_vllm(tmp_path, smollm2):

@@ -34,12 +34,14 @@ def greedy_agreement(trainer) -> tuple[list, list]:
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     outputs = trainer.backend.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], greedy)
     actor = trainer.accelerator.unwrap_model(trainer.model)
-    hf = []
+    hf, was_training = [], actor.training
+    actor.eval()  # mid-training: in train mode a gradient-checkpointed model generates without its KV cache
     with torch.no_grad():
         for ids in prompts:
             out = actor.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_tokens,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
             hf.append(out[0, len(ids) :].tolist())
+    actor.train(was_training)
     return [list(o.outputs[0].token_ids) for o in outputs], hf
 
 

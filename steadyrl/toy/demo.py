@@ -49,12 +49,15 @@ TRAINING_SETTINGS = {
 def mean_reward(model, tokenizer, dataset, seed: int = 1234) -> float:
     """Mean toy reward of sampled completions for ``dataset``'s prompts (global RNG left untouched)."""
     prompts, letters = list(dataset["prompt"]), list(dataset["letters"])
+    was_training = model.training
+    model.eval()  # in train mode a gradient-checkpointed model generates without its KV cache, losing the context
     with torch.random.fork_rng(), torch.no_grad():
         torch.manual_seed(seed)
         inputs = tokenizer(prompts, return_tensors="pt", padding=True)
         output = model.generate(
             **inputs, do_sample=True, max_new_tokens=COMPLETION_LENGTH, pad_token_id=tokenizer.pad_token_id
         )
+    model.train(was_training)
     completions = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     return sum(letters_reward(completions, letters)) / len(prompts)
 

@@ -344,6 +344,9 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
                         self.stop_for_signal(stop.received, saved)
         finally:
             self.backend.close()
+            # Left ready to use: in train mode with gradient checkpointing, transformers' generate drops its KV cache
+            # at every layer and each new token loses the context ("The capital of France is" -> "The-----").
+            self.model.eval()
 
         summary = self.report_summary()
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
