@@ -97,7 +97,11 @@ def test_reward_weights_must_match_functions(tmp_path):
         make_trainer(tmp_path, reward_funcs=[letters_reward], reward_weights=[1.0, 2.0])
 
 
-def test_non_callable_reward(tmp_path):
+def test_non_callable_reward(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    # offline: the same OSError at once, where this closed network makes the Hub client retry for ~45 s
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(TypeError, match=r"reward_funcs\[0\]='letters' is not callable"):
         make_trainer(tmp_path, reward_funcs=["letters"])
 

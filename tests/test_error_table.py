@@ -450,6 +450,10 @@ def _(ctx):
 
 @trigger("reward-not-callable")
 def _(ctx):
+    import huggingface_hub.constants
+
+    # offline: the same OSError at once, where this closed network makes the Hub client retry for ~45 s
+    ctx.monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     make_trainer(ctx.tmp_path, reward_funcs=["letters"])
 
 
