@@ -165,8 +165,17 @@ def test_settings_that_do_not_change_training_may_change_and_are_logged(old_run,
     trainer = make_trainer(run, max_steps=6, save_steps=3, save_total_limit=3, logging_steps=2, report_to="none")
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 6
-    assert "with changed settings that do not change training" in caplog.text
+    assert "with changed settings: " in caplog.text and "not what an update computes" in caplog.text
     assert "max_steps 4 -> 6" in caplog.text and "save_steps 2 -> 3" in caplog.text
+    # the linear schedule is rebuilt for 6 steps (warmup 2): step 4 trains at 1e-3 x (6 - 4) / (6 - 2), and the
+    # resume says so, with the old schedule's rate (0: it ended at step 4) and the setting that keeps it
+    assert ("Resuming at step 4 with 4 -> 6 total steps changes the learning-rate schedule (linear, warmup 2 -> 2 "
+            "steps): at step 4 the learning rate is 0.0005, where the schedule of the run that wrote the checkpoint "
+            "gives 0. ") in caplog.text and "resume with max_steps=4." in caplog.text  # fmt: skip
+    # steps 5 and 6 train at 5e-4 and 2.5e-4 (logged as their mean); the first resumed step too, not at the rate the
+    # loaded optimizer held (the old schedule's 0)
+    assert trainer.state.log_history[-1]["step"] == 6
+    assert trainer.state.log_history[-1]["learning_rate"] == pytest.approx((5e-4 + 2.5e-4) / 2)
 
 
 def test_low_precision_weights_without_master_copies_are_refused_unless_allowed(tmp_path):

@@ -162,4 +162,8 @@ def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: 
     moved = {k: (saved_free[k], v) for k, v in current_free.items() if k in saved_free and saved_free[k] != v}
     if moved:
         details = "; ".join(f"{key.removeprefix('args.')} {old!r} -> {new!r}" for key, (old, new) in moved.items())
-        logger.warning(f"Resuming from {directory} with changed settings that do not change training: {details}.")
+        logger.warning(
+            f"Resuming from {directory} with changed settings: {details}. They change the run's length (max_steps, "
+            "num_train_epochs: and with it the learning-rate schedule, if it is not constant, as logged when it does) "
+            "or how the run is logged, saved, evaluated, published or executed, not what an update computes."
+        )

@@ -76,6 +76,7 @@ from .publish import PublishMixin
 from .reference_sync import check_reference_sync, mix_into_reference, sync_due
 from .rollouts import RolloutMixin
 from .run_summary import MetricsLog, RunMeter
+from .schedule_change import resume_schedules
 
 logger = logging.get_logger(__name__)
 
@@ -315,6 +316,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         if checkpoint is not None:
             self.loop.load_state_dict(self.checkpointer.load(checkpoint, self.checkpoint_contents()))
             on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
+            ours = [m.scheduler for m in self.trained_modules() if m.name != "actor" or self._created_lr_scheduler]
+            resume_schedules(args, checkpoint, self.state.global_step, max_steps, ours, self.is_world_process_zero())
         self.meter = RunMeter(self.state.global_step)
         if self.metrics_log is not None:  # lines a killed run wrote after its checkpoint
             self.metrics_log.truncate_after(self.meter.start_step)
