@@ -1,6 +1,7 @@
 """RLOO, PPO and online DPO: a run SIGKILLed at any point resumes to the byte-identical result
 of an uninterrupted run; damaged checkpoints and changed configurations are refused."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def assert_same_result(reference: Path, resumed: Path, after_step: int) -> None:
             assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
 
 
+def run_summary(output_dir: Path) -> dict:
+    """The end-of-run summary: metrics.jsonl's last entry."""
+    return json.loads((output_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def assert_summary_covers_whole_run(reference: Path, resumed: Path) -> None:
+    ref, new = run_summary(reference), run_summary(resumed)
+    assert new["train_loss"] == ref["train_loss"], "train_loss is not the mean over the whole run"
+    for summary in (ref, new):  # 12 steps of 4 samples, over the time of the whole run
+        assert summary["train_samples_per_second"] * summary["train_runtime"] == pytest.approx(48)
+        assert summary["train_steps_per_second"] * summary["train_runtime"] == pytest.approx(12)
+
+
 # For PPO and online DPO, tests/test_reliability.py's crash fuzzing kills at random moments, inside saves too.
 @pytest.mark.parametrize("algorithm", ["rloo"], indirect=True)
 def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted, tmp_path, algorithm):
@@ -44,6 +58,9 @@ def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted,
     _, output = run_toy(tmp_path, "--algorithm", algorithm, "--resume")
     assert "Resuming from" in output and "checkpoint-6" in output
     assert_same_result(uninterrupted, tmp_path, after_step=6)
+    assert_summary_covers_whole_run(uninterrupted, tmp_path)
+    before = json.loads((tmp_path / "checkpoint-6" / "rank_state_0.json").read_text())["meter"]
+    assert run_summary(tmp_path)["train_runtime"] > before["elapsed"] > 0  # the time before the kill counts too
 
 
 @pytest.mark.parametrize("algorithm", ["rloo"], indirect=True)

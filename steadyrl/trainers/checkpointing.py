@@ -13,7 +13,8 @@ A checkpoint directory holds::
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
     steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
     settings.json             the settings a resume may change (logging, saving, max_steps, ...): changes are logged
-    rank_state_<rank>.json    per process: metrics not yet logged, whether a rollout is under way
+    rank_state_<rank>.json    per process: metrics not yet logged, whether a rollout is under way, the seconds of
+                              training and the tokens generated so far (for the end-of-run summary)
     rollout_buffer_<rank>.*   per process: its share of the rollout being trained on, if the save fell
                               in the middle of one
     rng_state_<rank>.json     Python / NumPy / torch RNG of every process
@@ -272,7 +273,8 @@ class Checkpointer:
             (tmp / STATE_NAME).write_text(json.dumps(shared))
         # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
         buffer = loop["buffer"]
-        rank_state = {"pending_metrics": loop["pending_metrics"], "has_buffer": buffer is not None}
+        rank_state = {"pending_metrics": loop["pending_metrics"], "has_buffer": buffer is not None,
+                      "meter": loop.get("meter")}  # fmt: skip
         (tmp / rank_file("rank_state.json", self.rank)).write_text(json.dumps(rank_state))
         if buffer is not None:
             tensors = {name: value.contiguous() for name, value in buffer["rollout"].items()}
@@ -314,7 +316,8 @@ class Checkpointer:
             buffer = json.loads((directory / self._buffer_file(".json")).read_text())
             buffer["rollout"] = load_file(directory / self._buffer_file(".safetensors"))
         loop = {key: shared[key] for key in ("sampler", "rollouts", "algorithm")}
-        return {**loop, "pending_metrics": rank_state["pending_metrics"], "buffer": buffer}
+        return {**loop, "pending_metrics": rank_state["pending_metrics"], "buffer": buffer,
+                "meter": rank_state.get("meter")}  # fmt: skip
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         with modifiable(module.model):

@@ -313,12 +313,15 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         )
         self.state.train_batch_size, self.state.max_steps = args.train_batch_size, max_steps
         self.state.compute_steps(args, max_steps)
+        self.meter = RunMeter(0)
         if checkpoint is not None:
-            self.loop.load_state_dict(self.checkpointer.load(checkpoint, self.checkpoint_contents()))
+            resumed = self.checkpointer.load(checkpoint, self.checkpoint_contents())
+            self.loop.load_state_dict(resumed)
+            self.meter = RunMeter(self.state.global_step)
+            self.meter.load_state_dict(resumed["meter"])
             on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
             ours = [m.scheduler for m in self.trained_modules() if m.name != "actor" or self._created_lr_scheduler]
             resume_schedules(args, checkpoint, self.state.global_step, max_steps, ours, self.is_world_process_zero())
-        self.meter = RunMeter(self.state.global_step)
         if self.metrics_log is not None:  # lines a killed run wrote after its checkpoint
             self.metrics_log.truncate_after(self.meter.start_step)
         if args.log_completions and self.completion_log is not None:
@@ -486,7 +489,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
     def checkpoint_contents(self) -> CheckpointContents:
         fixed, free = split_settings(self.args)
         fingerprint = {**self.run_fingerprint(), **fixed}
-        return CheckpointContents(self.trained_modules(), self.state, self.loop.state_dict(), fingerprint, free,
+        loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
+        return CheckpointContents(self.trained_modules(), self.state, loop_state, fingerprint, free,
                                   self.changing_weights())  # fmt: skip
 
     def changing_weights(self) -> list[ModelWeights]:

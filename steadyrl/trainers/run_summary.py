@@ -29,22 +29,32 @@ class MetricsLog:
 
 @dataclass
 class RunMeter:
-    """Counts a ``train()`` call's work for its summary."""
+    """Counts a run's work for its summary: this ``train()`` call's, plus what the checkpoint it resumed from had
+    counted (``elapsed`` seconds of training and ``tokens`` generated before it), so that a resumed run reports the
+    whole run."""
 
     start_step: int
     start_time: float = field(default_factory=time.time)
     tokens: int = 0  # completion tokens this process generated
+    elapsed: float = 0.0  # seconds of training before this call, up to the checkpoint it resumed from
+
+    def state_dict(self) -> dict:
+        return {"elapsed": self.elapsed + time.time() - self.start_time, "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Continue the counts of a checkpoint's meter (None: a checkpoint of an older steadyrl, which kept none)."""
+        if state is not None:
+            self.elapsed, self.tokens = float(state["elapsed"]), int(state["tokens"])
 
     def summary(self, step: int, samples_per_step: int, tokens: int, log_history: list[dict]) -> dict[str, float]:
-        """``train_runtime``, steps / samples / generated tokens per second (``tokens``: every process's), the mean
-        ``train_loss`` and the last logged ``reward`` of this call."""
-        runtime = max(time.time() - self.start_time, 1e-9)
-        steps = step - self.start_step
-        entries = [e for e in log_history if e.get("step", 0) > self.start_step]
-        losses = [e["loss"] for e in entries if "loss" in e]
-        rewards = [e["reward"] for e in entries if "reward" in e]
-        summary = {"train_runtime": runtime, "train_steps_per_second": steps / runtime,
-                   "train_samples_per_second": steps * samples_per_step / runtime,
+        """Over the whole run, resumed or not: ``train_runtime``, steps / samples / generated tokens per second
+        (``tokens``: every process's), the mean ``train_loss`` of the logged entries and the last logged
+        ``reward``."""
+        runtime = max(self.elapsed + time.time() - self.start_time, 1e-9)
+        losses = [e["loss"] for e in log_history if "loss" in e]
+        rewards = [e["reward"] for e in log_history if "reward" in e]
+        summary = {"train_runtime": runtime, "train_steps_per_second": step / runtime,
+                   "train_samples_per_second": step * samples_per_step / runtime,
                    "train_tokens_per_second": tokens / runtime}  # fmt: skip
         if losses:
             summary["train_loss"] = sum(losses) / len(losses)
