@@ -9,16 +9,20 @@ that does not exist included, is refused before a model is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 from transformers import HfArgumentParser
 
+from .checkpoint import CheckpointError
+from .checkpoint.shared_dir import OutputDirNotShared
 from .trainers import OnPolicyConfig, OnPolicyTrainer
 
 # file extension -> the datasets builder that reads it
@@ -166,6 +170,17 @@ def _module_from_file(path: str):
     return module
 
 
+@contextlib.contextmanager
+def refusals_as_errors(prog: str, refusals: tuple[type[Exception], ...]) -> Iterator[None]:
+    """A refusal (its message names the setting, the value and what to do) as one ``PROG: error:`` line and exit
+    status 2, as argparse reports bad arguments, instead of a traceback."""
+    try:
+        yield
+    except refusals as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
+
+
 def train(
     config_class: type[OnPolicyConfig],
     trainer_class: type[OnPolicyTrainer],
@@ -188,10 +203,13 @@ def train(
     else:
         model = script.model_name_or_path
         dataset = load_prompt_dataset(script.dataset_name, script.dataset_split)
-    trainer = trainer_class(
-        model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
-        **trainer_kwargs,
-    )  # fmt: skip
-    trainer.train()
+    prog = prog or Path(sys.argv[0]).name
+    with refusals_as_errors(prog, (ValueError, TypeError, CheckpointError)):  # the trainer's checks of its input
+        trainer = trainer_class(
+            model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
+            **trainer_kwargs,
+        )  # fmt: skip
+    with refusals_as_errors(prog, (CheckpointError, OutputDirNotShared)):  # output_dir and resume checks, saves
+        trainer.train()
     trainer.save_model(f"{config.output_dir}/actor")
     return trainer

@@ -747,6 +747,12 @@ def _(ctx):
     return ctx.cli("rloo", "--output_dir", ctx.tmp_path, "--toy", "--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct")
 
 
+@trigger("cli-resume-changed")
+def _(ctx):
+    return ctx.cli("rloo", "--toy", "--output_dir", ctx.tmp_path, "--learning_rate", "0.05",
+                   "--resume_from_checkpoint", ctx.run / "checkpoint-2")  # fmt: skip
+
+
 @trigger("max-steps-zero")
 def _(ctx):
     make_config(ctx.tmp_path, max_steps=0)
