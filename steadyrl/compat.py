@@ -136,6 +136,24 @@ def load_stage3_state(zero, inner_state: dict, partitions: list[torch.Tensor]) -
     zero._rigid_load_state_dict({**live, **saved}, load_optimizer_states=True)
 
 
+LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")  # the dynamic ones
+
+
+def loss_scaler_state(zero) -> dict:
+    """The fp16 loss scaler's state as plain numbers: its scale and, for a dynamic one, the iterations since the last
+    overflow and the hysteresis left (DeepSpeed's own checkpoint pickles the scaler object)."""
+    require_tested("deepspeed")
+    scaler = zero.loss_scaler
+    return {name: getattr(scaler, name) for name in LOSS_SCALER_FIELDS if hasattr(scaler, name)}
+
+
+def load_loss_scaler_state(zero, state: dict) -> None:
+    """Put ``loss_scaler_state``'s numbers back into the live loss scaler."""
+    require_tested("deepspeed")
+    for name, value in state.items():
+        setattr(zero.loss_scaler, name, value)
+
+
 def advance_cpu_adam_bias_correction(optimizer, step: int) -> None:
     """Run DeepSpeedCPUAdam's C++ update for ``step`` on empty tensors: it advances the bias corrections, kept there
     as a running float32 product that no state_dict holds."""

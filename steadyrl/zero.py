@@ -3,9 +3,9 @@ frozen models as inference engines, and generation with gathered parameters.
 
 Optimizer state: under ZeRO each process holds the AdamW moments and fp32 master weights of its own partition
 of the parameters. DeepSpeed's ``state_dict`` pickles its own classes (loss scaler, enums, slice mappings); this
-module saves only what resuming needs — the inner torch optimizer's state and the fp32 partitions — and puts
-them back into the live optimizer of the same layout (same processes, same model, which the run's fingerprint
-guarantees). Loaded with ``weights_only=True``.
+module saves only what resuming needs — the inner torch optimizer's state, the fp32 partitions and the fp16 loss
+scaler's numbers — and puts them back into the live optimizer of the same layout (same processes, same model, which
+the run's fingerprint guarantees). Loaded with ``weights_only=True``.
 
 Every private DeepSpeed or transformers internal used here is reached through ``steadyrl.compat``.
 """
@@ -35,7 +35,8 @@ def zero_state(optimizer) -> dict:
     """This process's optimizer state as plain tensors: the inner torch optimizer's and the fp32 partitions."""
     zero = zero_optimizer(optimizer)
     base = compat.inner_optimizer_state(zero)
-    return {"base_optimizer": base, "fp32_partitions": [p.detach().clone() for p in compat.fp32_partitions(zero)]}
+    partitions = [p.detach().clone() for p in compat.fp32_partitions(zero)]
+    return {"base_optimizer": base, "fp32_partitions": partitions, "loss_scaler": compat.loss_scaler_state(zero)}
 
 
 @torch.no_grad()
@@ -45,10 +46,11 @@ def load_zero_state(optimizer, state: dict) -> None:
     if compat.is_stage3(zero):
         compat.load_stage3_state(zero, state["base_optimizer"], state["fp32_partitions"])
         replay_cpu_adam_steps(zero.optimizer)
-        return
-    zero.optimizer.load_state_dict(state["base_optimizer"])
-    for live, saved in zip(compat.fp32_partitions(zero), state["fp32_partitions"], strict=True):
-        live.copy_(saved)
+    else:
+        zero.optimizer.load_state_dict(state["base_optimizer"])
+        for live, saved in zip(compat.fp32_partitions(zero), state["fp32_partitions"], strict=True):
+            live.copy_(saved)
+    compat.load_loss_scaler_state(zero, state.get("loss_scaler", {}))  # absent from older steadyrl's checkpoints
 
 
 def replay_cpu_adam_steps(optimizer) -> None:

@@ -71,9 +71,11 @@ def toy_command(output_dir, *flags, overrides=(), accelerate_config=None) -> lis
     return cmd
 
 
-def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False):
+def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False,
+            expect_status: int = 0):  # fmt: skip
     """Run tests/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
-    given); return (returncode, combined output)."""
+    given); return (returncode, combined output). It must exit with ``expect_status``, or be killed
+    (``expect_kill``), or fail in any way (``expect_failure``)."""
     cmd = toy_command(output_dir, *flags, overrides=overrides, accelerate_config=accelerate_config)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
@@ -87,7 +89,7 @@ def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_conf
     elif expect_kill:
         assert proc.returncode == -9, f"expected SIGKILL, got {proc.returncode}:\n{output[-3000:]}"
     else:
-        assert proc.returncode == 0, f"training subprocess failed ({proc.returncode}):\n{output[-3000:]}"
+        assert proc.returncode == expect_status, f"training subprocess: status {proc.returncode}:\n{output[-3000:]}"
     return proc.returncode, output
 
 

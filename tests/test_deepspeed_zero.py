@@ -39,6 +39,9 @@ def test_zero_trains_like_ddp_and_checkpoints_each_optimizer_partition(zero_run,
     assert {"optimizer_0.pt", "optimizer_1.pt", "rollout_buffer_0.safetensors", "rollout_buffer_1.safetensors"} <= names
     if algorithm == "ppo":
         assert {"critic_optimizer_0.pt", "critic_optimizer_1.pt", "critic"} <= names
+    for rank in (0, 1):  # the loss scaler's numbers, as plain values (fp32 here: a static scale of 1)
+        state = torch.load(out / "checkpoint-6" / f"optimizer_{rank}.pt", weights_only=True)
+        assert state["loss_scaler"]["cur_scale"] == 1
     if stage.startswith("zero3"):  # each process holds the AdamW state of half the parameters, not of all of them
         whole = sum(t.numel() for t in load_file(out / "checkpoint-6" / "actor" / "model.safetensors").values())
         for rank in (0, 1):

@@ -42,9 +42,11 @@ def test_sigkill_of_the_launch_after_a_checkpoint_resumes_identically(uninterrup
 
 
 def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tmp_path, toy_path):
-    # only the main process gets SIGTERM, as step 5 begins; both finish step 5, save checkpoint-5 and exit 0
-    _, output = run_toy(tmp_path, "--signal-at", "4", *TWO_PROCESSES, accelerate_config=MULTI_CPU)
+    # only the main process gets SIGTERM, as step 5 begins; both finish step 5, save checkpoint-5 and exit with 143,
+    # which the launcher reports as a failure of its workers (non-zero: a scheduler restarts the job)
+    _, output = run_toy(tmp_path, "--signal-at", "4", *TWO_PROCESSES, accelerate_config=MULTI_CPU, expect_failure=True)
     assert "Stopped by SIGTERM after step 5" in output and "Stopped by a signal on another process" in output
+    assert "exitcode  : 143" in output, output[-3000:]
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-5"]
     names = {p.name for p in (tmp_path / "checkpoint-5").iterdir()}
     assert {"rank_state_0.json", "rank_state_1.json", "rng_state_0.json", "rng_state_1.json"} <= names

@@ -135,9 +135,10 @@ def test_long_run_saving_every_step_keeps_the_last_three(tmp_path, tiny_model):
         assert resumed.state.global_step == step + 1
 
 
-def test_sigterm_finishes_the_step_checkpoints_and_exits_0(uninterrupted_run, tmp_path):
-    # SIGTERM arrives as step 5 begins: step 5 completes, checkpoint-5 is written (save_steps=3), exit status 0.
-    _, output = run_toy(tmp_path, "--signal-at", "4")
+def test_sigterm_finishes_the_step_checkpoints_and_exits_143(uninterrupted_run, tmp_path):
+    # SIGTERM arrives as step 5 begins: step 5 completes, checkpoint-5 is written (save_steps=3), and the exit status
+    # is 128 + 15, which a Kubernetes Job or a SLURM requeue reads as unfinished (0 would end the job for good)
+    _, output = run_toy(tmp_path, "--signal-at", "4", expect_status=143)
     assert "Received SIGTERM" in output and "Stopped by SIGTERM after step 5" in output
     assert run_entries(tmp_path) == ["checkpoint-3", "checkpoint-5"]
     assert json.loads((tmp_path / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
@@ -152,7 +153,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(uninterrupted_run, tm
 
 
 def test_sigint_from_outside_stops_cleanly(tmp_path, toy_path):
-    """Ctrl-C (SIGINT sent by another process while the run trains) also ends in a checkpoint and status 0."""
+    """Ctrl-C (SIGINT sent by another process while the run trains) also ends in a checkpoint, with status 130."""
     cmd = [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(tmp_path), "--set", "max_steps=200"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -163,10 +164,18 @@ def test_sigint_from_outside_stops_cleanly(tmp_path, toy_path):
         output, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 0, output[-3000:]
+    assert proc.returncode == 130, output[-3000:]
     newest = scan_checkpoints(tmp_path).newest
     step = json.loads((newest / "trainer_state.json").read_text())["global_step"]
     assert f"Stopped by SIGINT after step {step}" in output and 1 <= step < 200
+
+
+def test_a_signal_during_the_last_step_lets_the_run_complete(uninterrupted_run, tmp_path):
+    # SIGTERM as step 12 of 12 begins: the run is complete after it, so it ends as one (status 0, the final actor)
+    _, output = run_toy(tmp_path, "--signal-at", "11")
+    assert "Received SIGTERM" in output and "Stopped by" not in output
+    ref = (uninterrupted_run("rloo") / "final-actor" / "model.safetensors").read_bytes()
+    assert (tmp_path / "final-actor" / "model.safetensors").read_bytes() == ref
 
 
 def test_second_signal_exits_at_once(tmp_path, toy_path):

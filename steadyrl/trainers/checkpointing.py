@@ -7,6 +7,8 @@ A checkpoint directory holds::
                               under DeepSpeed ZeRO or FSDP2, optimizer_<rank>.pt: each process's partition or
                               shard, as plain tensors
     scheduler.pt              LR scheduler state_dict (same)
+    scaler.pt                 with fp16 mixed precision: the loss scaler's scale and growth tracker (under
+                              DeepSpeed, its loss scaler's numbers are in optimizer_<rank>.pt)
     critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
     reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
                               model.safetensors), which then changes during the run; without it the reference is fixed
@@ -45,6 +47,7 @@ from ..checkpoint import (
     commit_checkpoint,
     find_resumable_checkpoint,
     load_rng_state,
+    newest_intact_checkpoint,
     recover_interrupted_commits,
     rotate_checkpoints,
     save_rng_state,
@@ -66,6 +69,7 @@ from .fingerprint import check_resumable
 logger = logging.get_logger(__name__)
 
 STATE_NAME = "steadyrl_state.json"
+SCALER_NAME = "scaler.pt"  # fp16 loss scaler state, as transformers' Trainer names it
 SETTINGS_NAME = "settings.json"  # the settings a resume may change, to log what it changed
 STATE_FORMAT = 3  # 3: the rollout buffer holds each reward function's scores and whether it was logged
 READABLE_FORMATS = (2, 3)  # a format-2 buffer lacks those two: its completions log without per-function rewards
@@ -111,6 +115,7 @@ class CheckpointContents:
     fingerprint: dict  # what a resumed run must share with the run that wrote the checkpoint (fingerprint.py)
     free_settings: dict  # settings a resumed run may change; changes are logged
     weights: list[ModelWeights] = field(default_factory=list)
+    scaler: torch.amp.GradScaler | None = None  # accelerate's fp16 loss scaler (not DeepSpeed's: zero.py holds it)
 
 
 def rank_file(name: str, rank: int) -> str:
@@ -135,11 +140,16 @@ def on_main_process(accelerator, work: Callable[[], object]):
     return result
 
 
+def asks_for_newest(value) -> bool:
+    """Whether ``resume_from_checkpoint`` asks for the newest complete checkpoint of output_dir."""
+    return value is True or (isinstance(value, str) and value.strip().lower() in TRUE_VALUES)
+
+
 def find_checkpoint(value, output_dir: str) -> Path | None:
     """Turn ``resume_from_checkpoint`` (bool, "true"/"false", or a path) into a verified directory or None."""
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in FALSE_VALUES):
         return None
-    if value is True or (isinstance(value, str) and value.strip().lower() in TRUE_VALUES):
+    if asks_for_newest(value):
         found = find_resumable_checkpoint(output_dir)
         if found is None:
             logger.warning(f"No complete checkpoint in {output_dir}: starting from step 0.")
@@ -167,7 +177,7 @@ def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Pat
         for action in recover_interrupted_commits(args.output_dir):
             logger.warning(action)
         checkpoint = find_checkpoint(value, args.output_dir)
-        refuse_other_runs(args.output_dir, checkpoint, args.overwrite_output_dir)
+        refuse_other_runs(args.output_dir, checkpoint, args.overwrite_output_dir, asks_for_newest(value))
         return checkpoint
 
     try:
@@ -215,10 +225,22 @@ class Checkpointer:
         self._save_stage(tmp, lambda: self._write(tmp, contents))
         processes = self.accelerator.num_processes  # the manifest must list every one's files
         self._save_stage(tmp, lambda: commit_checkpoint(tmp, step, processes) if self.main else None)
-        if self.main:
-            for deleted in rotate_checkpoints(output_dir, save_total_limit):
-                logger.info(f"Deleted old checkpoint {deleted} (save_total_limit={save_total_limit}).")
+        on_main_process(self.accelerator, lambda: self._rotate(output_dir, step, save_total_limit))
         return Path(output_dir) / f"checkpoint-{step}"
+
+    @staticmethod
+    def _rotate(output_dir: str, step: int, save_total_limit: int | None) -> None:
+        """Delete the checkpoints beyond ``save_total_limit`` (main process; its error reaches every process)."""
+        try:
+            deleted = rotate_checkpoints(output_dir, save_total_limit)
+        except Exception as err:  # noqa: BLE001 - raised again with what still stands
+            raise CheckpointError(
+                f"checkpoint-{step} is complete, but deleting the checkpoints beyond save_total_limit="
+                f"{save_total_limit} in {output_dir} failed ({type(err).__name__}: {err}). Fix the cause and run "
+                "again with resume_from_checkpoint=True."
+            ) from err
+        for path in deleted:
+            logger.info(f"Deleted old checkpoint {path} (save_total_limit={save_total_limit}).")
 
     def _save_stage(self, tmp: Path, stage: Callable[[], object]) -> None:
         """Run this process's part of one stage of a save; if it failed on any process, remove ``tmp`` and raise a
@@ -231,15 +253,39 @@ class Checkpointer:
         failed = self._failed_processes(error is not None)
         if not failed:
             return
-        shutil.rmtree(tmp, ignore_errors=True)
+
+        def clean_up() -> tuple[Path | None, bool]:  # once, on the main process: the same directory for all
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                return newest_intact_checkpoint(tmp.parent), tmp.exists()
+            except OSError:  # output_dir itself cannot be read: the save's own error says more
+                return None, tmp.exists()
+
+        newest, left = on_main_process(self.accelerator, clean_up)
         if self.accelerator.num_processes == 1:
-            raise CheckpointError(save_failure_message(tmp, error)) from error
+            raise CheckpointError(save_failure_message(tmp, error, newest, left)) from error
         if error is not None:
-            message = save_failure_message(tmp, error)
+            message = save_failure_message(tmp, error, newest, left)
             raise CheckpointError(f"Process {self.rank} of {self.accelerator.num_processes}: {message}") from error
         names = ", ".join(map(str, failed))
         cause = CheckpointError(f"process {names} could not write its part of it; that process's error says why")
-        raise CheckpointError(save_failure_message(tmp, cause))
+        raise CheckpointError(save_failure_message(tmp, cause, newest, left))
+
+    def _on_every_process(self, what: str, work: Callable[[], object]):
+        """Run this process's ``work``; if it failed on any process, raise on every one (the failing ones their own
+        error, the others a CheckpointError naming them), so that none waits for them at the next collective."""
+        error, result = None, None
+        try:
+            result = work()
+        except Exception as err:  # noqa: BLE001 - raised below, once every process knows
+            error = err
+        failed = self._failed_processes(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            names = ", ".join(map(str, failed))
+            raise CheckpointError(f"{what} failed on process {names}; that process's error says why.")
+        return result
 
     def _failed_processes(self, failed: bool) -> list[int]:
         """The ranks of the processes for which ``failed`` is true, the same list on every process: an all-reduce of
@@ -266,6 +312,8 @@ class Checkpointer:
             weights.save(tmp / weights.name)
         loop = contents.loop_state
         if self.main:
+            if contents.scaler is not None:  # the same on every process: they step on the same reduced gradients
+                torch.save(contents.scaler.state_dict(), tmp / SCALER_NAME)
             contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
             shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint}
             (tmp / SETTINGS_NAME).write_text(json.dumps(contents.free_settings, sort_keys=True))
@@ -289,7 +337,11 @@ class Checkpointer:
     def load(self, directory: Path, contents: CheckpointContents) -> dict:
         """Restore the modules' weights, optimizers and schedulers and the TrainerState in place, after checking
         the run's fingerprint; return the loop state to hand to ``LoopState.load_state_dict``. The RNG state
-        comes separately (``restore_rng``), as the very last thing before training."""
+        comes separately (``restore_rng``), as the very last thing before training. A failure on any process
+        raises on every one."""
+        return self._on_every_process(f"Loading {directory}", lambda: self._load(directory, contents))
+
+    def _load(self, directory: Path, contents: CheckpointContents) -> dict:
         shared = json.loads((directory / STATE_NAME).read_text())
         if shared.get("format") not in READABLE_FORMATS:
             raise CheckpointError(
@@ -303,6 +355,8 @@ class Checkpointer:
             self._load_module(directory, module)
         for weights in contents.weights:
             self._load_weights(directory, weights)
+        if contents.scaler is not None:
+            load_scaler(contents.scaler, directory)
         state = contents.trainer_state
         restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         for name in RESTORED_TRAINER_STATE:
@@ -342,9 +396,25 @@ class Checkpointer:
             load_model_weights(weights.model, directory / weights.name)
 
     def restore_rng(self, directory: Path) -> None:
+        self._on_every_process(f"Restoring the random state of {directory}", lambda: self._restore_rng(directory))
+
+    def _restore_rng(self, directory: Path) -> None:
         if not (directory / f"rng_state_{self.rank}.json").is_file():
             raise CheckpointError(f"{directory} has no RNG state for process {self.rank} (rng_state_{self.rank}.json).")
         load_rng_state(directory, self.rank)
+
+
+def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:
+    """Continue with the fp16 loss scale the checkpoint's run had reached: restarting at the initial scale would
+    skip, for overflow, steps the original run took."""
+    path = directory / SCALER_NAME
+    if path.is_file():
+        scaler.load_state_dict(torch.load(path, weights_only=True))
+    else:
+        logger.warning(
+            f"{directory} holds no fp16 loss scale ({SCALER_NAME}: an older steadyrl wrote it): the scale restarts "
+            f"at {scaler.get_scale():g}, and steps it overflows are skipped until it settles."
+        )
 
 
 def _tied_parameter_names(model: torch.nn.Module) -> set[str]:
@@ -406,12 +476,19 @@ NOT_WRITABLE[errno.EPERM] = NOT_WRITABLE[errno.EACCES]
 RESUME = "and run again with resume_from_checkpoint=True."
 
 
-def save_failure_message(tmp: Path, err: Exception) -> str:
+FIND = "find"  # save_failure_message's default: look at output_dir
+
+
+def save_failure_message(tmp: Path, err: Exception, newest: Path | None | str = FIND, left: bool | None = None) -> str:
     """Why writing ``tmp`` failed (a full disk, a read-only filesystem, a denied permission, or the error itself),
-    what still stands, and what to do: freeing space is advised only for a full disk."""
-    newest = find_resumable_checkpoint(tmp.parent)
+    what still stands (``newest``: the newest intact checkpoint, or None; ``left``: whether ``tmp`` could not be
+    removed; each looked up here, without hashing, unless given), and what to do: freeing space is advised only
+    for a full disk."""
+    if newest == FIND:
+        newest = newest_intact_checkpoint(tmp.parent)
     kept = f"the newest complete checkpoint, {newest}, is intact" if newest else "no earlier checkpoint exists"
-    partial = "could not be removed (it is never resumed from)" if tmp.exists() else "was removed"
+    left = tmp.exists() if left is None else left
+    partial = "could not be removed (it is never resumed from)" if left else "was removed"
     failure = f"Could not write the checkpoint {tmp} ({type(err).__name__}: {err})"
     cause = os_error_in(err)
     code = cause.errno if cause is not None else None

@@ -71,7 +71,7 @@ from .models import (
     policy_and_reference,
     reward_model_scorer,
 )
-from .preemption import StopSignals
+from .preemption import StopSignals, stopped_status
 from .publish import PublishMixin
 from .reference_sync import check_reference_sync, mix_into_reference, sync_due
 from .rollouts import RolloutMixin
@@ -346,8 +346,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
                     self.state.epoch = self.loop.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     saved = self.log_and_save()
-                    if stop.stop_requested(self.accelerator):
-                        self.stop_for_signal(stop.received, saved)
+                    if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
+                        self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
         finally:
             self.backend.close()
             # Left ready to use: in train mode with gradient checkpointing, transformers' generate drops its KV cache
@@ -402,7 +402,8 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         return False
 
     def stop_for_signal(self, signum: int | None, saved: bool) -> None:
-        """After a SIGTERM / SIGINT: checkpoint this step (the one exception to save_steps), end, exit 0."""
+        """After a SIGTERM / SIGINT before the last step: checkpoint this step (the one exception to save_steps),
+        end, and exit with a non-zero status (``stopped_status``), so that a scheduler restarts the job."""
         if not saved:
             self.save_checkpoint()
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
@@ -412,7 +413,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
             f"Stopped by {name} after step {self.state.global_step}: {checkpoint_name(self.state.global_step)} "
             f"is in {self.args.output_dir}; run again with resume_from_checkpoint=True to continue."
         )
-        raise SystemExit(0)
+        raise SystemExit(stopped_status(signum))
 
     # ---- optimisation ---------------------------------------------------------------------------
 
@@ -491,7 +492,7 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         fingerprint = {**self.run_fingerprint(), **fixed}
         loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
         return CheckpointContents(self.trained_modules(), self.state, loop_state, fingerprint, free,
-                                  self.changing_weights())  # fmt: skip
+                                  self.changing_weights(), self.accelerator.scaler)  # fmt: skip
 
     def changing_weights(self) -> list[ModelWeights]:
         """Untrained models whose weights change during the run: the reference under ``sync_ref_model``."""

@@ -1,5 +1,7 @@
 """Stopping cleanly when the scheduler says so: SIGTERM or SIGINT ends the run after the current step and a
-checkpoint; a second signal ends it at once.
+checkpoint, with the exit status of a process the signal ended (128 + its number: 143 for SIGTERM, 130 for SIGINT),
+so that a Kubernetes Job, SLURM requeue or similar sees an unfinished run and restarts it; a second signal ends it at
+once. A signal during the last step lets the run complete (status 0).
 
 Under a launcher (torchrun, ``accelerate launch``) the workers are torch's elastic agent's children, each in a
 session of its own. The agent turns a SIGTERM / SIGINT / SIGHUP / SIGQUIT it receives into a ``SignalException``,
@@ -24,6 +26,12 @@ logger = logging.get_logger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 LAUNCHER_ENV = "TORCHELASTIC_RUN_ID"  # set in its workers by torch's elastic agent (torchrun, accelerate launch)
 REPEAT_WINDOW_S = 2.0  # under a launcher: a repeat this soon is the launcher's copy of the scheduler's signal
+
+
+def stopped_status(signum: int | None) -> int:
+    """The exit status of a run a signal stopped before its end: 128 + the signal's number, as a shell reports a
+    process the signal killed; a process that learned of another's signal exits as for SIGTERM."""
+    return 128 + (signum or signal.SIGTERM)
 
 
 def launcher_shutdown_timeout() -> str:
