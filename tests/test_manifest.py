@@ -357,7 +357,7 @@ def test_every_crash_point_of_a_commit_recovers_to_a_complete_checkpoint(real_ru
     os.rename(out, pristine)
     sequence = ["rename tmp-checkpoint-2", "fsync out"]
     if old != "absent":  # the old copy is renamed aside first, and removed only once the new one is in place
-        sequence = ["remove deleting-checkpoint-2", "rename checkpoint-2", *sequence, "remove deleting-checkpoint-2"]
+        sequence = ["remove replaced-checkpoint-2", "rename checkpoint-2", *sequence, "remove replaced-checkpoint-2"]
     steps = len(sequence)
     for k in range(steps + 1):
         shutil.rmtree(out, ignore_errors=True)
@@ -381,7 +381,7 @@ def test_every_crash_point_of_a_commit_recovers_to_a_complete_checkpoint(real_ru
 
 
 def test_a_commit_replaces_a_leftover_aside_copy(real_run, out):
-    shutil.copytree(out / "checkpoint-2", out / "deleting-checkpoint-2")  # from a re-commit that crashed earlier
+    shutil.copytree(out / "checkpoint-2", out / "replaced-checkpoint-2")  # from a re-commit that crashed earlier
     new_state = new_write_of_step_2(real_run, out)
     commit_checkpoint(out / "tmp-checkpoint-2", 2)
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2"]

@@ -8,6 +8,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
 from ..checkpoint import checkpoint_name, write_manifest
+from ..checkpoint.manifest import STATE_FILE
 
 
 class CheckpointCallback(TrainerCallback):
@@ -18,8 +19,9 @@ class CheckpointCallback(TrainerCallback):
     save, an epoch boundary, a ratio rounded differently — can add or drop a checkpoint.
 
     steadyrl trainers write the checkpoint atomically themselves. Under a plain
-    ``transformers.Trainer`` the callback adds the sha256 manifest once Trainer has written the
-    directory, so ``steadyrl`` resume logic accepts only directories that were finished.
+    ``transformers.Trainer`` the callback writes the sha256 manifest each time Trainer has written the
+    directory (again when Trainer writes a ``checkpoint-N`` over an existing one), so ``steadyrl``
+    resume logic accepts only directories that were finished.
     """
 
     def __init__(self, save_final_checkpoint: bool = False) -> None:
@@ -35,7 +37,8 @@ class CheckpointCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         directory = os.path.join(args.output_dir, checkpoint_name(state.global_step))
-        unfinished = os.path.isdir(directory) and not os.path.exists(os.path.join(directory, "manifest.json"))
-        if args.should_save and unfinished:
-            write_manifest(directory, state.global_step)
+        # Trainer has just (re)written it, over any earlier manifest; a steadyrl trainer's is committed already
+        written_by_trainer = os.path.isdir(directory) and not os.path.exists(os.path.join(directory, STATE_FILE))
+        if args.should_save and written_by_trainer:
+            write_manifest(directory, state.global_step, layout="transformers")
         return control

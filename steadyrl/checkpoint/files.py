@@ -2,7 +2,9 @@
 
 A checkpoint is written under ``tmp-checkpoint-<step>``, every file is hashed and fsynced into
 ``manifest.json`` (written last, manifest.py), and only then is the directory renamed to ``checkpoint-<step>``.
-A checkpoint is removed by renaming it to ``deleting-checkpoint-<step>`` first, so none is ever half-deleted.
+A checkpoint is removed by renaming it to ``deleting-checkpoint-<step>`` first, so none is ever half-deleted. A
+commit that replaces an existing ``checkpoint-<step>`` renames the old one to ``replaced-checkpoint-<step>`` and
+removes it only once the new one has its name; until then it is what a failure or a crash puts back.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ logger = logging.get_logger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TEMP_PATTERN = re.compile(r"^tmp-checkpoint-(\d+)$")
-ASIDE_PREFIX = "deleting-"  # a checkpoint renamed aside (atomic) before it is removed, by rotation or a re-commit
+ASIDE_PREFIX = "deleting-"  # a checkpoint renamed (atomically) before it is removed: doomed, whatever happens
+REPLACED_PREFIX = "replaced-"  # the old copy of a checkpoint a commit replaces: put back if the new one is not in place
 
 
 def checkpoint_name(step: int) -> str:
@@ -41,8 +44,9 @@ def commit_checkpoint(tmp: str | os.PathLike, step: int, processes: int | None =
     when given), then rename it to ``checkpoint-<step>``.
 
     Until the rename, nothing under the final name changes. A ``checkpoint-<step>`` already there (a stale or damaged
-    copy left from before a resume to an older step) is renamed aside and removed only once the new one is in place:
-    a crash at any point leaves a state that recover_interrupted_commits turns into a complete ``checkpoint-<step>``.
+    copy left from before a resume to an older step) is renamed aside and removed only once the new one is in place;
+    a failed rename puts it back, and a crash at any point leaves a state that recover_interrupted_commits turns into
+    a ``checkpoint-<step>`` again (the new one when it is complete).
     """
     tmp = Path(tmp)
     write_manifest(tmp, step, layout="steadyrl", processes=processes)
@@ -63,13 +67,19 @@ def _remove(path: Path) -> None:
 
 def _install(tmp: Path, final: Path) -> Path:
     """Rename the complete ``tmp`` to ``final``. A ``final`` already there is first renamed (atomically) to
-    ``deleting-<final>`` and removed last, so some complete copy exists under one of the three names throughout."""
-    aside = final.with_name(ASIDE_PREFIX + final.name)
+    ``replaced-<final>``, renamed back if ``tmp`` cannot take its name, and removed only once it has: each copy
+    exists under one name or another throughout."""
+    aside = final.with_name(REPLACED_PREFIX + final.name)
     replacing = _exists(final)
     if replacing:
-        _remove(aside)  # left by an earlier crash: the rename needs the name free
+        _remove(aside)  # left by an earlier crash beside a final copy: the rename needs the name free
         os.rename(final, aside)
-    os.rename(tmp, final)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if replacing:
+            os.rename(aside, final)  # should this fail too, recover_interrupted_commits puts it back
+        raise
     fsync_dir(final.parent)
     if replacing:
         _remove(aside)
@@ -81,9 +91,10 @@ def recover_interrupted_commits(output_dir: str | os.PathLike) -> list[str]:
 
     A complete ``tmp-checkpoint-N`` (its manifest verifies: the crash fell between the manifest and the rename)
     becomes ``checkpoint-N`` when there is none or only a damaged one, and is removed when a complete one exists.
-    Incomplete ones stay as they are (the scan reports them; the next save of that step replaces them). Then every
-    ``deleting-checkpoint-*`` is removed: each was renamed aside only once a complete successor existed. Call it on
-    the main process alone, before any other process scans ``output_dir``.
+    Incomplete ones stay as they are (the scan reports them; the next save of that step replaces them). Then a
+    ``replaced-checkpoint-N`` (the old copy a commit moved aside) is removed where ``checkpoint-N`` now exists, and
+    renamed back to it where not; every ``deleting-checkpoint-*`` is removed (rotation or overwrite_output_dir
+    doomed it). Call it on the main process alone, before any other process scans ``output_dir``.
     """
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
@@ -92,6 +103,15 @@ def recover_interrupted_commits(output_dir: str | os.PathLike) -> list[str]:
     for tmp in sorted(output_dir.iterdir()):
         if TEMP_PATTERN.match(tmp.name) and tmp.is_dir() and not tmp.is_symlink():
             done += _recover(tmp)
+    for old in sorted(output_dir.glob(REPLACED_PREFIX + "checkpoint-*")):
+        final = old.with_name(old.name.removeprefix(REPLACED_PREFIX))
+        if _exists(final):
+            _remove(old)
+            done.append(f"Removed {old}: the commit that replaced it with {final} stopped before deleting it.")
+        else:
+            os.rename(old, final)
+            fsync_dir(output_dir)
+            done.append(f"Renamed {old} back to {final}: the commit meant to replace it stopped before its new copy.")
     for aside in sorted(output_dir.glob(ASIDE_PREFIX + "checkpoint-*")):
         _remove(aside)
         done.append(f"Removed {aside}, left by a rotation or re-commit that stopped before deleting it.")
@@ -154,6 +174,19 @@ def scan_checkpoints(output_dir: str | os.PathLike, verify: bool = True) -> Chec
     complete.sort()
     rejected.sort()
     return CheckpointScan(complete, rejected)
+
+
+def newest_intact_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest ``checkpoint-N`` whose manifest is well formed and whose listed files are all there with their
+    sizes: a check that hashes nothing, for messages (hashing every checkpoint can take hours on a shared
+    filesystem)."""
+    for _, path in reversed(scan_checkpoints(output_dir, verify=False).complete):
+        try:
+            verify_checkpoint(path, hashes=False)
+            return path
+        except CheckpointError:
+            continue
+    return None
 
 
 def find_resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:

@@ -3,6 +3,9 @@ already there.
 
 - A fresh start refuses a directory that holds checkpoints (another run's: they would rotate the new run's away,
   and ``resume_from_checkpoint=True`` would pick them up), unless ``overwrite_output_dir`` deletes them first.
+- It also refuses a run that left no checkpoint (``save_strategy="no"``, or stopped before its first save) but its
+  logs or a saved actor, which it would truncate and overwrite; so does ``resume_from_checkpoint=True`` when that
+  run finished. A run stopped before its first save is started again by ``resume_from_checkpoint=True``.
 - A resume from ``checkpoint-N`` moves the newer checkpoints of the directory aside, to ``superseded-<time>/``:
   nothing is deleted, and neither rotation nor a later resume sees them.
 - The lock is a ``fcntl.flock`` on ``.steadyrl-run.lock``: the kernel releases it when its process dies, so a
@@ -16,6 +19,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -27,6 +31,9 @@ from .manifest import CheckpointError, read_manifest
 logger = logging.get_logger(__name__)
 
 LOCK_NAME = ".steadyrl-run.lock"
+RUN_LOGS = ("metrics.jsonl", "completions.jsonl")  # appended to by a run (run_summary.py, completion_log.py)
+SAVED_ACTOR = ("actor", "model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
+SUMMARY_KEY = b'"train_runtime"'  # in the summary line a run appends to metrics.jsonl as it ends
 
 
 class OutputDirInUse(CheckpointError):
@@ -43,7 +50,7 @@ class OutputDirLock:
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            file = open(self.path, "a+")
+            file = self._open()
             try:
                 fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
@@ -57,7 +64,7 @@ class OutputDirLock:
                     "runs writing one directory would mix their checkpoints. Wait for that run to end, stop it, or "
                     "give this run another output_dir."
                 ) from None
-            if self.path.exists() and os.stat(self.path).st_ino == os.fstat(file.fileno()).st_ino:
+            if _same_file(self.path, os.fstat(file.fileno())):
                 break
             file.close()  # the holder removed the file as we opened it: lock the new one
         file.seek(0)
@@ -66,6 +73,26 @@ class OutputDirLock:
         file.flush()
         self.file = file
 
+    def _open(self):
+        """The lock file, created if absent, never through a symlink (the truncation that records this run's
+        name would empty whatever the link points to), and only if it is a regular file."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            if err.errno not in (errno.ELOOP, errno.EISDIR):  # ELOOP: a symlink, under O_NOFOLLOW
+                raise
+            fd = None
+        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "r+")
+        if fd is not None:
+            os.close(fd)
+        kind = "a symlink" if self.path.is_symlink() else "not a regular file"
+        raise CheckpointError(
+            f"output_dir={str(self.path.parent)!r} holds a {LOCK_NAME} that is {kind}: the run's lock must be a "
+            "regular file steadyrl creates (it writes the holder's name into it, and never through a link). Remove "
+            "it, or use another output_dir."
+        )
+
     def release(self) -> None:
         """Remove the lock file, then unlock (a process that opened the removed file sees so and retries)."""
         if self.file is not None:
@@ -73,6 +100,15 @@ class OutputDirLock:
             fcntl.flock(self.file, fcntl.LOCK_UN)
             self.file.close()
             self.file = None
+
+
+def _same_file(path: Path, opened: os.stat_result) -> bool:
+    """Whether ``path`` (not followed if a link) is still the file that was opened."""
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def describe_holder(text: str) -> str:
@@ -113,25 +149,68 @@ def move_aside(output_dir: Path, paths: list[Path]) -> Path:
     return aside
 
 
-def refuse_other_runs(output_dir: str | os.PathLike, checkpoint: Path | None, overwrite: bool) -> None:
-    """Before a run starts from ``checkpoint`` (None: a fresh start) in ``output_dir`` (main process, under the
-    lock): refuse another run's checkpoints, or with ``overwrite`` delete them."""
+def run_leftovers(output_dir: Path) -> list[str]:
+    """What a run left in ``output_dir`` besides checkpoints: its logs (when not empty) and an actor it saved."""
+    logs = [name for name in RUN_LOGS if (output_dir / name).is_file() and (output_dir / name).stat().st_size]
+    actor = [name + "/" * (output_dir / name).is_dir() for name in SAVED_ACTOR if (output_dir / name).exists()]
+    return logs + actor
+
+
+def run_finished(output_dir: Path) -> bool:
+    """Whether the run in ``output_dir`` ended (its summary is in metrics.jsonl) or saved an actor there."""
+    if any((output_dir / name).exists() for name in SAVED_ACTOR):
+        return True
+    metrics = output_dir / RUN_LOGS[0]
+    if not metrics.is_file():
+        return False
+    with open(metrics, "rb") as f:
+        return any(SUMMARY_KEY in line for line in f)
+
+
+def refuse_other_runs(
+    output_dir: str | os.PathLike, checkpoint: Path | None, overwrite: bool, resuming: bool = False
+) -> None:
+    """Before a run starts from ``checkpoint`` (None: from step 0; ``resuming``: resume_from_checkpoint=True found
+    no checkpoint) in ``output_dir`` (main process, under the lock): refuse another run's checkpoints, logs or
+    saved actor, or with ``overwrite`` delete its checkpoints and logs."""
     output_dir = Path(output_dir)
     if checkpoint is not None and checkpoint.resolve().parent == output_dir.resolve():
         return  # its own lineage: newer checkpoints are moved aside once the checkpoint has loaded
     existing = checkpoint_dirs(output_dir)
+    start = "A fresh start" if checkpoint is None else f"Resuming from {checkpoint}, outside it,"
     if existing and not overwrite:
         names = ", ".join(path.name for _, path in existing)
-        start = "A fresh start" if checkpoint is None else f"Resuming from {checkpoint}, outside it,"
         raise CheckpointError(
             f"output_dir={str(output_dir)!r} holds checkpoints of another run ({names}). {start} would mix with "
             "them: rotation would delete this run's checkpoints and resume_from_checkpoint=True would pick up "
             "theirs. Continue that run with resume_from_checkpoint=True, delete them with overwrite_output_dir=True, "
             "or use another output_dir."
         )
+    if not existing and not overwrite and (left := run_leftovers(output_dir)):
+        refuse_run_without_checkpoints(output_dir, left, start, resuming and checkpoint is None)
     if output_dir.is_dir() and (removed := remove_checkpoints(output_dir)):
         why = "overwrite_output_dir=True" if existing else "partial checkpoints of a run stopped in its first save"
         logger.warning(f"Deleted {', '.join(removed)} from {output_dir} before starting ({why}).")
+    if overwrite and (logs := [name for name in RUN_LOGS if (output_dir / name).is_file()]):
+        for name in logs:
+            (output_dir / name).unlink()
+        logger.warning(f"Deleted {', '.join(logs)} from {output_dir} before starting (overwrite_output_dir=True).")
+
+
+def refuse_run_without_checkpoints(output_dir: Path, left: list[str], start: str, resuming: bool) -> None:
+    """``output_dir`` holds a run's logs or saved actor but no checkpoint: refuse to start over it, except where
+    ``resume_from_checkpoint=True`` continues a run stopped before its first save (from step 0)."""
+    listed = ", ".join(left)
+    if resuming and not run_finished(output_dir):
+        logger.warning(f"{output_dir} holds a run stopped before its first checkpoint ({listed}): "
+                       "resume_from_checkpoint=True starts it again from step 0.")  # fmt: skip
+        return
+    if resuming:
+        start = "resume_from_checkpoint=True finds no checkpoint to continue it from, and starting from step 0"
+    raise CheckpointError(
+        f"output_dir={str(output_dir)!r} holds a run without checkpoints ({listed}). {start} would truncate its "
+        "logs and overwrite its saved actor. Delete them with overwrite_output_dir=True, or use another output_dir."
+    )
 
 
 def supersede_newer(output_dir: str | os.PathLike, checkpoint: Path) -> None:
