@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 import torch
-from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy, toy_command
+from conftest import MULTI_CPU, ROOT, TWO_PROCESSES, ZERO, free_port, read_logs, run_toy, toy_command
 from test_resume import assert_same_result
 
 from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint
@@ -145,6 +145,60 @@ def test_a_save_failing_on_one_process_stops_both_at_once_and_resume_uses_the_la
     _, output = run_toy(tmp_path, "--resume", *TWO_PROCESSES, accelerate_config=MULTI_CPU)
     assert output.count("Resuming from") == 2 and "checkpoint-3" in output
     assert_same_result(uninterrupted, tmp_path, after_step=3)
+
+
+FAULTS = """
+import errno, sys
+sys.path.insert(0, sys.argv[3])
+from toy_run import make_trainer
+from steadyrl.trainers import checkpointing
+
+output_dir, fault = sys.argv[1], sys.argv[2]
+trainer = make_trainer(output_dir, micro_rollout_batch_size=4, micro_train_batch_size=1, save_steps=3,
+                       save_total_limit=1, max_steps=3 if fault == "rotation" else 6)
+rank = trainer.accelerator.process_index
+if fault == "rotation" and rank == 0:
+    def rotate_checkpoints(directory, limit):
+        raise PermissionError(errno.EACCES, "Permission denied", directory)
+    checkpointing.rotate_checkpoints = rotate_checkpoints
+if fault == "load" and rank == 1:
+    def load(directory, contents):
+        raise OSError(errno.EIO, "Input/output error", str(directory / "rank_state_1.json"))
+    trainer.checkpointer._load = load
+trainer.train(resume_from_checkpoint=fault == "load" or None)
+"""
+
+
+def launch_with_fault(output_dir, fault: str) -> str:
+    """FAULTS under ``accelerate launch`` with 2 processes; the output of a run that must fail within 3 minutes (a
+    process left waiting for the failed one would wait for the process group's timeout: 30 minutes)."""
+    script = output_dir.parent / "faults.py"
+    script.write_text(FAULTS)
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(MULTI_CPU)]
+    cmd = [*launcher, "--main_process_port", str(free_port()), str(script), str(output_dir), fault, str(ROOT / "tests")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []:
+            child.kill()
+        proc.kill()
+    assert proc.returncode != 0, output[-3000:]
+    return output
+
+
+def test_a_rotation_or_load_failing_on_one_process_stops_both_at_once(tmp_path, toy_path):
+    """Rotation runs on the main process alone, and a checkpoint load can fail on one process: every process
+    raises at once."""
+    run = tmp_path / "run"
+    output = launch_with_fault(run, "rotation")  # after checkpoint-3 is committed
+    assert output.count("CheckpointError: checkpoint-3 is complete, but deleting the checkpoints beyond "
+                        "save_total_limit=1") >= 2, output[-3000:]  # fmt: skip
+    assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-3"]
+    output = launch_with_fault(run, "load")  # resuming from checkpoint-3: process 1 cannot read its state
+    assert "Input/output error" in output, output[-3000:]
+    assert f"CheckpointError: Loading {run / 'checkpoint-3'} failed on process 1; that process's error" in output
 
 
 def test_resuming_with_another_number_of_processes_is_refused_before_any_step(uninterrupted, tmp_path):
