@@ -372,6 +372,41 @@ standin_error("vllm-server-dtype", dtype="torch.bfloat16")
 standin_error("vllm-server-logprobs", logprobs_mode="raw_logprobs")
 
 
+def standin_run(ctx, first_run: bool = False, **start_kwargs) -> None:
+    """A trainer built against a stand-in (``start_kwargs``: ``start``'s), after another run's if ``first_run``."""
+    from vllm_server_standin import model_config, start
+
+    url, server = start(model_config(), **start_kwargs)
+    try:
+        if first_run:
+            make_trainer(ctx.tmp_path / "first", **SERVER, vllm_server_base_url=url)
+        make_trainer(ctx.tmp_path / "second", **SERVER, vllm_server_base_url=url)
+    finally:
+        server.shutdown()
+
+
+@trigger("vllm-server-key")
+def _(ctx):
+    ctx.monkeypatch.setenv("STEADYRL_VLLM_SERVER_KEY", "not-the-servers-key")
+    standin_run(ctx)
+
+
+trigger("vllm-server-claimed")(lambda ctx: standin_run(ctx, first_run=True))
+trigger("vllm-server-unguarded")(lambda ctx: standin_run(ctx, auth=False))
+
+
+@trigger("vllm-serve-port-busy")
+def _(ctx):
+    import socket
+
+    ctx.monkeypatch.delenv("STEADYRL_VLLM_SERVER_KEY", raising=False)
+    ctx.monkeypatch.delenv("STEADYRL_VLLM_SERVER_KEY_FILE", raising=False)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        return ctx.cli("vllm-serve", "--model", "m", "--port", busy.getsockname()[1], "--print")
+
+
 @trigger("vllm-server-stopped")
 def _(ctx):
     from vllm_server_standin import model_config, start
@@ -625,6 +660,27 @@ def _(ctx):
         make_trainer(ctx.tmp_path).train()
     finally:
         other.release()
+
+
+@trigger("output-dir-run-without-checkpoints")
+def _(ctx):
+    (ctx.tmp_path / "metrics.jsonl").write_text('{"loss": 0.5, "step": 1}\n')  # a run with save_strategy="no"
+    (ctx.tmp_path / "actor").mkdir()
+    make_trainer(ctx.tmp_path).train()
+
+
+@trigger("output-dir-finished-run-resume")
+def _(ctx):
+    summary = '{"train_runtime": 9.0, "step": 2}'  # the line a run appends as it ends
+    (ctx.tmp_path / "metrics.jsonl").write_text('{"loss": 0.5, "step": 1}\n' + summary + "\n")
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=True)
+
+
+@trigger("output-dir-lock-link")
+def _(ctx):
+    (ctx.tmp_path / "notes.txt").write_text("not a lock")
+    (ctx.tmp_path / ".steadyrl-run.lock").symlink_to(ctx.tmp_path / "notes.txt")
+    make_trainer(ctx.tmp_path).train()
 
 
 @trigger("resume-value")

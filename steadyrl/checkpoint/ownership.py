@@ -207,9 +207,12 @@ def refuse_run_without_checkpoints(output_dir: Path, left: list[str], start: str
         return
     if resuming:
         start = "resume_from_checkpoint=True finds no checkpoint to continue it from, and starting from step 0"
+    harm = [what for what, names in (("truncate its logs", RUN_LOGS), ("overwrite its saved actor", SAVED_ACTOR))
+            if any(name.rstrip("/") in names for name in left)]  # fmt: skip
     raise CheckpointError(
-        f"output_dir={str(output_dir)!r} holds a run without checkpoints ({listed}). {start} would truncate its "
-        "logs and overwrite its saved actor. Delete them with overwrite_output_dir=True, or use another output_dir."
+        f"output_dir={str(output_dir)!r} holds a run without checkpoints ({listed}). {start} would "
+        f"{' and '.join(harm)}. Pass overwrite_output_dir=True to replace that run (its logs are deleted first), or "
+        "use another output_dir."
     )
 
 
