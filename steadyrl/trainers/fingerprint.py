@@ -1,10 +1,12 @@
 """What a resumed run must share with the run that wrote its checkpoint, and what it may change.
 
 The fingerprint covers everything that changes the math of training: the models' identities (config and a digest of
-the initial weights), the tokenizer, the dataset, the reward functions, the seed, the batch hierarchy and every
-setting of the config except the ``FREE_SETTINGS``, which only extend the run or change how it is watched and
-stored. Resuming with a different fingerprint is refused, naming each changed field with its old and new value;
-changed free settings are logged.
+the initial weights: the policy, the reference, every reward model, PPO's critic), LoRA's settings, the tokenizers,
+the dataset, the reward functions and online DPO's judge (``callable_identity``), the mixed precision and DeepSpeed
+optimizer the launcher chose, the seed, the batch hierarchy and every setting of the config except the
+``FREE_SETTINGS``, which only extend the run or change how it is watched and stored. Resuming with a different
+fingerprint is refused, naming each changed field with its old and new value; changed free settings are logged.
+Secrets (tokens, keys, passwords) are never recorded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 from transformers.utils import logging
 
 from ..checkpoint import CheckpointError
+from ..scalar_head import RewardModelFunction
+from .callable_identity import CallableIdentifier, callable_name, is_secret
 from .trl_names import MAX_NEW_TOKENS, SYNONYMS
 
 logger = logging.get_logger(__name__)
@@ -57,6 +61,7 @@ MIRRORS = frozenset({synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)
                     {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"})  # fmt: skip
 SAMPLED_VALUES = 64  # per tensor, in the weight digest
 SAMPLED_ROWS = 256  # in the dataset digest
+PEFT_CONFIG_IGNORED = {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"}
 MODEL_CONFIG_IGNORED = {"_name_or_path", "transformers_version", "use_cache", "output_attentions",
                         "output_hidden_states", "return_dict"}  # fmt: skip
 
@@ -65,9 +70,13 @@ def _sha(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _json_default(value):
+    return sorted(value, key=repr) if isinstance(value, (set, frozenset)) else str(value)
+
+
 def _plain(value):
-    """``value`` as JSON gives it back (enums, dtypes and tuples as a checkpoint would hold them)."""
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """``value`` as JSON gives it back (enums, dtypes and tuples as a checkpoint would hold them; sets sorted)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=_json_default))
 
 
 def evenly_spaced(size: int, count: int) -> torch.Tensor:
@@ -121,32 +130,141 @@ def dataset_digest(dataset) -> str:
 
 
 def callable_identity(func) -> str:
-    """``module.qualname`` of a reward function (of its class, for a callable object)."""
-    target = func if hasattr(func, "__qualname__") else type(func)
-    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
+    """What identifies a reward function or judge in every process and run (``CallableIdentifier``); models,
+    tensors and tokenizers it holds count by their digests."""
+    return CallableIdentifier(_value_digest).identify(func, "func")
 
 
-def run_identity(model, reward_model, tokenizer, dataset, reward_funcs: list) -> dict:
-    """What a run starts from: the models (config and initial weights), tokenizer, dataset and reward functions;
-    taken when the trainer is built, before any update."""
-    return {
-        **model_identity("model", model), **model_identity("reward_model", reward_model),
-        "tokenizer": tokenizer_digest(tokenizer), "dataset": dataset_digest(dataset), "num_prompts": len(dataset),
-        "reward_funcs": [callable_identity(func) for func in reward_funcs],
+def _value_digest(value) -> str | None:
+    if isinstance(value, torch.nn.Module):
+        return f"{callable_name(type(value))} weights {weights_digest(value)}"
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().reshape(-1).cpu()
+        sample = flat[evenly_spaced(flat.numel(), SAMPLED_VALUES)].to(torch.float64).tolist()
+        return f"tensor {list(value.shape)} {value.dtype} {_sha(sample)}"
+    if callable(getattr(value, "get_vocab", None)):
+        return f"tokenizer {tokenizer_digest(value)}"
+    return None
+
+
+def deepspeed_identity(config: dict | None) -> dict:
+    """The DeepSpeed settings that change the updates and that no config field records: optimizer offload (which
+    swaps the optimizer for DeepSpeedCPUAdam) and an optimizer or LR scheduler defined in the DeepSpeed config. Batch
+    sizes, clipping and precision are recorded elsewhere (the batch hierarchy, ``max_grad_norm``, ``mixed_precision``),
+    and parameter offload only moves the same numbers."""
+    if config is None:
+        return {}
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return {"deepspeed.offload_optimizer": offload.get("device") or "none",
+            "deepspeed.optimizer": _plain(config.get("optimizer")),
+            "deepspeed.scheduler": _plain(config.get("scheduler"))}  # fmt: skip
+
+
+def peft_identity(model) -> dict:
+    """``{peft_config.<field>: value}`` of each adapter of a PEFT model (rank, alpha, rsLoRA, dropout, target modules,
+    ...); ``{}`` without PEFT."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict):
+        return {}
+    identity = {}
+    for name, config in sorted(configs.items()):
+        prefix = "peft_config" if name == "default" else f"peft_config[{name}]"
+        settings = _plain(config.to_dict() if hasattr(config, "to_dict") else vars(config))
+        identity.update({f"{prefix}.{k}": v for k, v in settings.items() if k not in PEFT_CONFIG_IGNORED})
+    return identity
+
+
+def reference_identity(reference, uses_reference: bool, policy_identity: dict) -> dict:
+    """``{"ref_model": ...}``: None without a reference; "model" when it is the policy as it starts (a copy, or a
+    given model with the same config and weights); "model without adapters" under PEFT; else the digests of its
+    config and weights."""
+    if not uses_reference:
+        return {"ref_model": None}
+    if reference is None:
+        return {"ref_model": "model without adapters"}
+    identity = model_identity("ref_model", reference)
+    if identity == {"ref_model" + key.removeprefix("model"): value for key, value in policy_identity.items()}:
+        return {"ref_model": "model"}
+    weights = identity.pop("ref_model.weights")
+    return {"ref_model": {"config": _sha(identity), "weights": weights}}
+
+
+def reward_models_identity(reward_funcs: list) -> dict:
+    """Every reward model among the reward functions, in order (``reward_model``, ``reward_model[1]``, ...): its
+    config, weights and tokenizer (None: it reads the policy's token ids)."""
+    scorers = [func for func in reward_funcs if isinstance(func, RewardModelFunction)]
+    identity = {} if scorers else {"reward_model": None}
+    for index, scorer in enumerate(scorers):
+        prefix = "reward_model" if index == 0 else f"reward_model[{index}]"
+        identity.update(model_identity(prefix, scorer.model))
+        identity[f"{prefix}.tokenizer"] = tokenizer_digest(scorer.tokenizer)
+    return identity
+
+
+def run_identity(model, reward_funcs: list, tokenizer, dataset, reference, uses_reference: bool,
+                 mixed_precision: str, deepspeed_config: dict | None) -> dict:  # fmt: skip
+    """What a run starts from, taken when the trainer is built, before any update: the models (config and initial
+    weights; the reference; LoRA's settings), tokenizers, dataset, reward functions, and the precision and DeepSpeed
+    optimizer the launcher chose. Warns about parts of reward functions that cannot be recorded."""
+    policy = model_identity("model", model)
+    identity = {
+        **policy, **reward_models_identity(reward_funcs), **reference_identity(reference, uses_reference, policy),
+        **peft_identity(model), "tokenizer": tokenizer_digest(tokenizer), "dataset": dataset_digest(dataset),
+        "num_prompts": len(dataset), "reward_funcs": [callable_name(func) for func in reward_funcs],
+        "mixed_precision": mixed_precision, **deepspeed_identity(deepspeed_config),
     }  # fmt: skip
+    identifier = CallableIdentifier(_value_digest)
+    for index, func in enumerate(reward_funcs):
+        if not isinstance(func, RewardModelFunction):  # reward models: recorded above
+            full = identifier.identify(func, f"reward_funcs[{index}]")
+            if full != callable_name(func):  # its name does not identify it
+                identity[f"reward_funcs[{index}]"] = full
+    identifier.warn_unchecked()
+    return identity
+
+
+def judge_identity(judge) -> dict:
+    """``{"judge": identity}`` of online DPO's pairwise judge (None without one); warns about what of it cannot be
+    recorded."""
+    if judge is None:
+        return {"judge": None}
+    identifier = CallableIdentifier(_value_digest)
+    identity = {"judge": identifier.identify(judge, "judge")}
+    identifier.warn_unchecked()
+    return identity
+
+
+def redact_secrets(value):
+    """``value`` without the entries of any dict, at any depth, whose key names a secret (``is_secret``); a dict that
+    held only secrets becomes None, so that adding, changing or removing a token changes nothing."""
+    if isinstance(value, dict):
+        kept = {k: redact_secrets(v) for k, v in value.items() if not (isinstance(k, str) and is_secret(k))}
+        return None if value and not kept else kept
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(item) for item in value]
+    return value
+
+
+def _redacted_settings(settings: dict) -> dict:
+    """Settings (``args.<field>``) as checkpoints hold them: secrets removed (older checkpoints may hold some)."""
+    return {k: redact_secrets(v) if k.startswith("args.") else v for k, v in settings.items()
+            if not (k.startswith("args.") and is_secret(k))}  # fmt: skip
 
 
 def split_settings(args) -> tuple[dict, dict]:
-    """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``."""
+    """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``, without secrets."""
     settings = _plain(args.to_dict())
     fixed = {f"args.{k}": v for k, v in settings.items() if k not in FREE_SETTINGS | MIRRORS}
     free = {f"args.{k}": v for k, v in settings.items() if k in FREE_SETTINGS - WHERE}
-    return fixed, free
+    return _redacted_settings(fixed), _redacted_settings(free)
 
 
 def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: dict, directory: Path) -> None:
     """Refuse a resume whose fingerprint differs from the checkpoint's, naming every changed field; log the free
-    settings that changed. Fields the checkpoint does not record (an older steadyrl wrote it) are not compared."""
+    settings that changed. Fields the checkpoint does not record (an older steadyrl wrote it) are not compared, nor
+    secrets (which an older steadyrl recorded)."""
+    saved, current = _redacted_settings(saved), _redacted_settings(current)
+    saved_free, current_free = _redacted_settings(saved_free), _redacted_settings(current_free)
     changed = {key: (saved[key], value) for key, value in current.items() if key in saved and saved[key] != value}
     if changed:
         details = "; ".join(f"{key.removeprefix('args.')}: checkpoint {old!r}, now {new!r}"

@@ -12,6 +12,7 @@ from ..generation.weights import is_peft
 from ..scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
 from ..zero import check_whole, whole_at_load
 from .checks import check_vocabulary
+from .fingerprint import redact_secrets
 
 
 def from_pretrained_kwargs(args) -> dict:
@@ -22,8 +23,8 @@ def from_pretrained_kwargs(args) -> dict:
     if isinstance(dtype, str) and dtype != "auto":
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(
-                f"model_init_kwargs={args.model_init_kwargs!r}: dtype={dtype!r} is not a torch dtype; use e.g. "
-                "'bfloat16', 'float16', 'float32' or 'auto'."
+                f"model_init_kwargs={redact_secrets(args.model_init_kwargs)!r}: dtype={dtype!r} is not a torch "
+                "dtype; use e.g. 'bfloat16', 'float16', 'float32' or 'auto'."
             )
         kwargs["dtype"] = getattr(torch, dtype)
     return {**kwargs, "trust_remote_code": args.trust_remote_code}

@@ -204,7 +204,10 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
         self.fsdp_version = enable_fsdp(self.accelerator, self.model, self.args.fsdp_plugin_args)
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_version is not None
         check_master_weights(self.model, "model", args, self.deepspeed_config)
-        self.identity = run_identity(self.model, self.reward_model, processing_class, train_dataset, self.reward_funcs)
+        self.identity = run_identity(
+            self.model, self.reward_funcs, processing_class, train_dataset, self.ref_model, self.uses_reference,
+            self.accelerator.mixed_precision, self.deepspeed_config,
+        )  # fmt: skip
         self.zero3 = self.zero_stage == 3
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)

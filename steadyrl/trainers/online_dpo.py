@@ -35,6 +35,7 @@ from ..rollout import Advantages, Rollout
 from .batch_hierarchy import check_positive_int
 from .call_order import refuse_unused
 from .config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
+from .fingerprint import judge_identity
 from .on_policy import OnPolicyTrainer
 from .trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
 
@@ -172,6 +173,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
 
     def needs_reference(self, args: OnlineDPOConfig) -> bool:
         return True  # the DPO logits are relative to the reference
+
     samples_per_group = 2
 
     def __init__(
@@ -223,6 +225,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             callbacks, optimizers, None, peft_config, reward_model=reward_model,
             reward_processing_class=reward_processing_class, ref_model=ref_model,
         )  # fmt: skip
+        self.identity.update(judge_identity(judge))
 
     @property
     def logprob_temperature(self) -> float:
