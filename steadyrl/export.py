@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from .checkpoint import CheckpointError, verify_checkpoint
 
@@ -59,10 +64,80 @@ def export_actor(checkpoint: str | Path, output_dir: str | Path) -> Path:
 
 
 def merge_adapter(actor: Path, output_dir: Path) -> None:
-    """A LoRA actor: its base model (as named in adapter_config.json) with the adapter merged in."""
+    """A LoRA actor: its base model (as named in adapter_config.json) with the adapter merged in. Loading it
+    initialises LoRA weights from the global RNG, which is put back as it was: a run that pushes stays
+    reproducible."""
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer
 
-    model = AutoPeftModelForCausalLM.from_pretrained(actor)
+    with rng_untouched():
+        model = AutoPeftModelForCausalLM.from_pretrained(actor)
     model.merge_and_unload().save_pretrained(output_dir, safe_serialization=True)
     AutoTokenizer.from_pretrained(actor).save_pretrained(output_dir)
+
+
+@contextlib.contextmanager
+def rng_untouched() -> Iterator[None]:
+    """Python's, NumPy's, torch's and this process's CUDA device's global RNG are as they were after the block."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
+def merges_live(model: torch.nn.Module) -> bool:
+    """``model`` is a PEFT model whose adapters ``merged_lora_weights`` merges: plain LoRA (no DoRA or other variant,
+    no LoRA bias), with at most ``modules_to_save`` besides."""
+    if not hasattr(model, "peft_config"):
+        return False
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            if any(module.lora_variant.get(a) or module.lora_bias.get(a) for a in module.active_adapters):
+                return False
+        elif isinstance(module, BaseTunerLayer) or (
+            isinstance(module, AuxiliaryTrainingWrapper) and not isinstance(module, ModulesToSaveWrapper)
+        ):
+            return False
+    return True
+
+
+@torch.no_grad()
+def merged_lora_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What ``merge_and_unload().state_dict()`` holds, from the live model without changing it: each adapted weight
+    ``W + delta`` of its active adapters (added in PEFT's order), computed one at a time and moved to the CPU;
+    every other weight is the live tensor itself (no copy). No second base model is loaded, no random number drawn."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    adapted = {f"{name}.base_layer.weight": m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    weights = {}
+    for key, value in base.state_dict().items():
+        if "lora_" in key or ".original_module." in key:
+            continue
+        name = key.replace(".base_layer.", ".")
+        for adapter in model.peft_config:
+            name = name.replace(f".modules_to_save.{adapter}.", ".")
+        if (layer := adapted.get(key)) is not None and not layer.disable_adapters:
+            for adapter in (a for a in layer.active_adapters if a in layer.lora_A):
+                value = value + layer.get_delta_weight(adapter)
+            value = value.to("cpu")
+        weights[name] = value
+    return weights
+
+
+def save_merged_live(model: torch.nn.Module, actor: Path, output_dir: Path) -> None:
+    """The live LoRA ``model`` merged into its base (``merged_lora_weights``), with the tokenizer files of its saved
+    ``actor`` directory (everything there but the adapter and its card)."""
+    base = model.get_base_model()
+    base.save_pretrained(output_dir, state_dict=merged_lora_weights(model), safe_serialization=True)
+    kept = [name for name in regular_files(actor) if not name.startswith("adapter_") and name != "README.md"]
+    copy_files(actor, kept, output_dir)

@@ -58,6 +58,11 @@ def hub_failure(err: BaseException) -> str:
     return f"the Hugging Face Hub at {hub_endpoint()} {what}: {describe(err)}"
 
 
+def token_refused(err: BaseException) -> bool:
+    """The Hub refused the token (401, 403): every later request with it fails the same way until it is fixed."""
+    return getattr(getattr(err, "response", None), "status_code", None) in (401, 403)
+
+
 def transient(err: BaseException) -> bool:
     """A Hub failure that a later attempt may not meet: it answered 5xx or 429 (busy, rate limit)."""
     status = getattr(getattr(err, "response", None), "status_code", None)
@@ -116,10 +121,28 @@ def final_metrics(log_history: list[dict]) -> dict[str, float]:
     return {key: float(final[key]) for key in CARD_METRICS if key in final}
 
 
+def hub_model_name(name_or_path: str | None) -> str | None:
+    """``name_or_path`` if it names a model on the Hub (``org/name`` or ``name``), else None: a local path (one that
+    exists here, or an absolute, relative or home path) must not reach a card, where it shows the user's directories
+    and is no model the Hub knows."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not name_or_path or os.path.exists(os.path.expanduser(name_or_path)):
+        return None
+    try:
+        validate_repo_id(name_or_path)  # refuses '/abs', './x', '~/x', 'a/b/c', backslashes
+    except HFValidationError:
+        return None
+    return name_or_path
+
+
 def model_card(
     repo_id: str, base_model: str | None, algorithm: str, dataset: str | None, steps: int, metrics: dict
 ) -> str:
-    """README.md with the Hub's metadata header: base model, algorithm, dataset, steps, final metrics."""
+    """README.md with the Hub's metadata header: base model (when it is a Hub model, never a local path), algorithm,
+    dataset, steps, final metrics."""
+    base_model = hub_model_name(base_model)
     header = ["---", "library_name: transformers", "tags:", "- steadyrl", f"- {algorithm}", "- reinforcement-learning"]
     if base_model:
         header.append(f"base_model: {base_model}")
@@ -131,7 +154,7 @@ def model_card(
 # {repo_id.split("/")[-1]}
 
 The actor (policy) of a steadyrl {algorithm.upper()} run: {steps} optimizer steps from
-`{base_model or "an unnamed model"}` on {f"`{dataset}`" if dataset else "an unnamed dataset"}.
+{f"`{base_model}`" if base_model else "a local model"} on {f"`{dataset}`" if dataset else "an unnamed dataset"}.
 
 | final metric | value |
 |---|---|

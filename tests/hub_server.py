@@ -41,7 +41,7 @@ class FakeHub:
 
     def fail_next(self, times: int, how: int | str = 500, path: str = "", after: int = 0) -> None:
         """Fail the next ``times`` POST requests whose path contains ``path`` (after letting ``after`` of them
-        through): with an HTTP status (500, 503, 429) or ``"drop"`` (the connection is closed without an answer).
+        through): with an HTTP status (500, 503, 429, 401, 403) or ``"drop"`` (the connection is closed without an answer).
         huggingface_hub retries a failed commit itself (1 s, 2 s, 4 s, ...), not a repository creation."""
         self.failures.append([how, path, after])
         self.failures.extend([how, path, 0] for _ in range(times - 1))
@@ -90,7 +90,8 @@ def _handler(hub: FakeHub):
             self.send_response(how)
             if how == 429:
                 self.send_header("Retry-After", "1")
-            data = json.dumps({"error": "rate limited" if how == 429 else "internal error"}).encode()
+            error = {429: "rate limited", 401: "Invalid credentials in Authorization header", 403: "no write access"}
+            data = json.dumps({"error": error.get(how, "internal error")}).encode()
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -2,10 +2,15 @@
 reached from here): which files arrive, that they load as the live model, that the token stays out of every
 file and log, and that a failing Hub never stops training nor loses the actor."""
 
+import copy
+import json
 import logging
+import random
 import re
 import shlex
 
+import numpy as np
+import peft
 import pytest
 import torch
 from hub_server import start
@@ -15,7 +20,8 @@ from toy_run import make_trainer
 from transformers import AutoModelForCausalLM
 
 from steadyrl.cli import main
-from steadyrl.hub import HubPushError
+from steadyrl.hub import HubPushError, hub_model_name
+from steadyrl.trainers.publish import PublishMixin
 
 TOKEN = "hf_steadyrlTestTokenThatMustNotLeak"
 FORBIDDEN = ("critic", "optimizer", "scheduler", "rng_state", "rollout_buffer", "training_args", "manifest")
@@ -85,9 +91,10 @@ def test_push_sends_exactly_the_actor_and_its_card(hub, tmp_path, toy_path, capl
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(pushed[name], value), name
     card = root["README.md"].decode()
-    for text in ("- steadyrl", "- ppo", "base_model:", "4 optimizer steps", "| reward |", "0.1.0"):
+    for text in ("- steadyrl", "- ppo", "4 optimizer steps", "| reward |", "0.1.0"):
         assert text in card, text
     assert hub.card_metadata[-1]["tags"] == ["steadyrl", "ppo", "reinforcement-learning"]
+    assert "base_model" not in hub.card_metadata[-1] and toy_path not in card  # loaded from disk: no Hub id
     assert set(hub.authorizations) == {f"Bearer {TOKEN}"}
     captured = capsys.readouterr()
     assert_token_nowhere(tmp_path, captured.out + captured.err + caplog.text + card)
@@ -180,8 +187,11 @@ def test_a_hub_outage_when_the_trainer_is_built_does_not_stop_the_run(hub, tmp_p
     assert "someone/late" in hub.repos
 
     hub.fail_next(1, 401, path="/api/repos/create")
-    with pytest.raises(HubPushError, match=r"push_to_hub=True, but the Hugging Face Hub at http://127\.0\.0\.1:\d+ "
-                       r"answered HTTP 401 \(the token is missing, invalid or cannot write there\).*'someone/denied'"):
+    with pytest.raises(
+        HubPushError,
+        match=r"push_to_hub=True, but the Hugging Face Hub at http://127\.0\.0\.1:\d+ "
+        r"answered HTTP 401 \(the token is missing, invalid or cannot write there\).*'someone/denied'",
+    ):
         make_trainer(tmp_path / "denied", push_to_hub=True, hub_model_id="someone/denied", hub_token=TOKEN)
     # after a refused creation huggingface_hub asks whether the repository exists anyway; the stand-in answers 404
     assert hub.unexpected == ["GET /api/models/someone/denied"]
@@ -227,8 +237,10 @@ def test_failed_final_push_says_where_the_actor_is_and_how_to_publish_it(hub, tm
     hub.fail_next(1, 429)  # the command the message gives reports a failing Hub without a traceback
     assert main(["push", str(kept), "someone/final"]) == 2
     err = capsys.readouterr().err
-    assert f"steadyrl push: error: could not push to 'someone/final': the Hugging Face Hub at {hub.url} answered " \
-           "HTTP 429" in err
+    assert (
+        f"steadyrl push: error: could not push to 'someone/final': the Hugging Face Hub at {hub.url} answered "
+        "HTTP 429" in err
+    )
     assert main(["push", str(kept), "someone/final"]) == 0
     pushed = load_pushed(hub.files("someone/final"), tmp_path / "pushed").state_dict()
     for name, value in trainer.model.state_dict().items():
@@ -277,3 +289,136 @@ def test_an_unreachable_hub_is_one_clear_line_before_any_work(tmp_path, toy_path
     assert "HF_HUB_OFFLINE is set: training goes on without publishing" in caplog.text
     assert "HF_HUB_OFFLINE is set: the actor is not pushed. It is in " in caplog.text
     assert (tmp_path / "offline" / "checkpoint-2" / "manifest.json").is_file()
+
+
+def test_the_card_names_a_hub_base_model_never_a_local_path(hub, tmp_path, toy_path, monkeypatch):
+    """base_model: the model's Hub id; a path (existing here or not) would show the user's directories and is no
+    model the Hub knows, so the card has no base_model then (the trainer's and steadyrl push's cards alike)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    for local in (toy_path, "/no/such/dir/model", "./model", "~/model", "models/mine", "a/b/c", ""):
+        assert hub_model_name(local) is None, local
+    for hub_id in ("someone/tiny-base", "gpt2"):
+        assert hub_model_name(hub_id) == hub_id
+
+    trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True,
+                           hub_model_id="someone/named", hub_token=TOKEN)  # fmt: skip
+    trainer.train()
+    trainer.base_model_name = "someone/tiny-base"  # what a model from the Hub names (it cannot be loaded here)
+    trainer.push_to_hub()
+    assert hub.card_metadata[-1]["base_model"] == "someone/tiny-base"
+    assert "2 optimizer steps from\n`someone/tiny-base`" in hub.files("someone/named")["README.md"].decode()
+
+    lora = make_trainer(tmp_path / "lora", max_steps=2, save_steps=2,
+                        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))  # fmt: skip
+    lora.train()
+    adapter_config = (tmp_path / "lora" / "checkpoint-2" / "actor" / "adapter_config.json").read_text()
+    assert toy_path in adapter_config  # PEFT names the base by the path it was loaded from
+    assert main(["push", str(tmp_path / "lora" / "checkpoint-2"), "someone/adapter", "--token", TOKEN]) == 0
+    assert "base_model" not in hub.card_metadata[-1]
+    assert toy_path not in hub.files("someone/adapter")["README.md"].decode()
+
+
+@pytest.mark.parametrize("refused_at", ["/api/repos/create", "/preupload/"])
+def test_a_refused_token_during_training_is_reported_once_and_training_goes_on(hub, tmp_path, toy_path, caplog,
+                                                                               refused_at):  # fmt: skip
+    """Creating the repository fails as the trainer is built (503); then the Hub refuses the token at the first two
+    checkpoint pushes (creating the repository again, or uploading). Training reaches max_steps with every
+    checkpoint written, the refusal is one error that says what to do, and the third save's push gets through."""
+    run = tmp_path / "run"
+    hub.fail_next(1, 503, path="/api/repos/create")
+    hub.fail_next(2, 401 if "create" in refused_at else 403, path=refused_at)
+    with caplog.at_level(logging.WARNING):
+        trainer = make_trainer(run, max_steps=6, save_steps=2, push_to_hub=True, hub_model_id="someone/refused",
+                               hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+        trainer.train()
+
+    assert trainer.state.global_step == 6
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert all((run / f"checkpoint-{step}" / "manifest.json").is_file() for step in (2, 4, 6))
+    assert [c.message for c in hub.commits] == ["Training in progress, step 6"]
+    status = 401 if "create" in refused_at else 403
+    [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert error.startswith(f"Could not push the actor of step 2 to the Hub repository 'someone/refused': the "
+                            f"Hugging Face Hub at {hub.url} answered HTTP {status} (the token is missing, invalid "
+                            "or cannot write there)"), error  # fmt: skip
+    assert "Training goes on" in error and "(hub_token, HF_TOKEN or `hf auth login`)" in error
+    assert shlex.split(error.rsplit("with: ", 1)[1]) == [
+        "steadyrl", "push", str((run / "checkpoint-2").absolute()), "someone/refused"]  # fmt: skip
+    assert "step 4" not in caplog.text.replace("steps 2, 4 failed", "")  # the second refusal is not reported again
+    assert "Hub push recovered: steps 2, 4 failed, step 6 pushed to 'someone/refused'" in caplog.text
+    assert_token_nowhere(tmp_path, caplog.text)
+    # a refused creation makes huggingface_hub ask whether the repository exists anyway (the stand-in: 404)
+    assert set(hub.unexpected) <= {"GET /api/models/someone/refused"}
+    hub.unexpected.clear()
+
+
+def global_rng() -> tuple:
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def assert_same_rng(before: tuple, after: tuple) -> None:
+    assert torch.equal(before[0], after[0]), "torch's RNG moved"
+    assert before[1][0] == after[1][0] and np.array_equal(before[1][1], after[1][1]), "NumPy's RNG moved"
+    assert before[1][2:] == after[1][2:] and before[2] == after[2], "NumPy's or Python's RNG moved"
+
+
+@pytest.mark.parametrize("use_dora", [False, True])
+def test_merged_pushes_during_training_leave_the_run_as_if_it_did_not_push(hub, tmp_path, toy_path, monkeypatch,
+                                                                           use_dora):  # fmt: skip
+    """hub_push_merged at every save: each push leaves the global RNG as it found it, so the run ends with the
+    weights of one that never pushes (and a resumed run, which restores the RNG the checkpoint saved before the push,
+    stays byte-identical). LoRA is merged from the live weights, never a second base model loaded; DoRA (which that
+    merge does not cover) from the saved adapter and its base, with the RNG put back."""
+
+    def lora() -> LoraConfig:
+        return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_dora=use_dora)
+
+    around_pushes = []
+    publish_checkpoint = PublishMixin.publish_checkpoint
+
+    def publish_and_record_rng(self, checkpoint, step):
+        before = global_rng()
+        publish_checkpoint(self, checkpoint, step)
+        around_pushes.append((before, global_rng()))
+
+    def no_second_model(*args, **kwargs):
+        raise AssertionError("a merged push of a LoRA actor loaded its base model again")
+
+    monkeypatch.setattr(PublishMixin, "publish_checkpoint", publish_and_record_rng)
+    if not use_dora:
+        monkeypatch.setattr(peft.AutoPeftModelForCausalLM, "from_pretrained", no_second_model)
+    pushing = make_trainer(
+        tmp_path / "pushing", max_steps=4, save_steps=2, push_to_hub=True, hub_model_id="someone/m",
+        hub_strategy="every_save", hub_token=TOKEN, hub_push_merged=True, peft_config=lora(),
+    )  # fmt: skip
+    pushing.train()
+    assert [c.message for c in hub.commits] == [f"Training in progress, step {step}" for step in (2, 4)]
+    assert len(around_pushes) == 2
+    for before, after in around_pushes:
+        assert_same_rng(before, after)
+
+    files = hub.files("someone/m")
+    assert "adapter_config.json" not in files and {"model.safetensors", "tokenizer.json"} <= set(files)
+    pushed = load_pushed(files, tmp_path / "pushed").state_dict()
+    merged = copy.deepcopy(pushing.model).merge_and_unload().state_dict()
+    assert pushed.keys() == merged.keys()
+    for name, value in merged.items():  # the live merge equals PEFT's, bit for bit; DoRA's too, to rounding
+        torch.testing.assert_close(pushed[name], value, rtol=1e-5 * use_dora, atol=1e-6 * use_dora, msg=name)
+
+    quiet = make_trainer(tmp_path / "quiet", max_steps=4, save_steps=2, peft_config=lora())
+    quiet.train()
+    quiet_weights = quiet.model.state_dict()
+    for name, value in pushing.model.state_dict().items():
+        assert torch.equal(value, quiet_weights[name]), name
+    # the RNG checkpoint-4 saves (after the push at step 2) is the quiet run's, as crash_fuzz.py compares checkpoints
+    assert checkpoint_hashes(tmp_path / "pushing" / "checkpoint-4") == checkpoint_hashes(
+        tmp_path / "quiet" / "checkpoint-4"
+    )
+
+
+def checkpoint_hashes(checkpoint) -> dict[str, str]:
+    files = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    names = ("rng_state_0.json", "actor/adapter_model.safetensors", "optimizer.pt", "scheduler.pt")
+    assert set(names) <= set(files)
+    return {name: files[name]["sha256"] for name in names}

@@ -5,9 +5,10 @@ format (never the critic, reference, reward model or optimizer).
 ``save_model`` with ``push_to_hub=True``) runs; ``every_save`` also publishes the actor of every checkpoint;
 ``checkpoint`` adds it under ``last-checkpoint/``; ``all_checkpoints`` under ``checkpoint-<step>/``.
 
-Publishing never stops training: a push at a checkpoint that fails for the Hub or the network is logged and the
-next save pushes its newer actor. A failed final push raises ``HubPushError``, which says where the actor is kept
-and the ``steadyrl push`` command that publishes it.
+Publishing never stops training: a push at a checkpoint that fails for the Hub or the network (repository creation
+included) is logged and the next save pushes its newer actor; a token the Hub refuses is reported once, as an error.
+A failed final push raises ``HubPushError``, which says where the actor is kept and the ``steadyrl push`` command
+that publishes it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
 from transformers.utils import logging
 
+from ..export import merges_live, save_merged_live
 from ..fsdp import full_state_dict, is_sharded
 from ..hub import (
     HubPushError,
@@ -31,6 +33,7 @@ from ..hub import (
     network_errors,
     push_command,
     stage_actor,
+    token_refused,
     transient,
     upload,
 )
@@ -47,6 +50,7 @@ class PublishMixin:
     """``save_model``, ``push_to_hub`` and per-checkpoint publishing for ``OnPolicyTrainer``."""
 
     failed_push_steps: tuple[int, ...] = ()  # checkpoint pushes that failed since the last one that succeeded
+    refused_token_reported = False  # a refused token is reported once per run, not at every save
     saved_actor: tuple[Path, int] | None = None  # where save_model last wrote the actor, and at which global step
 
     def save_actor(self, directory: Path) -> None:
@@ -86,13 +90,17 @@ class PublishMixin:
 
     # ---- the Hub ---------------------------------------------------------------------------------
 
+    def repo_name(self) -> str:
+        """The repository to push to: ``hub_model_id``, else the output directory's name (as ``Trainer`` names it)."""
+        return self.args.hub_model_id or Path(self.args.output_dir).absolute().name
+
     def init_hf_repo(self, token: str | None = None) -> None:
         """Create the repository (main process) as ``Trainer`` does when ``push_to_hub=True``, which checks the Hub
         and the token before any work: a Hub that cannot be reached, or that refuses the token, raises
-        ``HubPushError`` at once; one that is busy (5xx, 429) is tried again at the first push. With
+        ``HubPushError`` at once; one that is busy (5xx, 429) is created by the first push. With
         ``HF_HUB_OFFLINE`` set nothing is sent, and pushes are skipped."""
         args = self.args
-        self.hub_model_id = args.hub_model_id or Path(args.output_dir).absolute().name
+        self.hub_model_id = self.repo_name()
         if not self.is_world_process_zero():
             return
         if hub_offline():
@@ -117,7 +125,6 @@ class PublishMixin:
                 f"Could not create the Hub repository {self.hub_model_id!r} now ({hub_failure(err)}); training goes "
                 "on and the first push tries again."
             )
-            self.hub_model_id = None  # publish_actor creates it before the next push
 
     def push_to_hub(
         self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
@@ -127,6 +134,8 @@ class PublishMixin:
         return the commit URL on the main process. Every process must call it: under ZeRO-3 the weights are
         gathered. A Hub or network failure raises ``HubPushError`` on the main process."""
         revision = revision or self.args.hub_revision
+        if self.hub_model_id is None:  # push_to_hub=False: nothing was created as the trainer was built; upload creates
+            self.hub_model_id = self.repo_name()
         with tempfile.TemporaryDirectory() as tmp:
             actor = Path(tmp) / "actor"
             self.save_actor(actor)
@@ -147,7 +156,7 @@ class PublishMixin:
     def final_push_failure(self, err: Exception, actor: Path, revision: str | None) -> str:
         """What failed, where the actor is kept (save_model's directory, or ``output_dir/actor-step-<N>``) and the
         command that publishes it from there."""
-        args, repo = self.args, self.hub_model_id or self.args.hub_model_id
+        args, repo = self.args, self.hub_model_id
         failure = f"Could not push the actor to the Hub repository {repo!r} ({describe(err)})."
         try:
             kept = self.keep_actor(actor)
@@ -171,39 +180,59 @@ class PublishMixin:
         return kept.absolute()
 
     def publish_actor(self, actor_dir: Path, message: str, path_in_repo: str | None = None, token=None, revision=None):
+        """Commit the actor saved in ``actor_dir`` (of the live model at this step) with its card; ``upload`` creates
+        the repository first if the trainer could not. Raises what the Hub or the network raised."""
         args = self.args
-        if getattr(self, "hub_model_id", None) is None:
-            self.init_hf_repo(token)
         with tempfile.TemporaryDirectory() as tmp:
-            staged = stage_actor(actor_dir, Path(tmp) / "staged", merged=args.hub_push_merged)
+            staged = Path(tmp) / "staged"
+            if args.hub_push_merged and merges_live(self.model) and (actor_dir / "adapter_config.json").is_file():
+                save_merged_live(self.model, actor_dir, staged)  # no second base model loaded, no RNG drawn
+            else:
+                stage_actor(actor_dir, staged, merged=args.hub_push_merged)
             (staged / "README.md").write_text(self.model_card())
             return upload(staged, self.hub_model_id, token or args.hub_token, message, path_in_repo, revision)
 
     def push_checkpoint(self, checkpoint: Path, step: int) -> None:
         """After ``checkpoint`` (of global step ``step``) is complete: publish its actor as ``hub_strategy`` asks
-        (main process). A Hub or network failure is logged and the next save pushes again: training goes on,
-        and the main process reaches the barrier the others wait at. Any other error propagates."""
+        (main process). A Hub or network failure (creating the repository included) is reported and the next save
+        pushes again: training goes on, and the main process reaches the barrier the others wait at. Any other error
+        propagates."""
         args = self.args
         if not args.push_to_hub or args.hub_strategy == HubStrategy.END or not self.is_world_process_zero():
             return
         if hub_offline():
             return
-        repo = self.hub_model_id or args.hub_model_id
         try:
             self.publish_checkpoint(checkpoint, step)
         except network_errors() as err:
-            earlier = f" Earlier failed pushes: {steps_text(self.failed_push_steps)}." if self.failed_push_steps else ""
-            self.failed_push_steps += (step,)
-            logger.warning(
-                f"Could not push the actor of step {step} to the Hub repository {repo!r} ({describe(err)}). Training "
-                f"goes on; the next save pushes its newer actor.{earlier} To publish this one by hand: "
-                f"{push_command(checkpoint.absolute(), repo, args.hub_push_merged, revision=args.hub_revision)}"
-            )
+            self.report_failed_push(err, checkpoint, step)
             return
+        repo = self.hub_model_id
         if self.failed_push_steps:
             logger.warning(f"Hub push recovered: {steps_text(self.failed_push_steps)} failed, step {step} pushed to "
                            f"{repo!r}, superseding the failed one(s).")  # fmt: skip
             self.failed_push_steps = ()
+
+    def report_failed_push(self, err: Exception, checkpoint: Path, step: int) -> None:
+        """A refused token: one error, the first time (every later push fails the same way until it is fixed). Any
+        other failure: a warning per save, naming the step and the cause."""
+        args, repo = self.args, self.hub_model_id
+        command = push_command(checkpoint.absolute(), repo, args.hub_push_merged, revision=args.hub_revision)
+        earlier = f" Earlier failed pushes: {steps_text(self.failed_push_steps)}." if self.failed_push_steps else ""
+        self.failed_push_steps += (step,)
+        if not token_refused(err):
+            logger.warning(
+                f"Could not push the actor of step {step} to the Hub repository {repo!r} ({describe(err)}). Training "
+                f"goes on; the next save pushes its newer actor.{earlier} To publish this one by hand: {command}"
+            )
+        elif not self.refused_token_reported:
+            self.refused_token_reported = True
+            logger.error(
+                f"Could not push the actor of step {step} to the Hub repository {repo!r}: {hub_failure(err)}. "
+                "Training goes on, and each save tries again, but no checkpoint reaches the Hub until the token can "
+                f"write to {repo!r} (hub_token, HF_TOKEN or `hf auth login`); this is reported once. Publish a "
+                f"checkpoint afterwards with: {command}"
+            )
 
     def publish_checkpoint(self, checkpoint: Path, step: int) -> None:
         args = self.args
