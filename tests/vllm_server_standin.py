@@ -1,16 +1,27 @@
-"""A stand-in for a misconfigured vLLM server, for the error table only: it answers the requests steadyrl's
-start-up check makes (``GET /health``, ``GET /version`` and the development-mode
-``GET /server_info?config_format=json``) with a version and a ``model_config`` of the test's choosing, or 404 for
-``/server_info`` as a server without VLLM_SERVER_DEV_MODE does. Starting a real server takes ~30 s;
-tests/test_vllm_server.py checks the same refusals (another model, a shorter context) and every behaviour against
-a real one."""
+"""A stand-in for a vLLM server, for the error table and the fast tests of the key and the claim: a small Starlette
+app answering the requests steadyrl makes (``GET /health``, ``GET /version``, the development-mode
+``GET /server_info?config_format=json``, ``POST /collective_rpc``, ``POST /reset_prefix_cache``) with a version and a
+``model_config`` of the test's choosing, or 404 for ``/server_info`` as a server without VLLM_SERVER_DEV_MODE does.
+
+It is guarded by steadyrl's own middleware (``ServerAuth``, added with ``app.add_middleware`` as vLLM's
+``--middleware`` adds it) unless ``auth=False``, and its key is written where ``steadyrl vllm-serve`` writes one
+(``default_key_file(port)``), so a trainer finds it the same way. Starting a real server takes ~30 s;
+tests/test_vllm_server.py checks the same refusals and every behaviour against a real one."""
 
 from __future__ import annotations
 
-import json
+import secrets
+import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from steadyrl.generation.server_auth import ServerAuth, default_key_file
 from steadyrl.toy import toy_model_path
 
 
@@ -22,30 +33,60 @@ def model_config(**changes) -> dict:
     return {**config, **changes}
 
 
-def start(config: dict | None, version: str = "0.32.0") -> tuple[str, ThreadingHTTPServer]:
-    """(URL, server) of a stand-in of vLLM ``version`` reporting ``config`` (``None``: no development routes);
-    ``server.shutdown()`` stops it."""
+class StandIn:
+    """A running stand-in: ``url``, ``key``, the ``rpc_calls`` it received (method, kwargs); ``shutdown()`` stops it
+    and removes its key file."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            if self.path == "/health":
-                self._answer(200, b"")
-            elif self.path == "/version":
-                self._answer(200, json.dumps({"version": version}).encode())
-            elif self.path.startswith("/server_info") and config is not None:
-                self._answer(200, json.dumps({"vllm_config": {"model_config": config}}).encode())
-            else:
-                self._answer(404, b'{"detail": "Not Found"}')
+    def __init__(self, config: dict | None, version: str, auth: bool) -> None:
+        self.rpc_calls: list[tuple[str, dict]] = []
+        self.key = secrets.token_urlsafe(32)
+        app = Starlette(routes=[
+            Route("/health", lambda request: Response(b""), methods=["GET"]),
+            Route("/version", lambda request: JSONResponse({"version": version}), methods=["GET"]),
+            Route("/server_info", self.server_info(config), methods=["GET"]),
+            Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
+            Route("/reset_prefix_cache", lambda request: Response(b""), methods=["POST"]),
+        ])  # fmt: skip
+        if auth:
+            app.add_middleware(ServerAuth, key=self.key)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.key_file = default_key_file(self.port)
+        self.key_file.parent.mkdir(parents=True, exist_ok=True)
+        self.key_file.write_text(self.key + "\n")
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
 
-        def _answer(self, code: int, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    @staticmethod
+    def server_info(config: dict | None):
+        def answer(request: Request) -> Response:
+            if config is None:  # no development routes
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            return JSONResponse({"vllm_config": {"model_config": config}})
 
-        def log_message(self, *args):
-            pass
+        return answer
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}", server
+    async def collective_rpc(self, request: Request) -> Response:
+        body = await request.json()
+        self.rpc_calls.append((body["method"], body.get("kwargs", {})))
+        return JSONResponse({"results": [None]})
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.key_file.unlink(missing_ok=True)
+
+    def server_close(self) -> None:
+        """Nothing more to close (``shutdown`` closed the socket): ``http.server``'s name, kept for the callers."""
+
+
+def start(config: dict | None, version: str = "0.32.0", auth: bool = True) -> tuple[str, StandIn]:
+    """(URL, server) of a stand-in of vLLM ``version`` reporting ``config`` (``None``: no development routes),
+    guarded by steadyrl's middleware unless ``auth=False``; ``server.shutdown()`` stops it."""
+    server = StandIn(config, version, auth)
+    return server.url, server

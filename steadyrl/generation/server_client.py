@@ -1,5 +1,6 @@
-"""A small HTTP client for a running ``vllm serve``: its health, its settings, token-in token-out completions and the
-development-mode routes the weight push uses. Standard library only (``urllib``)."""
+"""A small HTTP client for a running ``vllm serve``: its health, its settings, token-in token-out completions, the
+development-mode routes the weight push uses, and steadyrl's claim of the server for one run (``server_auth``).
+Every request carries the server's key and, once a run is named, its id. Standard library only (``urllib``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,20 @@ import json
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import urlparse
+
+from .server_auth import (
+    CLAIM_PATH,
+    KEY_ENV,
+    KEY_FILE_ENV,
+    RELEASE_PATH,
+    RUN_HEADER,
+    KeySource,
+    claim_body,
+    describe_holder,
+    run_id,
+    trainer_key,
+)
 
 SERVE_HINT = "start one with 'steadyrl vllm-serve --model MODEL --port PORT' (README: 'vLLM as a separate server')"
 
@@ -15,9 +30,10 @@ class VLLMServerError(RuntimeError):
     """The vLLM server could not be reached (``unreachable``: no answer at all), or refused or failed a request, or
     serves something else than the trainer needs."""
 
-    def __init__(self, message: str, unreachable: bool = False) -> None:
+    def __init__(self, message: str, unreachable: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.unreachable = unreachable
+        self.status = status  # the HTTP status of a refusal
 
 
 class ServerClient:
@@ -26,33 +42,43 @@ class ServerClient:
     Args:
         base_url: the server's address, e.g. ``"http://127.0.0.1:8000"``.
         timeout: seconds to wait for any one answer.
+        key: the server's key and where it came from (default: ``trainer_key`` for the URL's port).
+        output_dir: the run the requests are for (``claim`` binds the server to it); None: no run.
 
     Example::
 
-        client = ServerClient("http://127.0.0.1:8000", timeout=240)
+        client = ServerClient("http://127.0.0.1:8000", timeout=240, output_dir="out/run")
         client.health()
+        client.claim()
         settings = client.model_settings()
     """
 
-    def __init__(self, base_url: str, timeout: float) -> None:
+    def __init__(self, base_url: str, timeout: float, key: KeySource | None = None,
+                 output_dir: str | None = None) -> None:  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        url = urlparse(self.base_url)
+        self.key = key if key is not None else trainer_key(url.port or (443 if url.scheme == "https" else 80))
+        self.output_dir = output_dir
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.key.key is not None:
+            headers["Authorization"] = f"Bearer {self.key.key}"
+        if self.output_dir is not None:
+            headers[RUN_HEADER] = run_id(self.output_dir)
+        return headers
 
     def request(self, method: str, path: str, body: dict | None = None, what: str = "") -> Any:
         """The decoded JSON answer of ``method path`` (``None`` for an empty one); ``VLLMServerError`` otherwise."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=self.headers())
         doing = what or f"{method} {path}"
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as response:
                 raw = response.read()
         except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:500]
-            raise VLLMServerError(
-                f"the vLLM server at {self.base_url} answered {err.code} to {doing}: {detail}"
-            ) from err
+            raise self.refusal(err.code, err.read().decode(errors="replace")[:500], doing) from err
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise VLLMServerError(
@@ -63,6 +89,59 @@ class ServerClient:
             ) from err
         return json.loads(raw) if raw.strip() else None
 
+    def refusal(self, status: int, detail: str, doing: str) -> VLLMServerError:
+        """The error for an HTTP error answer: a wrong or missing key and a server claimed by another run say how to
+        go on."""
+        try:
+            answer = json.loads(detail)
+        except ValueError:
+            answer = {}
+        answer = answer if isinstance(answer, dict) else {}
+        if status == 401:
+            sent = f"sent the key from {self.key.where}" if self.key.key else self.key.where
+            return VLLMServerError(
+                f"the vLLM server at {self.base_url} refused the trainer's key (401 to {doing}: "
+                f"{answer.get('error', detail)}); the "
+                f"trainer {sent}. Give it the server's key: {KEY_ENV}=<the content of the key file steadyrl "
+                f"vllm-serve named as it started>, or {KEY_FILE_ENV}=<a copy of that file>",
+                status=status,
+            )
+        if status == 409 and isinstance(answer.get("holder"), dict):
+            return VLLMServerError(
+                f"the vLLM server at {self.base_url} serves another run, {describe_holder(answer['holder'])}: one "
+                "server serves one run, whose weights it holds. Point this run at another server (steadyrl "
+                "vllm-serve --port ANOTHER_PORT), or wait for that run to end (it releases the server); if it was "
+                "killed, restart the server, or resume that run (the same output_dir claims it again)",
+                status=status,
+            )
+        return VLLMServerError(f"the vLLM server at {self.base_url} answered {status} to {doing}: {detail}",
+                               status=status)  # fmt: skip
+
+    def claim(self) -> None:
+        """Bind the server to this client's run (``output_dir``): refused while another run holds it."""
+        try:
+            self.request("POST", CLAIM_PATH, claim_body(self.output_dir), what="claiming it for this run")
+        except VLLMServerError as err:
+            if err.status == 404:
+                raise VLLMServerError(
+                    f"the vLLM server at {self.base_url} checks no key and takes no claim (no {CLAIM_PATH} route: "
+                    "it was not started by steadyrl vllm-serve): anyone who reaches it could replace its weights "
+                    "through its development routes, and another run could share it. Start it with 'steadyrl "
+                    "vllm-serve', or add --middleware steadyrl.generation.server_auth.ServerAuth and a key (README: "
+                    "'vLLM as a separate server')"
+                ) from err
+            raise
+
+    def release(self) -> None:
+        """Free the server for other runs (this run's claim only). Best effort: where it fails (the server is down),
+        the claim stays until this run resumes or the server restarts."""
+        if self.output_dir is None:
+            return
+        try:
+            self.request("POST", RELEASE_PATH, {"run": run_id(self.output_dir)}, what="releasing it")
+        except VLLMServerError:
+            pass
+
     def health(self) -> None:
         self.request("GET", "/health", what="the health check")
 
@@ -71,7 +150,7 @@ class ServerClient:
         try:
             info = self.request("GET", "/server_info?config_format=json", what="reading its settings")
         except VLLMServerError as err:
-            if " answered 404 " in str(err):
+            if err.status == 404:
                 raise VLLMServerError(
                     f"the vLLM server at {self.base_url} runs without its development routes (/server_info, "
                     "/collective_rpc), which steadyrl needs to check its model and push weights: start it with "

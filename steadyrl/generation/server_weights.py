@@ -7,6 +7,10 @@
 - ``NCCLTransfer`` (``'nccl'``): vLLM's own RL weight-transfer API (``/init_weight_transfer_engine``,
   ``/update_weights``), the trainer broadcasting each tensor over NCCL from GPU memory. GPUs only; untested (no GPU
   was available where steadyrl is tested).
+
+Both go through the client, so every request carries the server's key and the run's id (``server_auth``); the NCCL
+rendezvous itself (``vllm_group_port``) is plain NCCL, without authentication: only the trainer's hosts and the
+server's may reach that port.
 """
 
 from __future__ import annotations
@@ -128,14 +132,13 @@ class NCCLTransfer(WeightTransfer):
 
         quiet_vllm_logs()
         compat.require_tested("vllm")
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
 
         answer = self.client.request("GET", "/get_world_size", what="reading its world size")
         world_size = int(answer["world_size"]) + 1  # the server's workers and this trainer process
         init = NCCLTrainerInitInfo(master_address=self.host, master_port=self.group_port, world_size=world_size, rank=0)
-        http = HTTPVLLMWeightSyncClient(self.client.base_url, timeout=self.client.timeout)
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=http, source=source)
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=keyed_sync_client(self.client),
+                                                                   source=source)  # fmt: skip
 
     def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
         source = DictSource(weights)
@@ -149,6 +152,18 @@ class NCCLTransfer(WeightTransfer):
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+
+
+def keyed_sync_client(client: ServerClient):
+    """vLLM's HTTP weight-sync client (its routes and payloads), each request sent through ``client``: with the
+    server's key and the run's id, which vLLM's own client does not send."""
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+    class KeyedWeightSyncClient(HTTPVLLMWeightSyncClient):
+        def _post(self, path: str, json: dict | None = None) -> None:
+            client.request("POST", f"/{path}", json, what=f"{path}()")
+
+    return KeyedWeightSyncClient(client.base_url, timeout=client.timeout)
 
 
 def DictSource(weights: dict[str, torch.Tensor]):  # noqa: N802 - a class made on first use (vLLM is imported late)

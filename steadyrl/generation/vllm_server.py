@@ -1,7 +1,8 @@
 """Rollout generation on a separate, already running vLLM server (``vllm_mode='server'``).
 
-The trainer checks the server before any work (it answers, serves the trainer's model with a long enough context,
-in the expected dtype and log-prob mode), pushes the actor's weights into it before each rollout that follows an
+The trainer checks the server before any work (it answers, takes the trainer's key, serves the trainer's model with
+a long enough context, in the expected dtype and log-prob mode) and claims it for its run (``server_auth``: one
+server, one run; released when training ends), pushes the actor's weights into it before each rollout that follows an
 update (``server_weights``), and sends one completion request per prompt row, each with its own sampling seed,
 concurrently: the server batches them, and every completion depends only on its seed and the weights, so a resumed
 run samples exactly what an uninterrupted one would, and the same as the colocated engine.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import torch
+from accelerate import PartialState
 
 from .. import compat
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
@@ -38,6 +40,7 @@ class ServerSettings:
     max_model_len: int  # the context the run needs
     dtype: str  # the dtype the server should compute in
     logprobs_mode: str
+    output_dir: str  # the run the server is claimed for
     concurrency: int = 64  # requests in flight at once
 
 
@@ -60,6 +63,7 @@ def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode:
         max_model_len=max_model_len,
         dtype=dtype,
         logprobs_mode=logprobs_mode,
+        output_dir=args.output_dir,
     )
 
 
@@ -78,7 +82,8 @@ def same_model(served: str, wanted: str) -> bool:
 
 
 def check_server(client: ServerClient, s: ServerSettings) -> str:
-    """Refuse a server that is down or serves something else than the run needs; return its served model name."""
+    """Refuse a server that is down, refuses the key, serves something else than the run needs or another run; claim
+    it for the run; return its served model name."""
     client.health()
     version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
     # the development routes and reload_weights are vLLM internals, as in colocate mode
@@ -110,6 +115,7 @@ def check_server(client: ServerClient, s: ServerSettings) -> str:
             f"the vLLM server at {client.base_url} reports log-probs as {config.get('logprobs_mode')}, and the run "
             f"uses {s.logprobs_mode}: restart it with --logprobs-mode {s.logprobs_mode}"
         )
+    client.claim()
     return name
 
 
@@ -135,8 +141,10 @@ class VLLMServerBackend(GenerationBackend):
                  transfer: WeightTransfer | None = None) -> None:  # fmt: skip
         super().__init__(tokenizer, settings)
         self.server = server
-        self.client = ServerClient(server.base_url, server.timeout)
+        self.client = ServerClient(server.base_url, server.timeout, output_dir=server.output_dir)
+        # every process checks and claims (the same run: idempotent), so that a refusal stops each of them here
         self.served_name = check_server(self.client, server)
+        self.claimed = True
         if transfer is None:
             transfer = (
                 NCCLTransfer(self.client, server.group_host, server.group_port)
@@ -150,14 +158,20 @@ class VLLMServerBackend(GenerationBackend):
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if version == self._synced_version:
             return
-        distributed = torch.distributed.is_initialized()
+        from ..trainers.checkpointing import on_main_process  # here: the trainers import this module
+
+        # The main process pushes; the others wait for its outcome (no process generates before the server holds
+        # the new weights), and a failed push raises on every process at once instead of leaving them at a barrier.
         with whole_weights(model, everywhere=False) as weights, self.stops_cleanly():
-            if not distributed or torch.distributed.get_rank() == 0:
-                self.transfer.push(weights, version)
-        if distributed:  # no process generates before the server holds the new weights
-            torch.distributed.barrier()
+            on_main_process(PartialState(), lambda: self.push(weights, version))
         self._synced_version = version
         self.pushes += 1
+
+    def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        # claimed again before its weights change: after close() released it, or a restart of the server freed it
+        self.client.claim()
+        self.claimed = True
+        self.transfer.push(weights, version)
 
     @contextlib.contextmanager
     def stops_cleanly(self) -> Iterator[None]:
@@ -190,5 +204,12 @@ class VLLMServerBackend(GenerationBackend):
         return Generation([ids for ids, _ in results], [logprobs for _, logprobs in results])
 
     def close(self) -> None:
-        self.transfer.close()
-        self._synced_version = None
+        """Release what the transfer holds, and the server for other runs (a later ``sync_weights`` claims it
+        again)."""
+        try:
+            self.transfer.close()
+        finally:
+            self._synced_version = None
+            if self.claimed and PartialState().is_main_process:
+                self.client.release()
+            self.claimed = False

@@ -1,0 +1,200 @@
+"""The key and the one-run claim of the vLLM server that ``steadyrl vllm-serve`` starts, on both sides.
+
+On the server, ``ServerAuth`` is an ASGI middleware that vLLM loads with
+``--middleware steadyrl.generation.server_auth.ServerAuth`` (``app.add_middleware``, after vLLM's own middleware, so
+it is the outermost layer and sees every request before any route or other middleware does):
+
+- Every request must carry ``Authorization: Bearer <key>`` (compared in constant time); any other gets 401 with a
+  JSON body saying what is missing, and reaches nothing. The one exception is ``GET /health``, a liveness probe that
+  tells only that the server is up (as the open port does) and changes nothing.
+- The claim binds the server to one run: ``POST /steadyrl/claim`` with ``{"run", "output_dir", "host", "pid"}``
+  takes it when it is free or already the same run's, else answers 409 naming the holder; ``POST
+  /steadyrl/release`` frees it (the holder's own only); ``GET /steadyrl/claim`` shows the holder. A request that
+  names another run than the holder in ``X-Steadyrl-Run`` gets 409 too. A run is its output_dir (``run_id``), as for
+  the output_dir lock, so a restarted run of the same output_dir reclaims the server. The claim lives in the server
+  process: a restarted server is free.
+
+The key is ``$STEADYRL_VLLM_SERVER_KEY``, else the first line of the file ``$STEADYRL_VLLM_SERVER_KEY_FILE``; else the
+trainer reads ``default_key_file(port)``, which ``steadyrl vllm-serve`` writes (mode 0600) when given neither. The key
+is never logged, printed, checkpointed, or part of the run's fingerprint: only where it came from is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache import cache_dir
+
+KEY_ENV = "STEADYRL_VLLM_SERVER_KEY"
+KEY_FILE_ENV = "STEADYRL_VLLM_SERVER_KEY_FILE"
+RUN_HEADER = "X-Steadyrl-Run"
+CLAIM_PATH = "/steadyrl/claim"
+RELEASE_PATH = "/steadyrl/release"
+OPEN_ROUTES = {("GET", "/health")}  # reveal nothing, change nothing
+
+
+def default_key_file(port: int) -> Path:
+    """Where ``steadyrl vllm-serve --port port`` writes the key it makes, and where a trainer on the same machine (or
+    one sharing its home directory) finds it."""
+    return cache_dir() / "vllm-server-keys" / f"port-{port}.key"
+
+
+def write_new_key(path: str | os.PathLike) -> None:
+    """A new random key in ``path``, readable by its owner only (mode 0600, written aside, then renamed)."""
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(secrets.token_urlsafe(32) + "\n")
+    os.replace(tmp, path)
+
+
+def read_key_file(path: str | os.PathLike) -> str:
+    key = Path(path).read_text().strip()
+    if not key:
+        raise ValueError(f"{KEY_FILE_ENV}={str(path)!r} is empty: it must hold the server's key on its first line.")
+    return key
+
+
+@dataclass
+class KeySource:
+    """A key (None: none found) and, for error messages, where it came from (never the key itself)."""
+
+    key: str | None
+    where: str
+
+
+def trainer_key(port: int) -> KeySource:
+    """The key a trainer sends to the server on ``port``: the environment's, else the key file's."""
+    if os.environ.get(KEY_ENV):
+        return KeySource(os.environ[KEY_ENV], f"${KEY_ENV}")
+    named = os.environ.get(KEY_FILE_ENV)
+    path = Path(named) if named else default_key_file(port)
+    if path.is_file():
+        return KeySource(read_key_file(path), f"the file {path}" + (f" (${KEY_FILE_ENV})" if named else ""))
+    looked = f"${KEY_FILE_ENV}={named}" if named else f"${KEY_ENV}, ${KEY_FILE_ENV} or {path}"
+    return KeySource(None, f"found no key ({looked})")
+
+
+def server_key() -> str:
+    """The key the server checks (the middleware's side)."""
+    if os.environ.get(KEY_ENV):
+        return os.environ[KEY_ENV]
+    if os.environ.get(KEY_FILE_ENV):
+        return read_key_file(os.environ[KEY_FILE_ENV])
+    raise RuntimeError(
+        f"steadyrl's ServerAuth middleware needs a key: set {KEY_ENV} or {KEY_FILE_ENV} in the server's environment "
+        "(steadyrl vllm-serve does)."
+    )
+
+
+def run_id(output_dir: str | os.PathLike) -> str:
+    """The run a trainer claims the server for: its output_dir, resolved (the same for every process of a run and
+    for a restarted run; a path in a header would have to be Latin-1, so a digest)."""
+    return hashlib.sha256(os.path.realpath(output_dir).encode()).hexdigest()[:32]
+
+
+def claim_body(output_dir: str | os.PathLike) -> dict:
+    return dict(run=run_id(output_dir), output_dir=os.path.realpath(output_dir), host=socket.gethostname(),
+                pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+
+
+def describe_holder(holder: dict) -> str:
+    return (f"output_dir={holder.get('output_dir')!r} (process {holder.get('pid')} on host {holder.get('host')}, "
+            f"claimed since {holder.get('since')})")  # fmt: skip
+
+
+class ServerAuth:
+    """ASGI middleware: the key check on every route but ``GET /health``, and the claim routes (module docstring).
+
+    Args:
+        app: the application it guards (vLLM's).
+        key: the key to require (default: ``server_key()``, from the environment).
+    """
+
+    def __init__(self, app, key: str | None = None) -> None:
+        self.app = app
+        self.key = (key or server_key()).encode()
+        self.holder: dict | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):  # lifespan
+            return await self.app(scope, receive, send)
+        from starlette.datastructures import Headers
+
+        method, path = scope.get("method", "GET"), scope["path"].removeprefix(scope.get("root_path", ""))
+        if scope["type"] == "http" and (method, path) in OPEN_ROUTES:
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        problem = self.key_problem(headers.get("authorization"))
+        if problem is not None:
+            return await reply(scope, receive, send, 401, {"error": problem})
+        if path == CLAIM_PATH and method == "POST":
+            return await self.claim(scope, receive, send)
+        if path == CLAIM_PATH and method == "GET":
+            return await reply(scope, receive, send, 200, {"holder": self.holder})
+        if path == RELEASE_PATH and method == "POST":
+            body = await read_json(receive)
+            released = self.holder is not None and self.holder.get("run") == body.get("run")
+            if released:
+                self.holder = None
+            return await reply(scope, receive, send, 200, {"released": released})
+        run = headers.get(RUN_HEADER.lower())
+        if run is not None and self.holder is not None and run != self.holder.get("run"):
+            return await reply(scope, receive, send, 409, self.refusal())
+        return await self.app(scope, receive, send)
+
+    def key_problem(self, authorization: str | None) -> str | None:
+        """Why ``authorization`` does not pass (None: it does)."""
+        scheme, _, given = (authorization or "").partition(" ")
+        if not authorization or scheme.lower() != "bearer":
+            return ("missing key: send the header 'Authorization: Bearer <key>' with the key steadyrl vllm-serve "
+                    f"printed (${KEY_ENV} or its key file)")  # fmt: skip
+        if not hmac.compare_digest(given.strip().encode(), self.key):
+            return f"wrong key: this server checks another key than the one sent (${KEY_ENV} or its key file)"
+        return None
+
+    async def claim(self, scope, receive, send) -> None:
+        body = await read_json(receive)
+        if not isinstance(body.get("run"), str):
+            return await reply(scope, receive, send, 400, {"error": "a claim names its run: {'run': ..., ...}"})
+        # no await between the check and the assignment: claims cannot interleave on the event loop
+        if self.holder is not None and self.holder.get("run") != body["run"]:
+            return await reply(scope, receive, send, 409, self.refusal())
+        self.holder = {name: body.get(name) for name in ("run", "output_dir", "host", "pid", "since")}
+        return await reply(scope, receive, send, 200, {"holder": self.holder})
+
+    def refusal(self) -> dict:
+        return {"error": f"claimed by another run: {describe_holder(self.holder)}", "holder": self.holder}
+
+
+async def read_json(receive) -> dict:
+    chunks, more = [], True
+    while more:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    try:
+        body = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+async def reply(scope, receive, send, status: int, body: dict) -> None:
+    if scope["type"] == "websocket":  # refuse the handshake (the client sees 403)
+        from starlette.websockets import WebSocketClose
+
+        return await WebSocketClose(code=1008)(scope, receive, send)
+    from starlette.responses import JSONResponse
+
+    await JSONResponse(body, status_code=status)(scope, receive, send)
