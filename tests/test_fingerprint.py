@@ -84,6 +84,7 @@ def test_callables_are_told_apart_where_their_names_are_not():
     for kind, func in rebuilt.items():
         assert callable_identity(func) == callable_identity(same_name[kind][0]), kind
     assert "scale=2.0" in callable_identity(functools.partial(scaled_letters, scale=2.0))
+    assert '"1": "a"' in callable_identity(functools.partial(scaled_letters, table={1: "a", "b": 2}))  # any keys
 
 
 def test_a_callable_identity_is_the_same_in_every_process(tmp_path, capsys):
@@ -122,6 +123,8 @@ def test_secrets_given_to_a_callable_are_left_out_of_its_identity():
     identity = callable_identity(functools.partial(scaled_letters, scale=1.0, api_token=SECRET))
     assert SECRET not in identity and "scale=1.0" in identity
     assert SECRET not in callable_identity(Scaled(1.0, api_key=SECRET))
+    headers = {"Authorization": f"Bearer {SECRET}", "Accept": "json"}  # as an HTTP client keeps them
+    assert callable_identity(Scaled(headers)) == callable_identity(Scaled({**headers, "Authorization": "Bearer x"}))
 
 
 def test_a_reward_function_that_cannot_be_recorded_is_named_in_a_warning_at_start(tmp_path, caplog):

@@ -4,6 +4,7 @@ identified by what they hold. Also which setting names hold secrets, which are n
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import hashlib
@@ -20,7 +21,8 @@ logger = logging.get_logger(__name__)
 MAX_DEPTH = 4  # objects inside a callable object's attributes described at most this deep; deeper ones unchecked
 SHOWN_LENGTH = 200  # characters of a value an identity shows; a longer one is shown as its digest
 SPECIAL_TOKEN_NAMES = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}
-SECRET_WORDS = {"password", "passwd", "secret", "secrets", "apikey", "credential", "credentials"}
+SECRET_WORDS = {"password", "passwd", "secret", "secrets", "apikey", "credential", "credentials", "auth",
+                "authorization", "cookie", "cookies"}  # fmt: skip
 SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key")}
 
 
@@ -30,7 +32,7 @@ def _sha(data) -> str:
 
 def is_secret(name: str) -> bool:
     """Whether a setting named ``name`` holds a secret: a token (not a tokenizer's special token such as
-    ``pad_token``), an API or access key, a password, a secret or credentials."""
+    ``pad_token``), an API or access key, a password, a secret, credentials, an authorization header or cookies."""
     key = name.rsplit(".", 1)[-1].lower().replace("-", "_")
     words = key.split("_")
     if key in SPECIAL_TOKEN_NAMES:
@@ -90,7 +92,8 @@ class CallableIdentifier:
                 **self.mapping(plain, where)}  # fmt: skip
 
     def mapping(self, values: dict, where: str) -> dict:
-        return {str(k): self.describe(v, f"{where}.{k}") for k, v in sorted(values.items()) if not is_secret(str(k))}
+        items = sorted(values.items(), key=lambda item: str(item[0]))  # keys of any type
+        return {str(k): self.describe(v, f"{where}.{k}") for k, v in items if not is_secret(str(k))}
 
     def describe(self, value, where: str):
         """``value`` as a JSON value that is the same in every process and run."""
@@ -107,7 +110,7 @@ class CallableIdentifier:
             self._open.discard(id(value))
 
     def _describe(self, value, where: str):
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple, collections.deque)):
             return [self.describe(item, f"{where}[{i}]") for i, item in enumerate(value)]
         if isinstance(value, (set, frozenset)):
             return sorted((self.describe(item, where) for item in value), key=repr)
