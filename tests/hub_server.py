@@ -41,8 +41,9 @@ class FakeHub:
 
     def fail_next(self, times: int, how: int | str = 500, path: str = "", after: int = 0) -> None:
         """Fail the next ``times`` POST requests whose path contains ``path`` (after letting ``after`` of them
-        through): with an HTTP status (500, 503, 429, 401, 403) or ``"drop"`` (the connection is closed without an answer).
-        huggingface_hub retries a failed commit itself (1 s, 2 s, 4 s, ...), not a repository creation."""
+        through): with an HTTP status (500, 503, 429; 401, 403: a refused token) or ``"drop"`` (the connection is
+        closed without an answer). huggingface_hub retries a failed commit itself (1 s, 2 s, 4 s, ...), not a
+        repository creation."""
         self.failures.append([how, path, after])
         self.failures.extend([how, path, 0] for _ in range(times - 1))
 
