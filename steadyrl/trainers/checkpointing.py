@@ -27,7 +27,6 @@ Nothing is unpickled on load: safetensors, JSON, and ``torch.load(weights_only=T
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -36,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate.utils import broadcast_object_list, gather_object
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, TrainerState
 from transformers.utils import logging
@@ -45,16 +43,11 @@ from ..checkpoint import (
     CheckpointError,
     begin_checkpoint,
     commit_checkpoint,
-    find_resumable_checkpoint,
     load_rng_state,
     newest_intact_checkpoint,
-    recover_interrupted_commits,
     rotate_checkpoints,
     save_rng_state,
-    verify_checkpoint,
 )
-from ..checkpoint.ownership import OutputDirLock, refuse_other_runs
-from ..checkpoint.shared_dir import create_marker, not_shared_error, remove_marker, view_of
 from ..fsdp import (
     is_sharded,
     is_sharded_optimizer,
@@ -65,6 +58,8 @@ from ..fsdp import (
 from ..generation.weights import is_peft
 from ..zero import load_zero_state, modifiable, zero_optimizer, zero_state
 from .fingerprint import check_resumable
+from .output_dir import on_main_process
+from .save_failure import save_failure_message
 
 logger = logging.get_logger(__name__)
 
@@ -73,7 +68,6 @@ SCALER_NAME = "scaler.pt"  # fp16 loss scaler state, as transformers' Trainer na
 SETTINGS_NAME = "settings.json"  # the settings a resume may change, to log what it changed
 STATE_FORMAT = 3  # 3: the rollout buffer holds each reward function's scores and whether it was logged
 READABLE_FORMATS = (2, 3)  # a format-2 buffer lacks those two: its completions log without per-function rewards
-TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
 RESTORED_TRAINER_STATE = ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen")
 
 
@@ -122,89 +116,6 @@ def rank_file(name: str, rank: int) -> str:
     """``optimizer.pt`` -> ``optimizer_<rank>.pt``: a file each process writes for itself."""
     stem, suffix = os.path.splitext(name)
     return f"{stem}_{rank}{suffix}"
-
-
-def on_main_process(accelerator, work: Callable[[], object]):
-    """Run ``work`` on the main process and hand every process its result, or raise its error on every process
-    (so that none is left waiting at the next collective)."""
-    result, error = None, None
-    if accelerator.is_main_process:
-        try:
-            result = work()
-        except Exception as err:  # noqa: BLE001 - re-raised below, on every process
-            error = err
-    if accelerator.num_processes > 1:
-        result, error = broadcast_object_list([result, error])
-    if error is not None:
-        raise error
-    return result
-
-
-def asks_for_newest(value) -> bool:
-    """Whether ``resume_from_checkpoint`` asks for the newest complete checkpoint of output_dir."""
-    return value is True or (isinstance(value, str) and value.strip().lower() in TRUE_VALUES)
-
-
-def find_checkpoint(value, output_dir: str) -> Path | None:
-    """Turn ``resume_from_checkpoint`` (bool, "true"/"false", or a path) into a verified directory or None."""
-    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in FALSE_VALUES):
-        return None
-    if asks_for_newest(value):
-        found = find_resumable_checkpoint(output_dir)
-        if found is None:
-            logger.warning(f"No complete checkpoint in {output_dir}: starting from step 0.")
-        return found
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(
-            f"resume_from_checkpoint={value!r} is invalid: use True (the newest complete checkpoint in "
-            "output_dir), False, or the path of a checkpoint-N directory."
-        )
-    path = Path(value)
-    if not path.is_dir():
-        raise CheckpointError(f"resume_from_checkpoint={value!r} is not a directory.")
-    verify_checkpoint(path)
-    return path
-
-
-def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Path | None]:
-    """Lock ``output_dir`` (main process), finish the commits a crash interrupted, find the checkpoint
-    ``resume_from_checkpoint`` names, and refuse (or with ``overwrite_output_dir`` delete) another run's
-    checkpoints (ownership.py); every process gets the checkpoint or the error."""
-    lock = OutputDirLock(args.output_dir) if accelerator.is_main_process else None
-    on_main_process(accelerator, lock.acquire if lock else None)
-
-    def resolve() -> Path | None:
-        for action in recover_interrupted_commits(args.output_dir):
-            logger.warning(action)
-        checkpoint = find_checkpoint(value, args.output_dir)
-        refuse_other_runs(args.output_dir, checkpoint, args.overwrite_output_dir, asks_for_newest(value))
-        return checkpoint
-
-    try:
-        check_shared_output_dir(args.output_dir, accelerator)
-        checkpoint = on_main_process(accelerator, resolve)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    if checkpoint is not None:
-        logger.warning(f"Resuming from {checkpoint}.")  # every process: each says what it loads
-    return lock, checkpoint
-
-
-def check_shared_output_dir(output_dir: str, accelerator) -> None:
-    """Every process must see the one ``output_dir`` the main process writes checkpoints in (on several machines: a
-    shared filesystem): the main process creates a new file there and every process looks for it
-    (shared_dir.py). Raises OutputDirNotShared on every process otherwise."""
-    if accelerator.num_processes == 1:
-        return
-    marker = on_main_process(accelerator, lambda: create_marker(output_dir))
-    views = gather_object([view_of(output_dir, marker, accelerator.process_index)])  # also a barrier
-    if accelerator.is_main_process:
-        remove_marker(output_dir, marker)
-    error = not_shared_error(output_dir, views)
-    if error is not None:
-        raise error
 
 
 class Checkpointer:
@@ -451,60 +362,3 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
             f"{weights_dir} does not match the model: missing {sorted(missing)[:5]}, unexpected "
             f"{sorted(unexpected)[:5]}"
         )
-
-
-def os_error_in(err: BaseException) -> OSError | None:
-    """The first ``OSError`` with an errno in ``err``'s chain (itself, then its ``__cause__`` or ``__context__``)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, OSError) and err.errno is not None:
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
-FULL_DISK = {errno.ENOSPC: "", errno.EDQUOT: ", but the disk quota is used up"}
-NOT_WRITABLE = {  # errno: (what it means, what to do)
-    errno.EROFS: (
-        "its filesystem is read-only",
-        "Point output_dir at a writable filesystem (or remount this one read-write)",
-    ),
-    errno.EACCES: ("permission denied", "Give this process write permission on output_dir (or point it elsewhere)"),
-}
-NOT_WRITABLE[errno.EPERM] = NOT_WRITABLE[errno.EACCES]
-RESUME = "and run again with resume_from_checkpoint=True."
-
-
-FIND = "find"  # save_failure_message's default: look at output_dir
-
-
-def save_failure_message(tmp: Path, err: Exception, newest: Path | None | str = FIND, left: bool | None = None) -> str:
-    """Why writing ``tmp`` failed (a full disk, a read-only filesystem, a denied permission, or the error itself),
-    what still stands (``newest``: the newest intact checkpoint, or None; ``left``: whether ``tmp`` could not be
-    removed; each looked up here, without hashing, unless given), and what to do: freeing space is advised only
-    for a full disk."""
-    if newest == FIND:
-        newest = newest_intact_checkpoint(tmp.parent)
-    kept = f"the newest complete checkpoint, {newest}, is intact" if newest else "no earlier checkpoint exists"
-    left = tmp.exists() if left is None else left
-    partial = "could not be removed (it is never resumed from)" if left else "was removed"
-    failure = f"Could not write the checkpoint {tmp} ({type(err).__name__}: {err})"
-    cause = os_error_in(err)
-    code = cause.errno if cause is not None else None
-    if code in NOT_WRITABLE:
-        meaning, advice = NOT_WRITABLE[code]
-        return f"{failure}: {meaning}. The partial directory {partial} and {kept}. {advice} {RESUME}"
-    try:
-        free = f"{shutil.disk_usage(tmp.parent).free / 2**20:.0f} MiB"
-    except OSError:
-        free = "unknown"
-    if code in FULL_DISK:
-        return (
-            f"{failure}; free space on its filesystem: {free}{FULL_DISK[code]}. The partial directory {partial} and "
-            f"{kept}. Free some space (or point output_dir elsewhere) {RESUME}"
-        )
-    return (
-        f"{failure}; free space on its filesystem: {free}. The partial directory {partial} and {kept}. Fix the cause "
-        f"of this error {RESUME}"
-    )

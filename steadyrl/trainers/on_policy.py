@@ -47,14 +47,7 @@ from ..sampling import PromptSampler
 from ..scalar_head import RewardModelFunction
 from ..zero import bind_scheduler
 from .call_order import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
-from .checkpointing import (
-    CheckpointContents,
-    Checkpointer,
-    ModelWeights,
-    TrainedModule,
-    on_main_process,
-    take_output_dir,
-)
+from .checkpointing import CheckpointContents, Checkpointer, ModelWeights, TrainedModule
 from .checks import check_dataset, check_model_path, check_output_dir
 from .config import OnPolicyConfig
 from .evaluation import EvaluationMixin, check_eval_dataset
@@ -71,6 +64,7 @@ from .models import (
     policy_and_reference,
     reward_model_scorer,
 )
+from .output_dir import on_main_process, take_output_dir
 from .preemption import StopSignals, stopped_status
 from .publish import PublishMixin
 from .reference_sync import check_reference_sync, mix_into_reference, sync_due
