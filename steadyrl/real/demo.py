@@ -19,7 +19,7 @@ TRAINING_SETTINGS = dict(
     num_generations=8, max_completion_length=16, learning_rate=1e-5,
     lr_scheduler_type="constant", beta=0.0, reward_weights=[1.0, 0.2], vllm_dtype="float32", bf16=False, seed=0,
     gradient_checkpointing=False,  # 20% faster steps; this model's activations fit in memory easily
-    save_steps=5, save_total_limit=2, logging_steps=1, report_to="none",
+    save_steps=5, save_total_limit=2, save_final_checkpoint=True, logging_steps=1, report_to="none",
 )  # fmt: skip
 
 

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     config_class, trainer_class = ALGORITHMS[opts.algorithm]
     settings = {**TRAINING_SETTINGS.get(opts.algorithm, _SHARED), "output_dir": str(out), "max_steps": opts.max_steps}
-    settings.update(save_steps=20, save_total_limit=3, logging_steps=5, report_to="none")
+    settings.update(save_steps=20, save_total_limit=3, logging_steps=5, report_to="none",
+                    save_final_checkpoint=True)  # the printed resume command always has a checkpoint  # fmt: skip
     trainer = trainer_class(
         model=toy_model_path(),
         args=config_class(**settings),

@@ -99,8 +99,9 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
             a multiple of ``ref_model_sync_steps`` (default 512), ref = ``ref_model_mixup_alpha`` (default 0.6) x
             policy + (1 - alpha) x ref, parameter by parameter. The reference then lives in every checkpoint.
         save_final_checkpoint: also checkpoint the last step when it is not a multiple of ``save_steps``.
-        overwrite_output_dir: delete the checkpoints in ``output_dir`` before a fresh start; without it a fresh start
-            in a directory that holds checkpoints is refused (resume them with ``resume_from_checkpoint=True``).
+        overwrite_output_dir: delete the checkpoints and run logs (``metrics.jsonl``, ``completions.jsonl``) in
+            ``output_dir`` before a fresh start; without it a fresh start in a directory that holds another run's
+            checkpoints, logs or saved actor is refused (resume them with ``resume_from_checkpoint=True``).
         allow_low_precision_weights: train bf16/fp16 parameters that have no float32 master copy (refused by
             default: updates below their resolution are lost). A model given by name loads in float32 unless
             ``model_init_kwargs`` names a dtype.
@@ -288,8 +289,9 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     )  # fmt: skip
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Delete the checkpoints already in output_dir before a fresh start (without it, a fresh "
-                  "start in a directory holding checkpoints is refused)."},
+        metadata={"help": "Delete the checkpoints and run logs (metrics.jsonl, completions.jsonl) already in "
+                  "output_dir before a fresh start (without it, a fresh start in a directory holding another run's "
+                  "checkpoints, logs or saved actor is refused)."},
     )  # fmt: skip
     allow_low_precision_weights: bool = field(
         default=False,
