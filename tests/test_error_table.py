@@ -737,6 +737,13 @@ def _(ctx):
     make_trainer(ctx.tmp_path, use_vllm=True)
 
 
+@trigger("vllm-dora")
+def _(ctx):
+    from peft import LoraConfig
+
+    make_trainer(ctx.tmp_path, use_vllm=True, peft_config=LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+
+
 @trigger("vllm-head-dim")
 def _(ctx):
     fake_vllm(ctx, head_sizes=[32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512])

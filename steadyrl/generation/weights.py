@@ -20,7 +20,8 @@ def base_config(model: torch.nn.Module):
 
 
 def check_mergeable(model: torch.nn.Module) -> None:
-    """Refuse PEFT methods whose adapters ``plain_state_dict`` cannot merge (all but LoRA)."""
+    """Refuse PEFT methods whose adapters ``plain_state_dict`` cannot merge (all but plain LoRA: not DoRA, not
+    lora_bias)."""
     if not is_peft(model):
         return
     kinds = {str(getattr(config, "peft_type", "?")).split(".")[-1] for config in model.peft_config.values()}
@@ -28,6 +29,14 @@ def check_mergeable(model: torch.nn.Module) -> None:
         raise ValueError(
             f"use_vllm=True pushes the actor with its adapters merged, which steadyrl supports for LoRA only; "
             f"this model's adapters are {sorted(kinds)}. Use a LoraConfig, or use_vllm=False."
+        )
+    variants = sorted({f"{option}=True" for config in model.peft_config.values() for option in ("use_dora", "lora_bias")
+                       if getattr(config, option, False)})  # fmt: skip
+    if variants:
+        raise ValueError(
+            f"use_vllm=True pushes the actor with its LoRA adapters merged as W + scale x BA; {', '.join(variants)} "
+            "merges otherwise (DoRA rescales each weight by a learned magnitude, lora_bias adapts the biases too), "
+            "which steadyrl does not merge for vLLM. Use a LoraConfig without it, or use_vllm=False."
         )
 
 
