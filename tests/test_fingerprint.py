@@ -212,6 +212,15 @@ def test_secrets_are_left_out_of_the_settings_wherever_they_are_nested():
     assert only_token["args.model_init_kwargs"] is None  # the same as no model_init_kwargs: a token is not math
 
 
+def test_the_settings_report_to_trackers_receive_hold_no_secret(tmp_path):
+    # W&B, TensorBoard, ... get args.to_sanitized_dict() / to_dict(): TrainingArguments masks only top-level tokens
+    config = make_config(tmp_path, model_init_kwargs={"dtype": "float32", "token": SECRET}, hub_token=SECRET)
+    for settings in (config.to_dict(), config.to_sanitized_dict(), config.to_json_string()):
+        assert SECRET not in json.dumps(settings)
+    assert config.to_dict()["model_init_kwargs"] == {"dtype": "float32", "token": "<REDACTED>"}
+    assert config.model_init_kwargs["token"] == SECRET  # the run itself still uses it
+
+
 def test_a_checkpoint_that_recorded_a_secret_resumes_with_another_and_errors_do_not_print_it(tmp_path):
     current, _ = split_settings(make_config("out", model_init_kwargs={"token": OTHER_SECRET}))
     saved = {**current, "args.model_init_kwargs": {"token": SECRET}}  # as an older steadyrl wrote it

@@ -12,6 +12,7 @@ from transformers import TrainingArguments
 from transformers.utils import logging
 
 from .batch_hierarchy import BatchHierarchy, BatchSettings, resolve_batch_hierarchy
+from .callable_identity import is_secret
 from .config_checks import (
     check_generation_and_logging,
     check_ranges,
@@ -41,6 +42,17 @@ DICT_FIELDS = {  # field -> an example for the command line
     "model_init_kwargs": '{"dtype": "bfloat16"}',
 }
 
+
+
+def mask_secrets(value, name: str = ""):
+    """``value`` with every value whose key names a secret (``is_secret``), at any depth, replaced by a mask."""
+    if name and is_secret(name) and value:
+        return "<REDACTED>"
+    if isinstance(value, dict):
+        return {key: mask_secrets(item, key if isinstance(key, str) else "") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(mask_secrets(item) for item in value)
+    return value
 
 
 @dataclass
@@ -348,6 +360,11 @@ class OnPolicyConfig(TRLNames, TrainingArguments):
     @property
     def steps_per_rollout(self) -> int:
         return self.samples_per_rollout // self.train_batch_size * self.num_ppo_epochs
+
+    def to_dict(self) -> dict[str, Any]:
+        """``TrainingArguments.to_dict`` (which masks the top-level ``*_token`` fields) with every nested secret
+        masked as well, e.g. ``model_init_kwargs["token"]``: this dict reaches the ``report_to`` trackers."""
+        return mask_secrets(super().to_dict())
 
     def total_steps(self, num_prompts: int) -> int:
         """Global steps of the run: ``max_steps``, or whole rollouts covering ``num_train_epochs`` of the prompts."""
