@@ -10,7 +10,7 @@ tests/test_vllm_server.py checks the same refusals and every behaviour against a
 
 from __future__ import annotations
 
-import secrets
+import atexit
 import socket
 import threading
 import time
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from steadyrl.generation.server_auth import ServerAuth, default_key_file
+from steadyrl.generation.server_auth import ServerAuth, default_key_file, read_key_file, write_new_key
 from steadyrl.toy import toy_model_path
 
 
@@ -39,7 +39,14 @@ class StandIn:
 
     def __init__(self, config: dict | None, version: str, auth: bool) -> None:
         self.rpc_calls: list[tuple[str, dict]] = []
-        self.key = secrets.token_urlsafe(32)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.key_file = default_key_file(self.port)
+        write_new_key(self.key_file)
+        atexit.register(self.key_file.unlink, missing_ok=True)  # also where a test never shuts it down
+        self.key = read_key_file(self.key_file)
         app = Starlette(routes=[
             Route("/health", lambda request: Response(b""), methods=["GET"]),
             Route("/version", lambda request: JSONResponse({"version": version}), methods=["GET"]),
@@ -49,13 +56,6 @@ class StandIn:
         ])  # fmt: skip
         if auth:
             app.add_middleware(ServerAuth, key=self.key)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.key_file = default_key_file(self.port)
-        self.key_file.parent.mkdir(parents=True, exist_ok=True)
-        self.key_file.write_text(self.key + "\n")
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
