@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, verify_checkpoint
+from .generation.weights import plain_state_dict
 
 ACTOR = "actor"
 
@@ -110,30 +111,12 @@ def merges_live(model: torch.nn.Module) -> bool:
     return True
 
 
-@torch.no_grad()
 def merged_lora_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What ``merge_and_unload().state_dict()`` holds, from the live model without changing it: each adapted weight
-    ``W + delta`` of its active adapters (added in PEFT's order), computed one at a time on the model's device and
-    kept on the CPU; every other weight is the live tensor itself (no copy). The memory it costs is a copy of the
-    adapted weights alone (SmolLM2-135M float32: 37 MB with q_proj and v_proj adapted, 451 MB with every linear
-    layer, against 555 MB for loading the base model again); no random number is drawn."""
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    adapted = {f"{name}.base_layer.weight": m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    weights = {}
-    for key, value in base.state_dict().items():
-        if "lora_" in key or ".original_module." in key:
-            continue
-        name = key.replace(".base_layer.", ".")
-        for adapter in model.peft_config:
-            name = name.replace(f".modules_to_save.{adapter}.", ".")
-        if (layer := adapted.get(key)) is not None and not layer.disable_adapters:
-            for adapter in (a for a in layer.active_adapters if a in layer.lora_A):
-                value = value + layer.get_delta_weight(adapter)
-            value = value.to("cpu")
-        weights[name] = value
-    return weights
+    """What ``merge_and_unload().state_dict()`` holds, from the live model without changing it (``plain_state_dict``:
+    the adapted weights computed one at a time and kept on the CPU, every other weight the live tensor). The memory it
+    costs is a copy of the adapted weights alone (SmolLM2-135M float32: 37 MB with q_proj and v_proj adapted, 451 MB
+    with every linear layer, against 555 MB for loading the base model again); no random number is drawn."""
+    return plain_state_dict(model, adapted_to="cpu")
 
 
 def save_merged_live(model: torch.nn.Module, actor: Path, output_dir: Path) -> None:

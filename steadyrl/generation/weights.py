@@ -54,31 +54,34 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
 
 
 @torch.no_grad()
-def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """``model``'s weights under the names of the plain Hugging Face model.
 
-    For a PEFT LoRA model, each adapted weight is ``W + delta`` of its active adapters, computed
-    aside: the training model's own tensors are never modified (merging in place and unmerging would
-    not restore them bit for bit). Call it inside ``gathered(model)`` under ZeRO-3.
+    For a PEFT LoRA model, what ``merge_and_unload().state_dict()`` holds, without changing the model: each adapted
+    weight is ``W + delta`` of its active adapters (added in PEFT's order), computed aside, one at a time (moved to
+    ``adapted_to`` if given); every other weight is the live tensor itself. The training model's own tensors are
+    never modified (merging in place and unmerging would not restore them bit for bit), and no random number is
+    drawn. Call it inside ``gathered(model)`` under ZeRO-3.
     """
     if not is_peft(model):
         return dict(model.state_dict())
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
-            delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
-            deltas[f"{name}.weight"] = delta
+    adapted = {f"{name}.base_layer.weight": module for name, module in base.named_modules()
+               if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters}  # fmt: skip
     state = {}
     for key, value in base.state_dict().items():
         if "lora_" in key or ".original_module." in key:
             continue
-        key = key.replace(".base_layer.", ".")
+        name = key.replace(".base_layer.", ".")
         for adapter in model.peft_config:
-            key = key.replace(f".modules_to_save.{adapter}.", ".")
-        state[key] = value + deltas[key] if key in deltas else value
+            name = name.replace(f".modules_to_save.{adapter}.", ".")
+        if (layer := adapted.get(key)) is not None:
+            for adapter in (a for a in layer.active_adapters if a in layer.lora_A):
+                value = value + layer.get_delta_weight(adapter)
+            value = value if adapted_to is None else value.to(adapted_to)
+        state[name] = value
     return state
 
 
