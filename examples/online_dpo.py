@@ -14,7 +14,7 @@ call ``train(*ALGORITHMS["online-dpo"], judge=my_judge)`` below.
 """
 
 from steadyrl import ALGORITHMS
-from steadyrl.scripts import train
+from steadyrl.cli.train import train
 
 if __name__ == "__main__":
     train(*ALGORITHMS["online-dpo"])

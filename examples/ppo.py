@@ -13,7 +13,7 @@ from the reward model if one is given, else from the policy.
 """
 
 from steadyrl import ALGORITHMS
-from steadyrl.scripts import train
+from steadyrl.cli.train import train
 
 if __name__ == "__main__":
     train(*ALGORITHMS["ppo"])

@@ -12,7 +12,7 @@ Rewards: ``--reward_funcs module:function`` (TRL's calling convention; several m
 """
 
 from steadyrl import ALGORITHMS
-from steadyrl.scripts import train
+from steadyrl.cli.train import train
 
 if __name__ == "__main__":
     train(*ALGORITHMS["rloo"])

@@ -2,11 +2,11 @@
 
 __version__ = "0.1.0"
 
-from . import quiet  # noqa: F401, I001  (first: it names DeepSpeed's accelerator before anything imports DeepSpeed)
+from .reporting import quiet  # noqa: F401, I001  (first: it names DeepSpeed's accelerator before anything imports DeepSpeed)
 
 from .callbacks import CheckpointCallback, GlobalStepCallback, GlobalStepError
 from .checkpoint import CheckpointError
-from .hub import HubPushError
+from .publish.hub import HubPushError
 from .judges import JudgeError
 from .rewards import RewardFunctionError
 from .trainers import (

@@ -142,7 +142,8 @@ def test_output_dir_on_a_read_only_filesystem_is_refused(tmp_path):
     """A real read-only filesystem (a tmpfs mounted ro in a private mount namespace)."""
     out = tmp_path / "ro"
     out.mkdir()
-    check = f"from steadyrl.trainers.checks import check_output_dir; check_output_dir({str(out / 'run')!r})"
+    check = (f"from steadyrl.trainers.config.input_checks import check_output_dir; "
+             f"check_output_dir({str(out / 'run')!r})")  # fmt: skip
     script = f"mount -t tmpfs -o ro,size=1m tmpfs {out} && {sys.executable} -c {shlex.quote(check)}"
     cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -217,7 +217,7 @@ def test_a_plain_trainer_writing_over_a_checkpoint_gets_a_new_manifest(tmp_path,
 
 
 def test_a_failed_rotation_stops_the_run_naming_the_complete_checkpoint(tmp_path, monkeypatch):
-    from steadyrl.trainers import checkpointing
+    from steadyrl.checkpoint import checkpointer as checkpointing
 
     def failing_rotation(output_dir, limit):
         raise PermissionError(errno.EACCES, "Permission denied", str(Path(output_dir) / "checkpoint-3"))

@@ -1,5 +1,5 @@
 """The ``steadyrl`` command line: training from a YAML file plus flags, listing checkpoints, exporting.
-Commands run in-process through ``steadyrl.cli.main`` (``python -m steadyrl`` is the same function)."""
+Commands run in-process through ``steadyrl.cli.main.main`` (``python -m steadyrl`` is the same function)."""
 
 import sys
 from pathlib import Path
@@ -8,8 +8,8 @@ import pytest
 from conftest import ROOT
 from datasets import Dataset
 
-from steadyrl.cli import main
-from steadyrl.scripts import load_prompt_dataset
+from steadyrl.cli.main import main
+from steadyrl.cli.train import load_prompt_dataset
 from steadyrl.toy import chat_dataset, toy_dataset
 
 

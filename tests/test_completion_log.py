@@ -11,8 +11,8 @@ import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
-from steadyrl.completion_log import COMPLETIONS_FILE, CompletionLog, markdown_table, rows_to_print, visible
-from steadyrl.prompts import UserTurns
+from steadyrl.data.prompts import UserTurns
+from steadyrl.reporting.completion_log import COMPLETIONS_FILE, CompletionLog, markdown_table, rows_to_print, visible
 from steadyrl.toy.chat import CHAT_TEMPLATE, build_chat_tokenizer
 
 

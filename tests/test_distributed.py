@@ -17,7 +17,7 @@ from test_resume import assert_same_result
 
 from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint
 from steadyrl.ops import leave_one_out_advantages, whiten
-from steadyrl.trainers.preemption import LAUNCHER_ENV
+from steadyrl.trainers.loop.preemption import LAUNCHER_ENV
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_sigterm_to_the_launcher_stops_every_worker_after_a_step_with_a_checkpoi
 def test_under_a_launcher_a_repeated_signal_within_the_window_is_the_same_one():
     code = (
         "import os, signal\n"
-        "from steadyrl.trainers.preemption import StopSignals\n"
+        "from steadyrl.trainers.loop.preemption import StopSignals\n"
         "with StopSignals() as stop:\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"  # outside a launcher, the process would end here (status -15)
@@ -151,7 +151,7 @@ FAULTS = """
 import errno, sys
 sys.path.insert(0, sys.argv[3])
 from toy_run import make_trainer
-from steadyrl.trainers import checkpointing
+from steadyrl.checkpoint import checkpointer as checkpointing
 
 output_dir, fault = sys.argv[1], sys.argv[2]
 trainer = make_trainer(output_dir, micro_rollout_batch_size=4, micro_train_batch_size=1, save_steps=3,

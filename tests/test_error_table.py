@@ -30,7 +30,7 @@ from transformers import (
 )
 
 from steadyrl import GRPOConfig, RLOOTrainer
-from steadyrl.cli import main as steadyrl_main
+from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 SECTION = "## When input is wrong"
@@ -960,14 +960,14 @@ def fsdp_plugin(**kwargs):
 
 @trigger("fsdp-version")
 def _(ctx):
-    from steadyrl.fsdp import check_fsdp_support
+    from steadyrl.distributed.fsdp import check_fsdp_support
 
     check_fsdp_support(fsdp_plugin(fsdp_version=1), AutoModelForCausalLM.from_pretrained(toy_model_path()))
 
 
 @trigger("fsdp-offload")
 def _(ctx):
-    from steadyrl.fsdp import check_fsdp_support
+    from steadyrl.distributed.fsdp import check_fsdp_support
 
     plugin = fsdp_plugin(fsdp_version=2, cpu_offload=True)  # fsdp_offload_params: true
     check_fsdp_support(plugin, AutoModelForCausalLM.from_pretrained(toy_model_path()))
@@ -977,7 +977,7 @@ def _(ctx):
 def _(ctx):
     from peft import LoraConfig, get_peft_model
 
-    from steadyrl.fsdp import check_fsdp_support
+    from steadyrl.distributed.fsdp import check_fsdp_support
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(toy_model_path()), LoraConfig(r=4))
     check_fsdp_support(fsdp_plugin(fsdp_version=2), model)

@@ -40,7 +40,7 @@ COMMON = [
 ]
 
 
-# rloo.py runs under accelerate launch below, and `steadyrl rloo` (the same steadyrl.scripts.train) in test_cli.
+# rloo.py runs under accelerate launch below, and `steadyrl rloo` (the same steadyrl.cli.train.train) in test_cli.
 @pytest.mark.parametrize("script", ["ppo.py", "online_dpo.py"])
 def test_example_trains_and_resumes_from_the_command_line(tmp_path, toy_path, script):
     common = ["--output_dir", str(tmp_path), *COMMON]

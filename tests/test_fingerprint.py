@@ -22,8 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 
 from steadyrl import RLOOTrainer
 from steadyrl.checkpoint import CheckpointError
-from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
-from steadyrl.trainers.fingerprint import (
+from steadyrl.checkpoint.fingerprint import (
     callable_identity,
     check_resumable,
     deepspeed_identity,
@@ -31,6 +30,7 @@ from steadyrl.trainers.fingerprint import (
     peft_identity,
     split_settings,
 )
+from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 SECRET, OTHER_SECRET = "hf_FirstSecretToken", "hf_SecondSecretToken"
 
@@ -92,7 +92,7 @@ def test_a_callable_identity_is_the_same_in_every_process(tmp_path, capsys):
     script.write_text(
         textwrap.dedent("""
         import functools, json
-        from steadyrl.trainers.fingerprint import callable_identity
+        from steadyrl.checkpoint.fingerprint import callable_identity
         VOWELS = "aeiou"
         def make(scale):
             def reward(completions, **kwargs):

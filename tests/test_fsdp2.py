@@ -17,7 +17,7 @@ from test_ref_sync import assert_trls_mix_at_each_sync_step
 from test_resume import assert_same_result
 from transformers import AutoModelForCausalLM
 
-from steadyrl.export import export_actor
+from steadyrl.publish.export import export_actor
 
 FSDP2 = CONFIGS / "fsdp2.yaml"
 COMPARED = ("loss", "grad_norm", "reward", "kl", "entropy")

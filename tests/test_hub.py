@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 from toy_run import make_trainer
 from transformers import AutoModelForCausalLM
 
-from steadyrl.cli import main
-from steadyrl.hub import HubPushError, hub_model_name
-from steadyrl.trainers.publish import PublishMixin
+from steadyrl.cli.main import main
+from steadyrl.publish.actor import PublishMixin
+from steadyrl.publish.hub import HubPushError, hub_model_name
 
 TOKEN = "hf_steadyrlTestTokenThatMustNotLeak"
 FORBIDDEN = ("critic", "optimizer", "scheduler", "rng_state", "rollout_buffer", "training_args", "manifest")
@@ -205,7 +205,7 @@ def test_programming_errors_in_a_checkpoint_push_are_not_swallowed(hub, tmp_path
     def broken(*args, **kwargs):
         raise TypeError("a bug, not the network")
 
-    monkeypatch.setattr("steadyrl.trainers.publish.upload", broken)
+    monkeypatch.setattr("steadyrl.publish.actor.upload", broken)
     with pytest.raises(TypeError, match="a bug, not the network"):
         trainer.train()
     assert (tmp_path / "run" / "checkpoint-2" / "manifest.json").is_file()  # the checkpoint was complete first

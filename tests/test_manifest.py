@@ -24,7 +24,7 @@ from steadyrl.checkpoint import (
 )
 from steadyrl.checkpoint import files as checkpoint_files
 from steadyrl.checkpoint import manifest as checkpoint_manifest
-from steadyrl.cli import main as steadyrl_main
+from steadyrl.cli.main import main as steadyrl_main
 
 
 @pytest.fixture(scope="module")
@@ -414,16 +414,16 @@ def test_export_refuses_a_checkpoint_without_an_actor(tmp_path, capsys):
 
 
 def test_push_refuses_a_damaged_checkpoint_before_any_upload(out, monkeypatch, capsys):
-    import steadyrl.hub
+    from steadyrl.publish import hub
 
-    monkeypatch.setattr(steadyrl.hub, "upload", lambda *a, **k: pytest.fail("a damaged checkpoint was uploaded"))
+    monkeypatch.setattr(hub, "upload", lambda *a, **k: pytest.fail("a damaged checkpoint was uploaded"))
     symlink_to_copy(out / "checkpoint-2", "actor/model.safetensors")
     assert steadyrl_main(["push", str(out / "checkpoint-2"), "someone/model"]) == 2
     assert "actor/model.safetensors is a symlink" in capsys.readouterr().err
 
 
 def test_a_saved_actor_directory_is_staged_without_its_symlinks(real_run, tmp_path):
-    from steadyrl.hub import actor_of, stage_actor
+    from steadyrl.publish.hub import actor_of, stage_actor
 
     actor = tmp_path / "actor"
     shutil.copytree(real_run / "checkpoint-2" / "actor", actor)

@@ -216,7 +216,7 @@ def test_failed_save_names_its_cause(tmp_path, monkeypatch, code, says, advice):
 
 
 def test_failed_save_finds_the_os_error_along_the_exception_chain(tmp_path):
-    from steadyrl.trainers.save_failure import save_failure_message
+    from steadyrl.checkpoint.save_failure import save_failure_message
 
     tmp = tmp_path / "tmp-checkpoint-4"
     try:

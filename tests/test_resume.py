@@ -141,7 +141,7 @@ def test_resume_from_config_field_and_fresh_start(uninterrupted, tmp_path, caplo
 
 
 def test_the_model_card_lists_metrics_the_trainer_logs(uninterrupted, algorithm):
-    from steadyrl.hub import final_metrics
+    from steadyrl.publish.hub import final_metrics
 
     card = final_metrics(list(read_logs(uninterrupted).values()))
     own = {"rloo": {"rlhf_reward"}, "ppo": {"rlhf_reward", "score"}, "online-dpo": {"rewards/accuracies"}}

@@ -12,8 +12,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from toy_run import make_trainer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForSequenceClassification
 
+from steadyrl.models.scalar_head import sequence_scores
 from steadyrl.ops import pad_prompts_and_completions
-from steadyrl.scalar_head import sequence_scores
 from steadyrl.toy import toy_model_path
 
 

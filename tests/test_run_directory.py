@@ -196,7 +196,7 @@ def test_low_precision_weights_without_master_copies_are_refused_unless_allowed(
 
 
 def test_deepspeed_mixed_precision_keeps_master_weights():
-    from steadyrl.trainers.models import mixed_precision_engine
+    from steadyrl.models.loading import mixed_precision_engine
 
     args = make_config("unused", bf16=False)
     assert mixed_precision_engine({"bf16": {"enabled": True}}, args)
@@ -206,7 +206,7 @@ def test_deepspeed_mixed_precision_keeps_master_weights():
 
 
 def test_reward_functions_are_identified_by_name_not_address():
-    from steadyrl.trainers.fingerprint import callable_identity
+    from steadyrl.checkpoint.fingerprint import callable_identity
 
     assert callable_identity(letters_reward) == "steadyrl.toy.task.letters_reward"
 

@@ -12,7 +12,7 @@ import sys
 
 from conftest import ROOT
 
-from steadyrl.quiet import VLLM_LOG_SETTINGS, quiet_vllm_logs
+from steadyrl.reporting.quiet import VLLM_LOG_SETTINGS, quiet_vllm_logs
 
 TIMINGS = {"tokens_per_second", "train_runtime", "train_steps_per_second", "train_samples_per_second",
            "train_tokens_per_second"}  # fmt: skip

@@ -3,7 +3,7 @@
 import pytest
 from transformers import TrainingArguments
 
-from steadyrl.trainers.schedule_change import schedule_change
+from steadyrl.checkpoint.schedule_change import schedule_change
 
 
 def args(scheduler: str, **kwargs) -> TrainingArguments:

@@ -17,7 +17,7 @@ from conftest import ROOT, free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from vllm_server_standin import model_config, start
 
-from steadyrl.cli import main as steadyrl_main
+from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.generation import SamplingSettings, VLLMServerError
 from steadyrl.generation.server_auth import KEY_ENV, KEY_FILE_ENV, ServerAuth, default_key_file
 from steadyrl.generation.server_client import ServerClient

@@ -8,7 +8,7 @@ from toy_run import make_config
 from transformers import AutoModelForCausalLM
 
 from steadyrl import GRPOTrainer, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOTrainer
-from steadyrl.scalar_head import RewardModelFunction
+from steadyrl.models.scalar_head import RewardModelFunction
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path, toy_reward_model_path
 
 

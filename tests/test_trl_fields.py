@@ -7,8 +7,8 @@ from toy_run import make_config, make_trainer
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForSequenceClassification
 
 from steadyrl import OnlineDPOTrainer, RLOOTrainer
+from steadyrl.data.sampling import PromptSampler
 from steadyrl.rollout import Rollout
-from steadyrl.sampling import PromptSampler
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 

@@ -16,7 +16,7 @@ from conftest import ROOT
 from transformers import TrainingArguments
 
 from steadyrl import GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
-from steadyrl.trainers.batch_hierarchy import BatchSettings, resolve_batch_hierarchy
+from steadyrl.trainers.config.batch_hierarchy import BatchSettings, resolve_batch_hierarchy
 
 SECTION = "## Coming from TRL"
 

@@ -26,13 +26,13 @@ from test_resume import assert_same_result
 from toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-from steadyrl.cli import main as steadyrl_main
+from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.generation import SamplingSettings, VLLMServerError, sampling_seed
 from steadyrl.generation.server_auth import KEY_ENV, KEY_FILE_ENV, default_key_file
 from steadyrl.generation.server_client import ServerClient
 from steadyrl.generation.vllm import EngineSettings, VLLMGenerationBackend
 from steadyrl.generation.vllm_server import ServerSettings, VLLMServerBackend
-from steadyrl.quiet import VLLM_LOG_SETTINGS
+from steadyrl.reporting.quiet import VLLM_LOG_SETTINGS
 from steadyrl.toy import toy_dataset, toy_model_path
 
 MAX_MODEL_LEN = 256  # the toy model's max_position_embeddings: what a toy run asks for

@@ -1,11 +1,11 @@
 """Resuming DeepSpeedCPUAdam (the optimizer of ZeRO offload) continues bit for bit, which needs its C++
-bias-correction state rebuilt: ``steadyrl.zero.replay_cpu_adam_steps``."""
+bias-correction state rebuilt: ``steadyrl.distributed.zero.replay_cpu_adam_steps``."""
 
 import copy
 
 import torch
 
-from steadyrl.zero import replay_cpu_adam_steps
+from steadyrl.distributed.zero import replay_cpu_adam_steps
 
 
 def adam(param):

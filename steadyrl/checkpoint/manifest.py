@@ -19,7 +19,7 @@ SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 STATE_FILE = "steadyrl_state.json"
 
 # The files a manifest must list, by the manifest's "layout" ("a|b": either; "dir/": any file below dir).
-# "steadyrl" is what trainers/checkpointing.py writes (for process 0 at least; other processes add their own
+# "steadyrl" is what checkpoint/checkpointer.py writes (for process 0 at least; other processes add their own
 # rank_state_<rank>.json, rng_state_<rank>.json and, under DeepSpeed ZeRO, optimizer_<rank>.pt instead of
 # optimizer.pt); "transformers" is a plain transformers.Trainer checkpoint that CheckpointCallback adds a manifest to.
 REQUIRED_FILES = {

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from ..models.peft import base_config
 from .base import Generation, GenerationBackend, SamplingSettings, sampling_seed
 from .hf import HFGenerationBackend
 from .server_client import VLLMServerError
 from .vllm import EngineSettings, VLLMGenerationBackend, check_servable, import_vllm
 from .vllm_server import VLLMServerBackend, server_settings
-from .weights import base_config, check_mergeable
+from .weights import check_mergeable
 
 __all__ = [
     "EngineSettings",

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache import cache_dir
+from ..toy.cache import cache_dir
 
 KEY_ENV = "STEADYRL_VLLM_SERVER_KEY"
 KEY_FILE_ENV = "STEADYRL_VLLM_SERVER_KEY_FILE"

@@ -128,7 +128,7 @@ class NCCLTransfer(WeightTransfer):
 
     def _start(self, source) -> None:
         from .. import compat
-        from ..quiet import quiet_vllm_logs
+        from ..reporting.quiet import quiet_vllm_logs
 
         quiet_vllm_logs()
         compat.require_tested("vllm")

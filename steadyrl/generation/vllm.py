@@ -19,10 +19,11 @@ import torch
 
 from .. import compat
 from ..checkpoint.rng import rng_untouched
-from ..quiet import quiet_vllm_logs, quiet_vllm_weight_reload
+from ..models.peft import base_config
+from ..reporting.quiet import quiet_vllm_logs, quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .engine_dir import EngineDir
-from .weights import base_config, whole_weights
+from .weights import whole_weights
 
 logger = logging.getLogger(__name__)
 

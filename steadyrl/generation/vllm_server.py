@@ -158,7 +158,7 @@ class VLLMServerBackend(GenerationBackend):
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if version == self._synced_version:
             return
-        from ..trainers.output_dir import on_main_process  # here: the trainers import this module
+        from ..checkpoint.output_dir import on_main_process  # here: the trainers import this module
 
         # The main process pushes; the others wait for its outcome (no process generates before the server holds
         # the new weights), and a failed push raises on every process at once instead of leaving them at a barrier.

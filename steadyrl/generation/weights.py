@@ -7,16 +7,8 @@ from collections.abc import Iterator
 
 import torch
 
-from ..fsdp import full_state_dict, is_sharded
-
-
-def is_peft(model: torch.nn.Module) -> bool:
-    return hasattr(model, "peft_config")
-
-
-def base_config(model: torch.nn.Module):
-    """The Hugging Face config of ``model``, or of the base model under a PEFT wrapper."""
-    return (model.get_base_model() if is_peft(model) else model).config
+from ..distributed.fsdp import full_state_dict, is_sharded
+from ..models.peft import is_peft
 
 
 def check_mergeable(model: torch.nn.Module) -> None:

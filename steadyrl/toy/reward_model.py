@@ -65,8 +65,8 @@ def train_reward_model(tokenizer, steps: int = TRAIN_STEPS, seed: int = 0):
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
+    from ..models.scalar_head import sequence_scores
     from ..ops import pad_prompts_and_completions
-    from ..scalar_head import sequence_scores
 
     config = Qwen2Config(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, num_labels=1, **REWARD_MODEL_CONFIG

@@ -6,9 +6,9 @@ Adding an algorithm is one file (its config and trainer) plus one line in ``ALGO
 
 from typing import NamedTuple
 
-from .config import OnPolicyConfig
+from .config.on_policy_config import OnPolicyConfig
 from .grpo import GRPOConfig, GRPOTrainer
-from .on_policy import OnPolicyTrainer
+from .loop.on_policy import OnPolicyTrainer
 from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from .ppo import PPOConfig, PPOTrainer
 from .rloo import RLOOConfig, RLOOTrainer

@@ -25,10 +25,10 @@ from ..ops import (
     zero_std_groups,
 )
 from ..rollout import Advantages, Rollout
-from .config import OnPolicyConfig
-from .on_policy import OnPolicyTrainer
-from .policy_loss import PolicyLossMixin, PolicyLossOptions
-from .trl_names import UNSUPPORTED, Unsupported
+from .config.on_policy_config import OnPolicyConfig
+from .config.trl_names import UNSUPPORTED, Unsupported
+from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
+from .loop.on_policy import OnPolicyTrainer
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 _NOT_HERE = "steadyrl's GRPO does not implement it"

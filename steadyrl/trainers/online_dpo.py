@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, TrainingArguments
 
+from ..checkpoint.fingerprint import judge_identity
 from ..judges import call_judge, check_judge
 from ..ops import (
     chosen_first_order,
@@ -32,12 +33,11 @@ from ..ops import (
 )
 from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
-from .batch_hierarchy import check_positive_int
-from .call_order import refuse_unused
-from .config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
-from .fingerprint import judge_identity
-from .on_policy import OnPolicyTrainer
-from .trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
+from .config.batch_hierarchy import check_positive_int
+from .config.on_policy_config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
+from .config.trl_calls import refuse_unused
+from .config.trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
+from .loop.on_policy import OnPolicyTrainer
 
 LOSS_TYPES = ("sigmoid", "ipo")
 TIE_RULES = ("skip", "first")

@@ -18,6 +18,21 @@ import torch
 from transformers import PreTrainedModel, get_scheduler
 from transformers.utils import logging
 
+from ..checkpoint.checkpointer import TrainedModule
+from ..checkpoint.fingerprint import model_identity
+from ..models.loading import (
+    check_master_weights,
+    disable_dropout,
+    enable_gradient_checkpointing,
+    from_pretrained_kwargs,
+)
+from ..models.scalar_head import (
+    Critic,
+    RewardModelFunction,
+    check_same_vocabulary,
+    critic_from_policy,
+    load_scalar_model,
+)
 from ..ops import (
     RunningMoments,
     adaptive_kl_coef,
@@ -34,12 +49,8 @@ from ..ops import (
     shaped_token_rewards,
 )
 from ..rollout import Advantages, Rollout
-from ..scalar_head import Critic, RewardModelFunction, check_same_vocabulary, critic_from_policy, load_scalar_model
-from .checkpointing import TrainedModule
-from .config import OnPolicyConfig
-from .fingerprint import model_identity
-from .models import check_master_weights, disable_dropout, enable_gradient_checkpointing, from_pretrained_kwargs
-from .on_policy import OnPolicyTrainer
+from .config.on_policy_config import OnPolicyConfig
+from .loop.on_policy import OnPolicyTrainer
 
 logger = logging.get_logger(__name__)
 

@@ -26,9 +26,9 @@ from ..ops import (
     whiten,
 )
 from ..rollout import Advantages, Rollout
-from .config import OnPolicyConfig
-from .on_policy import OnPolicyTrainer
-from .policy_loss import PolicyLossMixin, PolicyLossOptions
+from .config.on_policy_config import OnPolicyConfig
+from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
+from .loop.on_policy import OnPolicyTrainer
 
 
 @dataclass

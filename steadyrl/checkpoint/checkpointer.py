@@ -1,0 +1,357 @@
+"""Writing and reading the checkpoints of an on-policy run: everything it needs to continue exactly.
+
+A checkpoint directory holds::
+
+    actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
+    optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True);
+                              under DeepSpeed ZeRO or FSDP2, optimizer_<rank>.pt: each process's partition or
+                              shard, as plain tensors
+    scheduler.pt              LR scheduler state_dict (same)
+    scaler.pt                 with fp16 mixed precision: the loss scaler's scale and growth tracker (under
+                              DeepSpeed, its loss scaler's numbers are in optimizer_<rank>.pt)
+    critic/, critic_optimizer.pt, critic_scheduler.pt    the same for PPO's critic
+    reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
+                              model.safetensors), which then changes during the run; without it the reference is fixed
+    trainer_state.json        transformers TrainerState: global_step, log_history, ...
+    steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
+    settings.json             the settings a resume may change (logging, saving, max_steps, ...): changes are logged
+    rank_state_<rank>.json    per process: metrics not yet logged, whether a rollout is under way, the seconds of
+                              training and the tokens generated so far (for the end-of-run summary)
+    rollout_buffer_<rank>.*   per process: its share of the rollout being trained on, if the save fell
+                              in the middle of one
+    rng_state_<rank>.json     Python / NumPy / torch RNG of every process
+    manifest.json             size and sha256 of every file above; written last
+
+Nothing is unpickled on load: safetensors, JSON, and ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, TrainerState
+from transformers.utils import logging
+
+from ..distributed.fsdp import (
+    is_sharded,
+    sharded_like,
+)
+from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
+from ..distributed.zero import modifiable
+from ..models.peft import is_peft
+from . import (
+    CheckpointError,
+    begin_checkpoint,
+    commit_checkpoint,
+    load_rng_state,
+    newest_intact_checkpoint,
+    rotate_checkpoints,
+    save_rng_state,
+)
+from .fingerprint import check_resumable
+from .output_dir import on_main_process
+from .save_failure import save_failure_message
+
+logger = logging.get_logger(__name__)
+
+STATE_NAME = "steadyrl_state.json"
+SCALER_NAME = "scaler.pt"  # fp16 loss scaler state, as transformers' Trainer names it
+SETTINGS_NAME = "settings.json"  # the settings a resume may change, to log what it changed
+STATE_FORMAT = 3  # 3: the rollout buffer holds each reward function's scores and whether it was logged
+READABLE_FORMATS = (2, 3)  # a format-2 buffer lacks those two: its completions log without per-function rewards
+RESTORED_TRAINER_STATE = ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen")
+
+
+@dataclass
+class TrainedModule:
+    """A model the run trains: ``name`` is its directory in a checkpoint ("actor", "critic")."""
+
+    name: str
+    engine: torch.nn.Module  # as prepared by accelerate (DDP module / DeepSpeed engine): what the loss calls
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    model: PreTrainedModel  # the Hugging Face model inside, whose weights the checkpoint holds
+    save: Callable[[Path], None]  # writes the weights in Hugging Face format (every process calls it)
+
+    @property
+    def optimizer_file(self) -> str:
+        """``optimizer.pt`` for the actor (Trainer's name), ``<name>_optimizer.pt`` for the others."""
+        return "optimizer.pt" if self.name == "actor" else f"{self.name}_optimizer.pt"
+
+    @property
+    def scheduler_file(self) -> str:
+        return "scheduler.pt" if self.name == "actor" else f"{self.name}_scheduler.pt"
+
+
+@dataclass
+class ModelWeights:
+    """A model whose weights change during the run without an optimizer of its own (the reference under
+    ``sync_ref_model``): ``name`` is its directory in a checkpoint."""
+
+    name: str
+    model: torch.nn.Module  # the Hugging Face model (inside its DeepSpeed engine under ZeRO-3)
+    save: Callable[[Path], None]  # writes the weights in Hugging Face format (every process calls it)
+
+
+@dataclass
+class CheckpointContents:
+    """What a checkpoint saves, and what loading one restores in place."""
+
+    modules: list[TrainedModule]
+    trainer_state: TrainerState
+    loop_state: dict  # LoopState.state_dict()
+    fingerprint: dict  # what a resumed run must share with the run that wrote the checkpoint (fingerprint.py)
+    free_settings: dict  # settings a resumed run may change; changes are logged
+    weights: list[ModelWeights] = field(default_factory=list)
+    scaler: torch.amp.GradScaler | None = None  # accelerate's fp16 loss scaler (not DeepSpeed's: zero.py holds it)
+
+
+def rank_file(name: str, rank: int) -> str:
+    """``optimizer.pt`` -> ``optimizer_<rank>.pt``: a file each process writes for itself."""
+    stem, suffix = os.path.splitext(name)
+    return f"{stem}_{rank}{suffix}"
+
+
+class Checkpointer:
+    """Writes and reads checkpoints for one process of a run. Every process calls ``save`` and ``load``
+    together: the main process writes the shared files, each process its own."""
+
+    def __init__(self, accelerator) -> None:
+        self.accelerator = accelerator
+        self.rank = accelerator.process_index
+        self.main = accelerator.is_main_process
+
+    def save(self, output_dir: str, step: int, contents: CheckpointContents, save_total_limit: int | None) -> Path:
+        """Write ``checkpoint-<step>`` under a temporary name, commit it with its manifest, then rotate. Each stage
+        (begin, write, commit) ends with every process learning whether it failed on any, so that all raise
+        together and none waits for a process that gave up."""
+        tmp = Path(output_dir) / f"tmp-checkpoint-{step}"
+        self._save_stage(tmp, lambda: begin_checkpoint(output_dir, step) if self.main else None)
+        self._save_stage(tmp, lambda: self._write(tmp, contents))
+        processes = self.accelerator.num_processes  # the manifest must list every one's files
+        self._save_stage(tmp, lambda: commit_checkpoint(tmp, step, processes) if self.main else None)
+        on_main_process(self.accelerator, lambda: self._rotate(output_dir, step, save_total_limit))
+        return Path(output_dir) / f"checkpoint-{step}"
+
+    @staticmethod
+    def _rotate(output_dir: str, step: int, save_total_limit: int | None) -> None:
+        """Delete the checkpoints beyond ``save_total_limit`` (main process; its error reaches every process)."""
+        try:
+            deleted = rotate_checkpoints(output_dir, save_total_limit)
+        except Exception as err:  # noqa: BLE001 - raised again with what still stands
+            raise CheckpointError(
+                f"checkpoint-{step} is complete, but deleting the checkpoints beyond save_total_limit="
+                f"{save_total_limit} in {output_dir} failed ({type(err).__name__}: {err}). Fix the cause and run "
+                "again with resume_from_checkpoint=True."
+            ) from err
+        for path in deleted:
+            logger.info(f"Deleted old checkpoint {path} (save_total_limit={save_total_limit}).")
+
+    def _save_stage(self, tmp: Path, stage: Callable[[], object]) -> None:
+        """Run this process's part of one stage of a save; if it failed on any process, remove ``tmp`` and raise a
+        CheckpointError on every process: the failing one with its own error, the others naming it."""
+        error = None
+        try:
+            stage()
+        except Exception as err:  # a full disk surfaces as OSError, torch's RuntimeError or safetensors' error
+            error = err
+        failed = self._failed_processes(error is not None)
+        if not failed:
+            return
+
+        def clean_up() -> tuple[Path | None, bool]:  # once, on the main process: the same directory for all
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                return newest_intact_checkpoint(tmp.parent), tmp.exists()
+            except OSError:  # output_dir itself cannot be read: the save's own error says more
+                return None, tmp.exists()
+
+        newest, left = on_main_process(self.accelerator, clean_up)
+        if self.accelerator.num_processes == 1:
+            raise CheckpointError(save_failure_message(tmp, error, newest, left)) from error
+        if error is not None:
+            message = save_failure_message(tmp, error, newest, left)
+            raise CheckpointError(f"Process {self.rank} of {self.accelerator.num_processes}: {message}") from error
+        names = ", ".join(map(str, failed))
+        cause = CheckpointError(f"process {names} could not write its part of it; that process's error says why")
+        raise CheckpointError(save_failure_message(tmp, cause, newest, left))
+
+    def _on_every_process(self, what: str, work: Callable[[], object]):
+        """Run this process's ``work``; if it failed on any process, raise on every one (the failing ones their own
+        error, the others a CheckpointError naming them), so that none waits for them at the next collective."""
+        error, result = None, None
+        try:
+            result = work()
+        except Exception as err:  # noqa: BLE001 - raised below, once every process knows
+            error = err
+        failed = self._failed_processes(error is not None)
+        if error is not None:
+            raise error
+        if failed:
+            names = ", ".join(map(str, failed))
+            raise CheckpointError(f"{what} failed on process {names}; that process's error says why.")
+        return result
+
+    def _failed_processes(self, failed: bool) -> list[int]:
+        """The ranks of the processes for which ``failed`` is true, the same list on every process: an all-reduce of
+        one flag per process, which also waits for all of them as a barrier would."""
+        if self.accelerator.num_processes == 1:
+            return [self.rank] if failed else []
+        flags = torch.zeros(self.accelerator.num_processes, device=self.accelerator.device)
+        flags[self.rank] = float(failed)
+        return torch.nonzero(self.accelerator.reduce(flags, "sum")).flatten().tolist()
+
+    def _write(self, tmp: Path, contents: CheckpointContents) -> None:
+        for module in contents.modules:
+            if is_partitioned(module.optimizer) or self.main:
+                torch.save(optimizer_state(module.optimizer), tmp / self._optimizer_file(module))
+            module.save(tmp / module.name)
+            if self.main:
+                torch.save(module.scheduler.state_dict(), tmp / module.scheduler_file)
+        for weights in contents.weights:
+            weights.save(tmp / weights.name)
+        loop = contents.loop_state
+        if self.main:
+            if contents.scaler is not None:  # the same on every process: they step on the same reduced gradients
+                torch.save(contents.scaler.state_dict(), tmp / SCALER_NAME)
+            contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
+            shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint}
+            (tmp / SETTINGS_NAME).write_text(json.dumps(contents.free_settings, sort_keys=True))
+            shared.update({key: loop[key] for key in ("sampler", "rollouts", "algorithm")})
+            (tmp / STATE_NAME).write_text(json.dumps(shared))
+        # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
+        buffer = loop["buffer"]
+        rank_state = {"pending_metrics": loop["pending_metrics"], "has_buffer": buffer is not None,
+                      "meter": loop.get("meter")}  # fmt: skip
+        (tmp / rank_file("rank_state.json", self.rank)).write_text(json.dumps(rank_state))
+        if buffer is not None:
+            tensors = {name: value.contiguous() for name, value in buffer["rollout"].items()}
+            save_file(tensors, tmp / self._buffer_file(".safetensors"))
+            meta = {key: buffer[key] for key in ("schedule", "cursor", "metrics", "completions_logged")}
+            (tmp / self._buffer_file(".json")).write_text(json.dumps(meta))
+        save_rng_state(tmp, self.rank)
+
+    def _buffer_file(self, suffix: str) -> str:
+        return f"rollout_buffer_{self.rank}{suffix}"
+
+    def load(self, directory: Path, contents: CheckpointContents) -> dict:
+        """Restore the modules' weights, optimizers and schedulers and the TrainerState in place, after checking
+        the run's fingerprint; return the loop state to hand to ``LoopState.load_state_dict``. The RNG state
+        comes separately (``restore_rng``), as the very last thing before training. A failure on any process
+        raises on every one."""
+        return self._on_every_process(f"Loading {directory}", lambda: self._load(directory, contents))
+
+    def _load(self, directory: Path, contents: CheckpointContents) -> dict:
+        shared = json.loads((directory / STATE_NAME).read_text())
+        if shared.get("format") not in READABLE_FORMATS:
+            raise CheckpointError(
+                f"{directory} was written in steadyrl state format {shared.get('format')}; this version reads "
+                f"formats {', '.join(map(str, READABLE_FORMATS))}: resume it with the steadyrl version that wrote it."
+            )
+        settings_path = directory / SETTINGS_NAME  # absent from checkpoints of older versions
+        saved_settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+        check_resumable(shared["fingerprint"], contents.fingerprint, saved_settings, contents.free_settings, directory)
+        for module in contents.modules:
+            self._load_module(directory, module)
+        for weights in contents.weights:
+            self._load_weights(directory, weights)
+        if contents.scaler is not None:
+            load_scaler(contents.scaler, directory)
+        state = contents.trainer_state
+        restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
+        for name in RESTORED_TRAINER_STATE:
+            setattr(state, name, getattr(restored, name))
+        rank_state_path = directory / rank_file("rank_state.json", self.rank)
+        if not rank_state_path.is_file():
+            raise CheckpointError(f"{directory} has no state for process {self.rank} ({rank_state_path.name}).")
+        rank_state = json.loads(rank_state_path.read_text())
+        buffer = None
+        if rank_state["has_buffer"]:
+            buffer = json.loads((directory / self._buffer_file(".json")).read_text())
+            buffer["rollout"] = load_file(directory / self._buffer_file(".safetensors"))
+        loop = {key: shared[key] for key in ("sampler", "rollouts", "algorithm")}
+        return {**loop, "pending_metrics": rank_state["pending_metrics"], "buffer": buffer,
+                "meter": rank_state.get("meter")}  # fmt: skip
+
+    def _load_module(self, directory: Path, module: TrainedModule) -> None:
+        with modifiable(module.model):
+            load_model_weights(module.model, directory / module.name)
+        load_optimizer_state(module.optimizer, torch.load(directory / self._optimizer_file(module), weights_only=True))
+        module.scheduler.load_state_dict(torch.load(directory / module.scheduler_file, weights_only=True))
+
+    def _optimizer_file(self, module: TrainedModule) -> str:
+        """``optimizer.pt``, or this process's ``optimizer_<rank>.pt`` where each process holds its own part."""
+        name = module.optimizer_file
+        return rank_file(name, self.rank) if is_partitioned(module.optimizer) else name
+
+    def _load_weights(self, directory: Path, weights: ModelWeights) -> None:
+        if not (directory / weights.name).is_dir():
+            raise CheckpointError(
+                f"{directory} has no {weights.name}/ directory, which every checkpoint of this run holds"
+            )
+        with modifiable(weights.model):
+            load_model_weights(weights.model, directory / weights.name)
+
+    def restore_rng(self, directory: Path) -> None:
+        self._on_every_process(f"Restoring the random state of {directory}", lambda: self._restore_rng(directory))
+
+    def _restore_rng(self, directory: Path) -> None:
+        if not (directory / f"rng_state_{self.rank}.json").is_file():
+            raise CheckpointError(f"{directory} has no RNG state for process {self.rank} (rng_state_{self.rank}.json).")
+        load_rng_state(directory, self.rank)
+
+
+def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:
+    """Continue with the fp16 loss scale the checkpoint's run had reached: restarting at the initial scale would
+    skip, for overflow, steps the original run took."""
+    path = directory / SCALER_NAME
+    if path.is_file():
+        scaler.load_state_dict(torch.load(path, weights_only=True))
+    else:
+        logger.warning(
+            f"{directory} holds no fp16 loss scale ({SCALER_NAME}: an older steadyrl wrote it): the scale restarts "
+            f"at {scaler.get_scale():g}, and steps it overflows are skipped until it settles."
+        )
+
+
+def _tied_parameter_names(model: torch.nn.Module) -> set[str]:
+    seen, tied = set(), set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied
+
+
+def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
+    """Load exactly the weights saved in ``weights_dir``; any missing or unexpected tensor is an error."""
+    if is_peft(model):
+        from peft import set_peft_model_state_dict
+
+        state = load_file(weights_dir / "adapter_model.safetensors")
+        result = set_peft_model_state_dict(model, state)
+        if result.unexpected_keys:
+            raise CheckpointError(f"{weights_dir}: adapter tensors not in the model: {result.unexpected_keys[:5]}")
+        return
+    files = sorted(weights_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{weights_dir} holds no .safetensors weights")
+    state = {}
+    for file in files:
+        state.update(load_file(file))
+    if is_sharded(model):  # FSDP2: each process keeps its shard of every whole tensor
+        state = sharded_like(model, state)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - _tied_parameter_names(model)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{weights_dir} does not match the model: missing {sorted(missing)[:5]}, unexpected "
+            f"{sorted(unexpected)[:5]}"
+        )

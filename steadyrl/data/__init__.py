@@ -1,0 +1,1 @@
+"""Prompts as the model sees them, and the resumable prompt sampler."""

@@ -1,0 +1,1 @@
+"""How models are spread over processes and devices: DeepSpeed ZeRO, FSDP2, frozen-model placement."""

@@ -1,0 +1,157 @@
+"""The models of a run, before and around training: loading the policy and reward model, the frozen reference,
+gradient checkpointing and DeepSpeed's backward pass."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
+
+from ..checkpoint.fingerprint import redact_secrets
+from ..distributed.zero import check_whole, whole_at_load
+from ..models.peft import is_peft
+from ..trainers.config.input_checks import check_vocabulary
+from .scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
+
+
+def from_pretrained_kwargs(args) -> dict:
+    """``model_init_kwargs`` (TRL's names: a ``dtype`` may be a string such as "bfloat16") and
+    ``trust_remote_code``, for every model loaded from a path or Hub id."""
+    kwargs = dict(args.model_init_kwargs or {})
+    dtype = kwargs.get("dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(
+                f"model_init_kwargs={redact_secrets(args.model_init_kwargs)!r}: dtype={dtype!r} is not a torch "
+                "dtype; use e.g. 'bfloat16', 'float16', 'float32' or 'auto'."
+            )
+        kwargs["dtype"] = getattr(torch, dtype)
+    return {**kwargs, "trust_remote_code": args.trust_remote_code}
+
+
+def load_policy(model: str | PreTrainedModel, tokenizer, args):
+    """The policy (loaded whole from a path even under ZeRO-3) and its tokenizer, with a pad token."""
+    kwargs = {"dtype": torch.float32, **from_pretrained_kwargs(args)}  # trained weights: float32 unless asked
+    if isinstance(model, str):
+        with whole_at_load():
+            model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    check_whole(model, "model")
+    if tokenizer is None:
+        if not model.config._name_or_path:
+            raise ValueError(
+                "processing_class is required: model is a model object that was not loaded from a path or Hub id, "
+                "so its tokenizer cannot be found. Pass processing_class=<its tokenizer>."
+            )
+        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path,
+                                                  trust_remote_code=args.trust_remote_code)  # fmt: skip
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    check_vocabulary(model, tokenizer)
+    return model, tokenizer
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def mixed_precision_engine(deepspeed_config: dict | None, args) -> bool:
+    """Whether DeepSpeed trains in bf16/fp16 with float32 master weights (its optimizer keeps them)."""
+    if deepspeed_config is None:
+        return False
+    enabled = {name: deepspeed_config.get(name, {}).get("enabled", False) for name in ("bf16", "fp16")}
+    return any(value is True or (value == "auto" and getattr(args, name)) for name, value in enabled.items())
+
+
+def check_master_weights(model: torch.nn.Module, name: str, args, deepspeed_config: dict | None) -> None:
+    """Refuse trainable bf16/fp16 parameters without float32 master weights: an update smaller than the weight's
+    resolution (1/256 of it in bf16) rounds away, so most of the run's updates would be silently lost."""
+    low = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype in LOW_PRECISION})
+    if not low or args.allow_low_precision_weights or mixed_precision_engine(deepspeed_config, args):
+        return
+    raise ValueError(
+        f"{name}'s trainable parameters are {', '.join(low)}, and nothing keeps float32 master weights: updates "
+        f"smaller than a weight's {low[0]} resolution would be rounded away. Load the model in float32 "
+        "(model_init_kwargs={'dtype': 'float32'}, or from_pretrained(..., dtype=torch.float32)) and set bf16=True to "
+        "compute in bfloat16 under autocast; or use DeepSpeed with bf16 enabled (it keeps float32 master weights); or "
+        "set allow_low_precision_weights=True to train the low-precision weights as they are."
+    )
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout layer's probability to 0 (``disable_dropout``): the reference and the trained policy then
+    give the same log-probs for the same weights."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer, args,
+                        conversational: bool) -> RewardModelFunction:  # fmt: skip
+    """A reward model (path or model) as a reward function: on the policy's own token ids when it shares the
+    policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template."""
+    if isinstance(reward_model, str) and reward_tokenizer is None:
+        reward_tokenizer = AutoTokenizer.from_pretrained(reward_model, trust_remote_code=args.trust_remote_code)
+    model = load_scalar_model(reward_model, "reward_model", from_pretrained_kwargs(args))
+    if reward_tokenizer is None or same_tokenizer(tokenizer, reward_tokenizer, conversational):
+        check_same_vocabulary(model, "reward_model", policy, tokenizer)
+        reward_tokenizer = None  # the fast path: the policy's token ids as they are
+    else:
+        if conversational and not getattr(reward_tokenizer, "chat_template", None):
+            raise ValueError(
+                "reward_processing_class (the reward model's tokenizer) has no chat template, so the conversations "
+                "of train_dataset cannot be rendered for it: use the reward model's own chat tokenizer."
+            )
+        if reward_tokenizer.pad_token_id is None:
+            reward_tokenizer.pad_token = reward_tokenizer.eos_token
+    return RewardModelFunction(model, tokenizer.pad_token_id, args.micro_rollout_batch_size,
+                               offload=args.ref_reward_offload, tokenizer=reward_tokenizer,
+                               chat_template_kwargs=args.chat_template_kwargs)  # fmt: skip
+
+
+def policy_and_reference(model: PreTrainedModel, peft_config, seed: int,
+                         reference: bool = True) -> tuple[torch.nn.Module, torch.nn.Module | None]:  # fmt: skip
+    """The policy to train and its frozen reference: a copy of the model; no copy under PEFT (the base model with
+    its adapters disabled is the reference) or when the run needs no ``reference``."""
+    if peft_config is None:
+        return model, copy.deepcopy(model).eval().requires_grad_(False) if reference else None
+    from peft import get_peft_model
+
+    set_seed(seed)  # adapter initialisation must be reproducible; Trainer seeds only later
+    return get_peft_model(model, peft_config), None
+
+
+def check_deepspeed_support(deepspeed_config: dict, model: torch.nn.Module) -> int:
+    """Refuse DeepSpeed settings the loop does not support; return the ZeRO stage."""
+    config = deepspeed_config.get("zero_optimization", {})
+    stage = int(config.get("stage", 0))
+    offload = any(config.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+    if stage == 0 or (offload and stage != 3):
+        raise ValueError(
+            f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported: use zero_stage "
+            "1 or 2 without offload, zero_stage 3 with or without offload (examples/accelerate_configs/), or "
+            "multi-process DDP (multi_gpu.yaml)."
+        )
+    if stage == 3 and is_peft(model):
+        raise ValueError(
+            "peft_config under DeepSpeed ZeRO-3 is not supported: the adapters are small and the frozen base "
+            "gains little from partitioning; use zero_stage 2 (examples/accelerate_configs/zero2.yaml)."
+        )
+    return stage
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel, gradient_checkpointing_kwargs: dict | None) -> None:
+    """Recompute activations in the backward pass instead of keeping them (less memory, ~30% more compute)."""
+    kwargs = gradient_checkpointing_kwargs or {"use_reentrant": False}
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if hasattr(model, "enable_input_require_grads"):  # PEFT: frozen embeddings must still pass gradients on
+        model.enable_input_require_grads()
+
+
+def deepspeed_backward(engine, loss: torch.Tensor, boundary: bool) -> None:
+    """One module's backward under DeepSpeed: the engine divides ``loss`` by its gradient_accumulation_steps
+    and, at the accumulation boundary, reduces, clips and steps. Each engine gets its own loss, since
+    accelerate's ``backward`` drives only the last prepared engine."""
+    engine.set_gradient_accumulation_boundary(boundary)
+    engine.backward(loss)
+    if boundary:
+        engine.step()

@@ -1,0 +1,180 @@
+"""Models with a scalar head: reward models and the PPO critic.
+
+Both are ``AutoModelForSequenceClassification`` models with ``num_labels=1`` (a causal-LM backbone and
+a ``score`` linear layer), read on the policy's own token ids, so their vocabulary must be the policy's.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+from ..distributed.placement import offloaded
+from ..distributed.zero import check_whole, whole_at_load
+from ..ops import joined_inputs, pad_prompts_and_completions
+
+
+def load_scalar_model(model: str | PreTrainedModel, role: str, init_kwargs: dict | None = None) -> PreTrainedModel:
+    """Load ``model`` (a path or a loaded model, with ``from_pretrained``'s ``init_kwargs``) as a one-output
+    sequence classifier; ``role`` names it in errors."""
+    if isinstance(model, str):
+        with whole_at_load():
+            model = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, **(init_kwargs or {}))
+    check_whole(model, role)
+    head = getattr(model, "score", None)
+    if not isinstance(head, torch.nn.Linear) or not hasattr(model, "base_model_prefix"):
+        raise ValueError(
+            f"{role} must be an AutoModelForSequenceClassification with a linear `score` head; "
+            f"got {type(model).__name__}."
+        )
+    if head.out_features != 1:
+        raise ValueError(f"{role} has num_labels={head.out_features}; a reward or value model needs num_labels=1.")
+    hidden = model.config.get_text_config().hidden_size
+    if head.in_features != hidden:
+        raise ValueError(
+            f"{role}'s score head expects hidden size {head.in_features}, but its backbone has "
+            f"hidden_size={hidden}: the head belongs to another model."
+        )
+    return model
+
+
+def check_same_vocabulary(model: PreTrainedModel, role: str, policy: PreTrainedModel, tokenizer, own_tokenizer=None):
+    """Refuse a scalar model that would read the policy's token ids as other tokens."""
+    policy_vocab = policy.config.get_text_config().vocab_size
+    vocab = model.config.get_text_config().vocab_size
+    if vocab != policy_vocab:
+        hint = (
+            " If it has a tokenizer of its own, pass it as reward_processing_class (or give the reward model as a "
+            "path, which loads its tokenizer): completions are then re-rendered for it."
+            if role == "reward_model" else ""
+        )
+        raise ValueError(
+            f"{role} has vocab_size={vocab} but the policy has vocab_size={policy_vocab}: it scores the policy's "
+            f"token ids, so it must share the policy's tokenizer.{hint}"
+        )
+    if own_tokenizer is not None and own_tokenizer.get_vocab() != tokenizer.get_vocab():
+        differing = sorted(set(own_tokenizer.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))[:3]
+        raise ValueError(
+            f"{role}'s tokenizer does not match the policy's (processing_class): e.g. {differing}. "
+            "Use a model trained with the policy's tokenizer."
+        )
+
+
+def same_tokenizer(tokenizer, other, conversational: bool) -> bool:
+    """Whether ``other`` turns text (and, for conversations, messages) into the same token ids as ``tokenizer``."""
+    if other is tokenizer:
+        return True
+    same_template = not conversational or getattr(other, "chat_template", None) == tokenizer.chat_template
+    return other.get_vocab() == tokenizer.get_vocab() and same_template
+
+
+def token_scores(model: PreTrainedModel, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """The scalar head applied at every position of prompt + completion: [B, P + C], float32."""
+    backbone = getattr(model, model.base_model_prefix)
+    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    hidden = backbone(**inputs, use_cache=False).last_hidden_state
+    return model.score(hidden).squeeze(-1).float()
+
+
+def sequence_scores(model: PreTrainedModel, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """One score [B] per sequence, read at its last token (the last prompt token if the completion is empty)."""
+    scores = token_scores(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    last = prompt_ids.shape[1] - 1 + completion_mask.sum(1)
+    return scores.gather(1, last.unsqueeze(1)).squeeze(1)
+
+
+class Critic(torch.nn.Module):
+    """The value model: V(s_t) for each completion token t, the value of the state just before it.
+
+    A module of its own (not a function of the classifier) so that DDP / DeepSpeed wrap its forward.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:  # -> [B, C]
+        scores = token_scores(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        return scores[:, prompt_ids.shape[1] - 1 : -1]
+
+    def save_pretrained(self, directory, **kwargs) -> None:
+        self.model.save_pretrained(directory, **kwargs)
+
+
+def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:
+    """A sequence classifier with the policy's backbone weights and a freshly (seeded) initialised score head."""
+    if hasattr(policy, "get_base_model"):  # PEFT: the critic starts from the base model's weights
+        policy = policy.get_base_model()
+    settings = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
+    config = policy.config.__class__.from_dict({**settings, "num_labels": 1})
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        with whole_at_load():
+            critic = AutoModelForSequenceClassification.from_config(config)
+    backbone = getattr(critic, critic.base_model_prefix)
+    expected = backbone.state_dict().keys()
+    # Under PEFT the wrapped layers hold the base weights as `<layer>.base_layer.*`, next to the adapter's tensors.
+    source = getattr(policy, policy.base_model_prefix).state_dict()
+    source = {key.replace(".base_layer.", "."): value for key, value in source.items()}
+    backbone.load_state_dict({key: value for key, value in source.items() if key in expected})
+    return critic.to(policy.dtype)
+
+
+class RewardModelFunction:
+    """A reward model (a sequence classifier with one output) scoring a rollout's completions.
+
+    With the policy's tokenizer (``tokenizer=None``) it scores the very token ids the policy saw and sampled. With
+    a tokenizer of its own (another vocabulary or chat template, as most off-the-shelf reward models have) it
+    scores each prompt + completion re-rendered as text with that tokenizer and its chat template, as TRL does.
+    With ``offload`` the model waits in CPU memory and visits ``device`` only while it scores.
+    """
+
+    __name__ = "reward_model"
+
+    def __init__(self, model, pad_token_id: int, batch_size: int, offload: bool = False, tokenizer=None,
+                 chat_template_kwargs: dict | None = None) -> None:  # fmt: skip
+        self.model = model.eval().requires_grad_(False)
+        self.pad_token_id, self.batch_size, self.offload = pad_token_id, batch_size, offload
+        self.tokenizer, self.chat_template_kwargs = tokenizer, chat_template_kwargs or {}
+        self.device = torch.device("cpu")
+
+    def to(self, device) -> RewardModelFunction:
+        self.device = torch.device(device)
+        if not self.offload:
+            self.model.to(self.device)
+        return self
+
+    @torch.no_grad()
+    def score_inputs(self, inputs) -> list[float]:
+        """One score per completion of ``inputs`` (a ``rewards.RewardInputs``)."""
+        n, step, scores = len(inputs.completion_ids), self.batch_size, []
+        with offloaded(self.model, self.device, self.offload):
+            for i in range(0, n, step):
+                if self.tokenizer is None:
+                    batch = pad_prompts_and_completions(inputs.prompt_ids[i : i + step],
+                                                        inputs.completion_ids[i : i + step], self.pad_token_id,
+                                                        self.device)  # fmt: skip
+                    scores += sequence_scores(self.model, *batch.values()).tolist()
+                else:
+                    scores += self._text_scores(inputs, slice(i, i + step)).tolist()
+        return scores
+
+    def _text_scores(self, inputs, rows: slice) -> torch.Tensor:
+        texts = []
+        for prompt, prompt_text, completion in zip(inputs.prompts[rows], inputs.prompt_texts[rows],
+                                                   inputs.completion_texts[rows]):  # fmt: skip
+            if isinstance(prompt, str):
+                texts.append(prompt_text + completion)
+            else:
+                messages = [*prompt, {"role": "assistant", "content": completion}]
+                texts.append(self.tokenizer.apply_chat_template(messages, tokenize=False, **self.chat_template_kwargs))
+        encoded = self.tokenizer(texts, padding=True, padding_side="right", add_special_tokens=False,
+                                 return_tensors="pt").to(self.device)  # fmt: skip
+        backbone = getattr(self.model, self.model.base_model_prefix)
+        hidden = backbone(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).last_hidden_state
+        last = encoded["attention_mask"].sum(1) - 1  # [B] the last real token of each right-padded row
+        return self.model.score(hidden).squeeze(-1).float().gather(1, last.unsqueeze(1)).squeeze(1)

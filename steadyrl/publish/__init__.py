@@ -1,0 +1,1 @@
+"""How the actor leaves a run: save_model, the Hub, export of a checkpoint."""

@@ -1,0 +1,63 @@
+"""What a run reports besides its per-step metrics: every logged entry appended to ``output_dir/metrics.jsonl`` (so
+a run without checkpoints keeps its history), and the end-of-training summary."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .jsonl import append_records, truncate_after
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsLog:
+    """``output_dir/metrics.jsonl``: one JSON object per logged entry (the entry of ``state.log_history``, with its
+    ``step``), and the run's summary; written by the main process only."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.path = Path(output_dir) / METRICS_FILE
+
+    def append(self, entry: dict) -> None:
+        append_records(self.path, [entry])
+
+    def truncate_after(self, step: int) -> None:
+        """Drop what a run killed after its checkpoint at ``step`` logged (0: a fresh start drops everything)."""
+        truncate_after(self.path, step)
+
+
+@dataclass
+class RunMeter:
+    """Counts a run's work for its summary: this ``train()`` call's, plus what the checkpoint it resumed from had
+    counted (``elapsed`` seconds of training and ``tokens`` generated before it), so that a resumed run reports the
+    whole run."""
+
+    start_step: int
+    start_time: float = field(default_factory=time.time)
+    tokens: int = 0  # completion tokens this process generated
+    elapsed: float = 0.0  # seconds of training before this call, up to the checkpoint it resumed from
+
+    def state_dict(self) -> dict:
+        return {"elapsed": self.elapsed + time.time() - self.start_time, "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Continue the counts of a checkpoint's meter (None: a checkpoint of an older steadyrl, which kept none)."""
+        if state is not None:
+            self.elapsed, self.tokens = float(state["elapsed"]), int(state["tokens"])
+
+    def summary(self, step: int, samples_per_step: int, tokens: int, log_history: list[dict]) -> dict[str, float]:
+        """Over the whole run, resumed or not: ``train_runtime``, steps / samples / generated tokens per second
+        (``tokens``: every process's), the mean ``train_loss`` of the logged entries and the last logged
+        ``reward``."""
+        runtime = max(self.elapsed + time.time() - self.start_time, 1e-9)
+        losses = [e["loss"] for e in log_history if "loss" in e]
+        rewards = [e["reward"] for e in log_history if "reward" in e]
+        summary = {"train_runtime": runtime, "train_steps_per_second": step / runtime,
+                   "train_samples_per_second": step * samples_per_step / runtime,
+                   "train_tokens_per_second": tokens / runtime}  # fmt: skip
+        if losses:
+            summary["train_loss"] = sum(losses) / len(losses)
+        if rewards:
+            summary["final_reward"] = rewards[-1]
+        return summary

@@ -1,0 +1,1 @@
+"""Configuration: OnPolicyConfig, its value checks, the batch hierarchy, TRL's names and calls."""

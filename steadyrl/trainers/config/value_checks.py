@@ -1,0 +1,219 @@
+"""Checks of an ``OnPolicyConfig``'s values that TrainingArguments does not make, or makes without saying what is
+valid: each names the field, the value and what would be valid."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
+
+from .batch_hierarchy import check_positive_int
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_run_length(config) -> None:
+    """``max_steps``: a positive number of optimizer steps, or -1 to train for ``num_train_epochs`` (which must then
+    be > 0). TrainingArguments takes any ``max_steps <= 0`` as -1, so 0 would silently train for the epochs."""
+    steps = config.max_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or (steps <= 0 and steps != -1):
+        raise ValueError(
+            f"max_steps={steps!r} is invalid: use a positive number of optimizer steps, or -1 (the default) to train "
+            "for num_train_epochs."
+        )
+    epochs = config.num_train_epochs
+    if steps == -1 and not (finite(epochs) and epochs > 0):
+        raise ValueError(
+            f"num_train_epochs={epochs!r} is invalid: with max_steps=-1 it sets the run's length in passes over "
+            "train_dataset, so it must be a finite number > 0 (0.5: half of the prompts); or set max_steps to a "
+            "positive number of optimizer steps."
+        )
+
+
+def check_ranges(config) -> None:
+    """Ranges of the generation, loss and run settings (the batch sizes are checked as they are resolved)."""
+    check_run_length(config)
+    for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
+        check_positive_int(name, getattr(config, name))
+    if not config.temperature > 0:
+        raise ValueError(f"temperature={config.temperature} is invalid: it must be > 0.")
+    if not 0 < config.top_p <= 1:
+        raise ValueError(f"top_p={config.top_p} is invalid: it must be in (0, 1].")
+    if config.top_k < 0:
+        raise ValueError(f"top_k={config.top_k} is invalid: use 0 to disable, or a positive integer.")
+    for name in ("cliprange", "cliprange_high"):
+        if not (finite(getattr(config, name)) and getattr(config, name) > 0):
+            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: it must be a finite number > 0.")
+    if not (finite(config.learning_rate) and config.learning_rate >= 0):
+        raise ValueError(f"learning_rate={config.learning_rate!r} is invalid: it must be a finite number >= 0.")
+    if not (isinstance(config.seed, int) and not isinstance(config.seed, bool) and 0 <= config.seed < 2**32):
+        raise ValueError(f"seed={config.seed!r} is invalid: it must be an integer in [0, 2**32 - 1].")
+    penalty = config.missing_eos_penalty
+    if penalty is not None and not (finite(penalty) and penalty >= 0):
+        raise ValueError(
+            f"missing_eos_penalty={penalty!r} is invalid: it is subtracted from the score of a completion "
+            "without EOS, so it must be a finite number >= 0 (None: no penalty)."
+        )
+    weights = config.reward_weights
+    if weights is not None and not (isinstance(weights, (list, tuple)) and all(finite(w) for w in weights)):
+        raise ValueError(
+            f"reward_weights={weights!r} is invalid: give a list of finite numbers, one per reward function "
+            "(then one for the reward model, if any)."
+        )
+
+
+def check_generation_and_logging(config) -> None:
+    if config.min_p is not None and not (finite(config.min_p) and 0 <= config.min_p <= 1):
+        raise ValueError(f"min_p={config.min_p!r} is invalid: it must be in [0, 1] (None: no min-p sampling).")
+    if not (finite(config.repetition_penalty) and config.repetition_penalty > 0):
+        raise ValueError(
+            f"repetition_penalty={config.repetition_penalty!r} is invalid: it must be a finite number > 0 (1.0: "
+            "no penalty)."
+        )
+    for name in ("num_generations_eval", "num_completions_to_print", "micro_generation_batch_size"):
+        check_positive_int(name, getattr(config, name))
+    if config.cache_implementation is not None and not isinstance(config.cache_implementation, str):
+        raise ValueError(f"cache_implementation={config.cache_implementation!r} is invalid: give a name or None.")
+    flags = ("trust_remote_code", "disable_dropout", "shuffle_dataset", "remove_unused_columns",
+             "mask_truncated_completions", "log_completions", "log_multimodal")  # fmt: skip
+    for name in flags:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name}={getattr(config, name)!r} is invalid: it must be True or False.")
+
+
+def check_schedule(config) -> None:
+    """Before TrainingArguments' own checks, whose messages do not say what is valid."""
+    schedulers = [kind.value for kind in SchedulerType]
+    if config.lr_scheduler_type not in schedulers:
+        raise ValueError(
+            f"lr_scheduler_type={config.lr_scheduler_type!r} is invalid: use one of {', '.join(schedulers)}."
+        )
+    if not (finite(config.warmup_steps) and config.warmup_steps >= 0):
+        raise ValueError(
+            f"warmup_steps={config.warmup_steps!r} is invalid: it must be >= 0 (a number of global steps, or a "
+            "ratio of the total steps below 1)."
+        )
+
+
+def check_saving(config) -> None:
+    """Refuse settings under which the run would silently never write a checkpoint, or could not (output_dir is
+    where it writes them)."""
+    if config.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.NO):
+        raise ValueError(
+            f"save_strategy={config.save_strategy.value!r} is not supported: steadyrl checkpoints by global step. "
+            "Use save_strategy='steps' with save_steps=N, or 'no' for no checkpoints."
+        )
+    if config.save_strategy == SaveStrategy.STEPS and not config.save_steps > 0:
+        raise ValueError(
+            f"save_steps={config.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
+            "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
+        )
+    if config.save_on_each_node:
+        raise ValueError(
+            "save_on_each_node=True is not supported: every process writes its part of each checkpoint into the one "
+            "output_dir the main process commits, so on several machines output_dir must be a directory they all "
+            "share. Leave save_on_each_node False and put output_dir on a filesystem every machine mounts."
+        )
+    if os.path.exists(config.output_dir) and not os.path.isdir(config.output_dir):
+        raise ValueError(
+            f"output_dir={config.output_dir!r} is not a directory: it must be a directory (created if missing) "
+            "for the checkpoints."
+        )
+
+
+def check_evaluation(config) -> None:
+    if config.eval_strategy not in (IntervalStrategy.STEPS, IntervalStrategy.NO):
+        raise ValueError(
+            f"eval_strategy={config.eval_strategy.value!r} is not supported: steadyrl counts global steps. Use "
+            "eval_strategy='steps' with eval_steps=N, or 'no'."
+        )
+
+
+def check_vllm_server(config) -> None:
+    """``vllm_mode`` and the settings of ``vllm_mode='server'``."""
+    if config.vllm_mode not in ("colocate", "server"):
+        raise ValueError(
+            f"vllm_mode={config.vllm_mode!r} is invalid: use 'colocate' (vLLM in each training process) or 'server' "
+            "(a running vLLM server)."
+        )
+    if config.vllm_mode == "colocate":
+        return
+    if not config.use_vllm:
+        raise ValueError(
+            "vllm_mode='server' configures vLLM generation, and use_vllm=False generates with transformers: set "
+            "use_vllm=True to generate on the server, or leave vllm_mode at 'colocate'."
+        )
+    for name in ("vllm_server_port", "vllm_group_port"):
+        port = getattr(config, name)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"{name}={port!r} is invalid: a TCP port is a whole number in 1..65535.")
+    timeout = config.vllm_server_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (finite(timeout) and timeout > 0):
+        raise ValueError(f"vllm_server_timeout={timeout!r} is invalid: seconds to wait, a number > 0.")
+    url = config.vllm_server_base_url
+    if url is not None and not str(url).startswith(("http://", "https://")):
+        raise ValueError(
+            f"vllm_server_base_url={url!r} is invalid: give the server's URL with its scheme, e.g. "
+            "'http://10.0.0.5:8000' (or set vllm_server_host and vllm_server_port instead)."
+        )
+    transfer = config.vllm_server_weight_transfer
+    if transfer not in ("file", "nccl"):
+        raise ValueError(
+            f"vllm_server_weight_transfer={transfer!r} is invalid: use 'file' (safetensors in "
+            "vllm_server_weights_dir, reloaded by the server) or 'nccl' (vLLM's NCCL weight transfer, GPUs only)."
+        )
+    if transfer == "nccl" and (config.use_cpu or not torch.cuda.is_available()):
+        raise ValueError(
+            "vllm_server_weight_transfer='nccl' needs CUDA GPUs (NCCL), and this run trains on the CPU: use "
+            "vllm_server_weight_transfer='file'."
+        )
+
+
+def check_vllm(config) -> None:
+    check_vllm_server(config)
+    needed = config.max_prompt_length + config.max_completion_length
+    if config.vllm_max_model_len is not None and config.vllm_max_model_len < needed:
+        raise ValueError(
+            f"vllm_max_model_len={config.vllm_max_model_len} is smaller than max_prompt_length="
+            f"{config.max_prompt_length} + max_completion_length={config.max_completion_length} = {needed}: "
+            f"use vllm_max_model_len >= {needed}, or shorten the prompts or completions."
+        )
+    if not 0 < config.vllm_gpu_memory_utilization <= 1:
+        raise ValueError(
+            f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} is invalid: it must be in (0, 1]."
+        )
+    tp = config.vllm_tensor_parallel_size
+    if not isinstance(tp, int) or tp < 1 or config.world_size % tp:
+        raise ValueError(
+            f"vllm_tensor_parallel_size={tp} is invalid: it must be a positive integer that divides the "
+            f"{config.world_size} process(es)."
+        )
+    dtypes = ("auto", "float32", "float", "bfloat16", "float16", "half")
+    if config.vllm_dtype not in dtypes:
+        raise ValueError(f"vllm_dtype={config.vllm_dtype!r} is invalid: use one of {', '.join(dtypes)}.")
+    if not isinstance(config.vllm_kv_cache_space, int) or config.vllm_kv_cache_space < 1:
+        raise ValueError(
+            f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
+        )
+
+
+def check_sync_ref_settings(config) -> None:
+    """TR-DPO's reference syncing: a flag, a mixing weight in [0, 1] and a whole number of global steps."""
+    if not isinstance(config.sync_ref_model, bool):
+        raise ValueError(f"sync_ref_model={config.sync_ref_model!r} is invalid: it must be True or False.")
+    alpha = config.ref_model_mixup_alpha
+    if not (finite(alpha) and 0 <= alpha <= 1):
+        raise ValueError(
+            f"ref_model_mixup_alpha={alpha!r} is invalid: it is the policy's share in each update of the reference "
+            "(ref = alpha x policy + (1 - alpha) x ref), so it must be a number in [0, 1]."
+        )
+    steps = config.ref_model_sync_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(
+            f"ref_model_sync_steps={steps!r} is invalid: the reference is updated every ref_model_sync_steps global "
+            "steps, so it must be an integer >= 1."
+        )

@@ -1,0 +1,1 @@
+"""The on-policy loop every algorithm shares, and its parts."""

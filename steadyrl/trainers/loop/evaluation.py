@@ -1,0 +1,109 @@
+"""Held-out evaluation: sample completions for every prompt of ``eval_dataset`` with the current policy, score them
+with the reward functions and log ``eval_*`` metrics, as TRL does.
+
+Sampling is seeded by the run's seed alone (per prompt and sample with vLLM; one fixed stream with HF generate),
+so successive evaluations differ only by the policy. Training is not disturbed: the RNG state, the prompt
+sampler and the rollout buffer are left exactly as they were.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from accelerate.utils import gather_object
+
+from ...checkpoint.rng import rng_untouched
+from ...data.prompts import prompt_kind
+from ...generation import sampling_seed
+from ...ops import ends_without_eos, pad_prompts_and_completions
+from ...rewards import reward_func_name
+from ..config.input_checks import check_dataset
+
+EVAL_ROLLOUT = -1  # the rollout index in evaluation's sampling seeds, which no training rollout has
+
+
+def check_eval_dataset(dataset, conversational: bool) -> None:
+    """Refuse an eval_dataset whose prompts are unusable or of another kind than the training prompts."""
+    check_dataset(dataset, "eval_dataset")
+    if prompt_kind(dataset, "eval_dataset") != conversational:
+        kinds = ("conversations", "strings") if conversational else ("strings", "conversations")
+        raise ValueError(
+            f"eval_dataset holds {kinds[1]} but train_dataset {kinds[0]}: give both the same kind of prompt."
+        )
+
+
+def summary(prefix: str, totals: list[float], per_function: dict[str, list[float]], lengths: list[int],
+            truncated: list[bool]) -> dict[str, float]:  # fmt: skip
+    """TRL's evaluation metrics from every completion's total reward, each function's rewards, its length and
+    whether it was cut at max_completion_length (no EOS)."""
+
+    def mean(values):
+        return sum(values) / len(values)
+
+    def std(values):  # unbiased, as torch.std
+        return math.sqrt(sum((v - mean(values)) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+
+    metrics = {f"{prefix}_reward": mean(totals), f"{prefix}_reward_std": std(totals)}
+    for name, values in per_function.items():
+        metrics[f"{prefix}_rewards/{name}/mean"] = mean(values)
+        metrics[f"{prefix}_rewards/{name}/std"] = std(values)
+    metrics[f"{prefix}_completions/mean_length"] = mean(lengths)
+    metrics[f"{prefix}_completions/min_length"] = float(min(lengths))
+    metrics[f"{prefix}_completions/max_length"] = float(max(lengths))
+    metrics[f"{prefix}_completions/clipped_ratio"] = mean([float(t) for t in truncated])
+    return metrics
+
+
+class EvaluationMixin:
+    """``evaluate()`` for ``OnPolicyTrainer``."""
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Generate ``num_generations_eval`` (default ``n_samples_per_prompt``) completions for every prompt of
+        ``eval_dataset`` (default: the trainer's), score them with the reward functions, log and return the
+        metrics: ``eval_reward``, ``eval_reward_std``, ``eval_rewards/<name>/mean`` and ``/std``, and
+        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``."""
+        if eval_dataset is None:
+            eval_dataset = self.eval_dataset
+        else:
+            check_eval_dataset(eval_dataset, self.conversational)
+        if eval_dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate().")
+        if not self.reward_funcs:
+            raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
+        with rng_untouched():  # HF generate draws from the global RNG, which belongs to training
+            torch.manual_seed(self.args.seed)
+            metrics = self.evaluation_metrics(eval_dataset, metric_key_prefix)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    @torch.no_grad()
+    def evaluation_metrics(self, dataset, prefix: str) -> dict[str, float]:
+        args, world, rank = self.args, self.accelerator.num_processes, self.accelerator.process_index
+        k = args.num_generations_eval or args.n_samples_per_prompt
+        # Every process takes the same number of prompts (wrapping around at the end, the repeats left out of the
+        # metrics): under ZeRO-3, generation and reward-model passes are collective and must match in number.
+        per_process = math.ceil(len(dataset) / world)
+        indices = range(rank * per_process, (rank + 1) * per_process)
+        rows = dataset[[i % len(dataset) for i in indices]]  # {column: values}
+        counted = [i < len(dataset) for i in indices for _ in range(k)]
+        prompts, columns = self.repeated_rows(rows, k)
+        prompt_ids, _ = self.truncate_prompts(self.tokenize(prompts))
+        seeds = [sampling_seed(args.seed, EVAL_ROLLOUT, indices[i // k], i % k) for i in range(len(prompts))]
+        completion_ids = self.generate(prompt_ids, seeds, chunk=args.per_device_eval_batch_size).completion_ids
+        scores = self.score(self.reward_inputs(prompts, prompt_ids, completion_ids, columns))  # [M, R]
+        tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
+        no_eos = ends_without_eos(tokens["completion_ids"], tokens["completion_mask"],
+                                  self.processing_class.eos_token_id)  # fmt: skip
+        total = (scores * self.reward_weights).sum(1)
+        if args.missing_eos_penalty is not None:
+            total -= args.missing_eos_penalty * no_eos.float()
+
+        def kept(values) -> list:
+            values = [v for v, keep in zip(values, counted) if keep]
+            return gather_object(values) if world > 1 else values  # every process gets every process's values
+
+        per_function = {reward_func_name(f): kept(scores[:, j].tolist()) for j, f in enumerate(self.reward_funcs)}
+        lengths = kept([len(ids) for ids in completion_ids])
+        return summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()))

@@ -1,0 +1,510 @@
+"""OnPolicyTrainer: the one training loop that PPO, RLOO and online DPO share.
+
+One iteration::
+
+    prompts <- sampler                           (its position is part of the loop state a checkpoint keeps)
+    completions <- generation backend            (HF generate, or vLLM with the actor's weights pushed)
+    Rollout <- padded tokens, reward scores, reference (and sampling-policy) log-probs
+    Rollout <- + the algorithm's Advantages      (compute_advantages)
+    buffer <- Rollout + a fixed schedule of num_ppo_epochs x mini-batches
+    for each mini-batch: micro-batches -> compute_loss_on_batch -> backward; optimizer step; global_step += 1;
+        callbacks decide logging and checkpointing
+
+The rollout stage lives in rollouts.py, evaluation in evaluation.py, the actor's export and Hub push in
+publish.py. An algorithm subclasses this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one
+that trains more than the actor (PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import functools
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, Trainer, TrainerState
+from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import TrainOutput
+from transformers.utils import logging
+
+from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
+from ...checkpoint import checkpoint_name
+from ...checkpoint.checkpointer import CheckpointContents, Checkpointer, ModelWeights, TrainedModule
+from ...checkpoint.fingerprint import run_identity, split_settings
+from ...checkpoint.output_dir import on_main_process, take_output_dir
+from ...checkpoint.ownership import supersede_newer
+from ...checkpoint.schedule_change import resume_schedules
+from ...data.prompts import PromptTruncation, UserTurns, check_prompts
+from ...data.sampling import PromptSampler
+from ...distributed.fsdp import enable as enable_fsdp
+from ...distributed.placement import place_frozen_models
+from ...distributed.zero import bind_scheduler
+from ...generation import make_backend
+from ...models.loading import (
+    check_deepspeed_support,
+    check_master_weights,
+    deepspeed_backward,
+    disable_dropout,
+    enable_gradient_checkpointing,
+    from_pretrained_kwargs,
+    load_policy,
+    policy_and_reference,
+    reward_model_scorer,
+)
+from ...models.peft import is_peft
+from ...models.scalar_head import RewardModelFunction
+from ...ops import ends_without_eos
+from ...publish.actor import PublishMixin
+from ...reporting.completion_log import CompletionLog
+from ...reporting.quiet import no_progress_bars
+from ...reporting.run_summary import MetricsLog, RunMeter
+from ...rewards import RewardInputs, as_list, check_reward_funcs, score_completions
+from ...rollout import Advantages, Rollout
+from ..config.input_checks import check_dataset, check_model_path, check_output_dir
+from ..config.on_policy_config import OnPolicyConfig
+from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
+from .evaluation import EvaluationMixin, check_eval_dataset
+from .loop_state import LoopState, NoAlgorithmState, Stateful
+from .preemption import StopSignals, stopped_status
+from .reference_sync import check_reference_sync, mix_into_reference, sync_due
+from .rollout_stage import RolloutMixin
+
+logger = logging.get_logger(__name__)
+
+
+class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, metaclass=abc.ABCMeta):
+    """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
+
+    Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+    reward_processing_classes, callbacks, optimizers, quantization_config, peft_config):
+        model: the policy (actor) to train: a ``PreTrainedModel`` or a local path or Hub id of a causal LM.
+        reward_funcs: a callable or a list of them, called as ``func(prompts=..., completions=...,
+            completion_ids=..., **columns)`` and returning one float per completion; with conversations,
+            ``prompts`` are the message lists and each completion is ``[{"role": "assistant", "content": text}]``.
+            An entry that is a path, Hub id or ``AutoModelForSequenceClassification`` (``num_labels=1``) is a
+            reward model, scored in its place, as in TRL.
+        args: the algorithm's config (``RLOOConfig``, ``PPOConfig``, ...); default: its defaults with
+            ``output_dir`` named after the model.
+        train_dataset: a ``datasets.Dataset`` with a ``prompt`` column of strings or of conversations (lists of
+            ``{"role", "content"}`` messages, rendered with the tokenizer's chat template); its other columns reach
+            the reward functions as keyword arguments.
+        eval_dataset: held-out prompts, like ``train_dataset``, for ``evaluate()`` (``eval_strategy="steps"``
+            evaluates every ``eval_steps``).
+        processing_class: the policy's tokenizer; default: loaded from the model's directory.
+        reward_processing_classes: the reward models' tokenizers (one, or a list aligned with ``reward_funcs``);
+            when one differs from the policy's, completions are re-rendered with it (and its chat template).
+        callbacks: more ``TrainerCallback``s, after steadyrl's step and checkpoint callbacks.
+        optimizers: ``(optimizer, lr_scheduler)`` for the actor, as in ``Trainer``; default AdamW and ``args``'
+            schedule.
+        quantization_config: TRL's; refused (steadyrl trains the model as loaded).
+        peft_config: a ``peft`` config to train adapters; the base model with adapters disabled is then the
+            reference.
+        reward_model (keyword): a reward model scored after ``reward_funcs``, its score the last entry of
+            ``reward_weights``; reward_processing_class (keyword): its tokenizer.
+        ref_model (keyword): the reference model (path, Hub id or model) instead of a copy of ``model``.
+
+    Example::
+
+        RLOOTrainer("Qwen/Qwen2.5-0.5B-Instruct", [my_reward], RLOOConfig(output_dir="out"), train_dataset)
+    """
+
+    algorithm_name = "on-policy"
+    config_class = OnPolicyConfig
+    samples_per_group = 1  # mini-batches never split a group of this many consecutive samples (DPO: a pair)
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs=None,
+        args: OnPolicyConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        *,
+        reward_model: str | PreTrainedModel | None = None,
+        reward_processing_class=None,
+        ref_model: str | PreTrainedModel | None = None,
+    ):
+        name = type(self).__name__
+        check_call_order(name, reward_funcs, args, train_dataset)
+        refuse_unused(name, quantization_config=quantization_config)
+        if reward_processing_class is not None and reward_processing_classes is not None:
+            raise ValueError(
+                "reward_processing_class and reward_processing_classes were both given: they name the same thing "
+                "(TRL's name is reward_processing_classes); give one of them."
+            )
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        check_dataset(train_dataset)
+        check_output_dir(args.output_dir)
+        if eval_dataset is None and args.eval_strategy != "no":
+            raise ValueError(
+                f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "
+                "prompts, like train_dataset), or set eval_strategy='no'."
+            )
+        check_model_path(model, "model")
+        check_model_path(reward_model, "reward_model")
+        self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
+        model, processing_class = load_policy(model, processing_class, args)
+        self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
+        if eval_dataset is not None:
+            check_eval_dataset(eval_dataset, self.conversational)
+        reward_funcs, self.reward_model = as_list(reward_funcs), None
+        entries = reward_model_entries(reward_funcs, reward_processing_classes)
+        if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
+            entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
+            reward_funcs.append(reward_model)
+        for index, path_or_model, tokenizer in entries:
+            is_keyword = reward_model is not None and index == len(reward_funcs) - 1
+            with named_load_failure("reward_model" if is_keyword else f"reward_funcs[{index}]", path_or_model):
+                scorer = reward_model_scorer(path_or_model, tokenizer, model, processing_class, args,
+                                             self.conversational)  # fmt: skip
+            self.reward_model = scorer.model if self.reward_model is None else self.reward_model
+            reward_funcs[index] = scorer
+        self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
+        self.uses_reference = self.needs_reference(args)
+        if ref_model is not None and not self.uses_reference:
+            raise ValueError(
+                f"ref_model was given, but with beta={args.beta} {name} has no KL term and uses no reference model: "
+                "set beta > 0, or leave ref_model unset."
+            )
+        model, self.ref_model = policy_and_reference(model, peft_config, args.seed, self.uses_reference)
+        if ref_model is not None:  # the given reference replaces the copy (under PEFT: the disabled adapters)
+            self.ref_model = load_reference(ref_model, model, from_pretrained_kwargs(args))
+        check_reference_sync(args.sync_ref_model, self.ref_model, peft_config is not None)
+        if args.disable_dropout:
+            for module in (model, self.ref_model):
+                if module is not None:
+                    disable_dropout(module)
+        callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
+        super().__init__(
+            model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+            processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
+        )  # fmt: skip
+        self.zero_stage = None
+        if self.is_deepspeed_enabled:
+            self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model)
+        self.fsdp_version = enable_fsdp(self.accelerator, self.model, self.args.fsdp_plugin_args)
+        self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_version is not None
+        check_master_weights(self.model, "model", args, self.deepspeed_config)
+        self.identity = run_identity(
+            self.model, self.reward_funcs, processing_class, train_dataset, self.ref_model, self.uses_reference,
+            self.accelerator.mixed_precision, self.deepspeed_config,
+        )  # fmt: skip
+        self.zero3 = self.zero_stage == 3
+        if self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(RLProgressCallback)
+        scorers = [func for func in self.reward_funcs if isinstance(func, RewardModelFunction)]
+        zero3_config = self.deepspeed_config if self.zero3 else None
+        self.ref_model = place_frozen_models(self.ref_model, scorers, self.accelerator.device, zero3_config,
+                                             args.ref_reward_offload)  # fmt: skip
+        self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
+        sampler = PromptSampler(len(train_dataset), seed=args.seed, shuffle=args.shuffle_dataset)
+        self.loop = LoopState(sampler, self.initial_algorithm_state())
+        self.truncate_prompts = PromptTruncation(args.max_prompt_length)
+        main = self.accelerator.is_main_process
+        turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
+        self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print, turns) if main else None
+        self.metrics_log = MetricsLog(args.output_dir) if main else None
+        self.checkpointer = Checkpointer(self.accelerator)
+
+    @property
+    def deepspeed_config(self) -> dict | None:
+        return self.accelerator.state.deepspeed_plugin.deepspeed_config if self.is_deepspeed_enabled else None
+
+    # ---- what each algorithm defines -------------------------------------------------------
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature of the log-probs the loss uses: the sampling temperature, the distribution samples came from."""
+        return self.args.temperature
+
+    def needs_old_logprobs(self) -> bool:
+        """Whether the rollout needs a separate pass for the sampling policy's log-probs (the importance ratio's
+        denominator). Not when each rollout is trained exactly once, in one optimizer step: the policy being trained
+        is then the one that sampled, so the training pass's own log-probs (detached) are the same numbers."""
+        return self.args.steps_per_rollout > 1
+
+    def needs_reference(self, args: OnPolicyConfig) -> bool:
+        """Whether the loss or the reward reads the reference's log-probs: with ``beta`` 0 there is no KL term, so
+        no reference copy is made and no reference pass runs."""
+        return args.beta > 0
+
+    def initial_algorithm_state(self) -> Stateful:
+        """What the algorithm carries from one rollout to the next (checkpointed with the loop state)."""
+        return NoAlgorithmState()
+
+    def checked_rewards(self, reward_funcs: list, reward_weights) -> tuple[list, torch.Tensor]:
+        """The reward functions (a reward model last) and one weight each, checked."""
+        return check_reward_funcs(reward_funcs, reward_weights)
+
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
+        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them."""
+        return score_completions(self.reward_funcs, inputs)
+
+    @abc.abstractmethod
+    def compute_advantages(self, rollout: Rollout) -> Advantages:
+        """What the loss needs beyond the scored rollout, and the metrics to log; ``rollout`` stays unchanged."""
+
+    @abc.abstractmethod
+    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor | dict, dict[str, float]]:
+        """The loss of one micro-batch and its metrics. An algorithm that trains several modules may return
+        ``{module name: loss}`` instead, one term per module (their parameters must be disjoint)."""
+
+    def loss_mask(self, batch: Rollout) -> torch.Tensor:
+        """[B, C] the completion tokens the loss averages over: all of them, or with
+        ``mask_truncated_completions`` only those of completions that ended with EOS."""
+        if not self.args.mask_truncated_completions:
+            return batch.completion_mask
+        cut = ends_without_eos(batch.completion_ids, batch.completion_mask, self.processing_class.eos_token_id)
+        return batch.completion_mask * (~cut).unsqueeze(1)
+
+    def trained_modules(self) -> list[TrainedModule]:
+        """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""
+        return [TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, self.model,
+                              self.save_actor)]  # fmt: skip
+
+    def prepare_for_training(self, max_steps: int) -> None:
+        """Create the optimizers and schedulers and let accelerate prepare them with their models."""
+        self.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        if self.args.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs)
+        # Schedulers stay unprepared: accelerate would step them once per process for every optimizer step.
+        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
+        args = self.args
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
+        lock, checkpoint = take_output_dir(resume_from_checkpoint, args, self.accelerator)
+        try:
+            return self.run_loop(checkpoint)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def run_loop(self, checkpoint: Path | None) -> TrainOutput:
+        """Train from ``checkpoint`` (or from the start) to ``max_steps``, with ``output_dir`` locked."""
+        args = self.args
+        max_steps = args.total_steps(len(self.train_dataset))
+        self.is_in_train = True
+        self.prepare_for_training(max_steps)
+        for module in self.trained_modules():
+            bind_scheduler(module.scheduler, module.optimizer)
+        self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
+        )
+        self.state.train_batch_size, self.state.max_steps = args.train_batch_size, max_steps
+        self.state.compute_steps(args, max_steps)
+        self.meter = RunMeter(0)
+        if checkpoint is not None:
+            resumed = self.checkpointer.load(checkpoint, self.checkpoint_contents())
+            self.loop.load_state_dict(resumed)
+            self.meter = RunMeter(self.state.global_step)
+            self.meter.load_state_dict(resumed["meter"])
+            on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
+            ours = [m.scheduler for m in self.trained_modules() if m.name != "actor" or self._created_lr_scheduler]
+            resume_schedules(args, checkpoint, self.state.global_step, max_steps, ours, self.is_world_process_zero())
+        if self.metrics_log is not None:  # lines a killed run wrote after its checkpoint
+            self.metrics_log.truncate_after(self.meter.start_step)
+        if args.log_completions and self.completion_log is not None:
+            self.completion_log.truncate_after(self.meter.start_step)
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if checkpoint is not None:
+            self.checkpointer.restore_rng(checkpoint)
+
+        stop = StopSignals(enabled=args.stop_on_signal)
+        try:
+            with stop:
+                while self.state.global_step < max_steps and not self.control.should_training_stop:
+                    # a step begins before the rollout it needs, if any: generation is part of the step it feeds
+                    self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                    if self.loop.needs_rollout:
+                        self.loop.buffer = self.make_rollout()
+                        self.meter.tokens += int(self.loop.buffer.rollout.completion_mask.sum())
+                    metrics = self.train_on_minibatch(self.loop.buffer.next_minibatch())
+                    self.loop.record({**self.loop.buffer.metrics, **metrics})
+                    self.state.global_step += 1
+                    self.sync_reference()
+                    self.state.epoch = self.loop.sampler.epoch
+                    self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                    saved = self.log_and_save()
+                    if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
+                        self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
+        finally:
+            self.backend.close()
+            # Left ready to use: in train mode with gradient checkpointing, transformers' generate drops its KV cache
+            # at every layer and each new token loses the context ("The capital of France is" -> "The-----").
+            self.model.eval()
+
+        summary = self.report_summary()
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        self.is_in_train = False
+        return TrainOutput(self.state.global_step, summary.get("train_loss", 0.0), summary)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log`` (report_to, the printed line, ``log_history``), and the entry appended to
+        ``metrics.jsonl``."""
+        super().log(logs, start_time)
+        if self.metrics_log is not None:
+            self.metrics_log.append(self.state.log_history[-1])
+
+    def report_summary(self) -> dict[str, float]:
+        """The end-of-training summary, printed and sent to report_to and metrics.jsonl (not to ``log_history``,
+        which a checkpoint holds and a resumed run must reproduce)."""
+        tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.reduce(tokens, "sum")
+        summary = self.meter.summary(self.state.global_step, self.args.train_batch_size, int(tokens.item()),
+                                     self.state.log_history)  # fmt: skip
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, {**summary})
+        if self.metrics_log is not None:
+            self.metrics_log.append({**summary, "step": self.state.global_step})
+        return summary
+
+    def log_and_save(self) -> bool:
+        """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this
+        step's evaluation); return whether a checkpoint was written."""
+        if self.control.should_log:
+            logs = self.loop.take_means()
+            if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
+                means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
+                logs = dict(zip(logs, means.tolist()))
+            self.log(logs)
+            if self.args.log_completions:
+                self.log_completions()
+            self.control.should_log = False
+        if self.control.should_evaluate:
+            self.evaluate()
+            self.control.should_evaluate = False
+        if self.control.should_save:
+            self.save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            self.control.should_save = False
+            return True
+        return False
+
+    def stop_for_signal(self, signum: int | None, saved: bool) -> None:
+        """After a SIGTERM / SIGINT before the last step: checkpoint this step (the one exception to save_steps),
+        end, and exit with a non-zero status (``stopped_status``), so that a scheduler restarts the job."""
+        if not saved:
+            self.save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        name = signal.Signals(signum).name if signum else "a signal on another process"
+        logger.warning(
+            f"Stopped by {name} after step {self.state.global_step}: {checkpoint_name(self.state.global_step)} "
+            f"is in {self.args.output_dir}; run again with resume_from_checkpoint=True to continue."
+        )
+        raise SystemExit(stopped_status(signum))
+
+    # ---- optimisation ---------------------------------------------------------------------------
+
+    def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
+        """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``
+        (gradients accumulate and are all-reduced on the last one), then ``apply_gradients``; its metrics."""
+        args, device = self.args, self.accelerator.device
+        modules = {module.name: module for module in self.trained_modules()}
+        for module in modules.values():
+            module.engine.train()
+        size = args.micro_train_batch_size
+        num_micro = len(minibatch) // size
+        metrics: dict[str, float] = defaultdict(float)
+        for i in range(num_micro):
+            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(device)
+            last = i == num_micro - 1
+            with contextlib.ExitStack() as stack:
+                if not last:  # gradients are all-reduced on the last micro-batch only
+                    for module in modules.values():
+                        stack.enter_context(self.accelerator.no_sync(module.engine))
+                loss, batch_metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
+                losses = loss if isinstance(loss, dict) else {"actor": loss}
+                total = sum(losses.values())
+                if self.is_deepspeed_enabled:
+                    for name, part in losses.items():
+                        deepspeed_backward(modules[name].engine, part, last)
+                else:
+                    self.accelerator.backward(total / num_micro)
+            metrics["loss"] += total.item() / num_micro
+            for key, value in batch_metrics.items():
+                metrics[key] += float(value) / num_micro
+        return {**metrics, **self.apply_gradients()}
+
+    def apply_gradients(self) -> dict[str, float]:
+        """Clip the accumulated gradients, step every optimizer and scheduler, zero the gradients; their metrics."""
+        metrics = {}
+        for module in self.trained_modules():
+            prefix = "" if module.name == "actor" else f"{module.name}_"
+            if self.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
+                norm = module.engine.get_global_grad_norm()
+                metrics[f"{prefix}grad_norm"] = float(norm) if norm is not None else 0.0
+            elif self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                norm = self.accelerator.clip_grad_norm_(module.engine.parameters(), self.args.max_grad_norm)
+                metrics[f"{prefix}grad_norm"] = float(norm)
+            metrics[f"{prefix}learning_rate"] = module.scheduler.get_last_lr()[0]
+            module.optimizer.step()
+            module.scheduler.step()
+            module.optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def sync_reference(self) -> None:
+        """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
+        (1 - alpha) x reference (reference_sync.py)."""
+        if sync_due(self.args, self.state.global_step):
+            mix_into_reference(self.model, self.reference_module, self.args.ref_model_mixup_alpha,
+                               self.accelerator.is_main_process)  # fmt: skip
+
+    @property
+    def reference_module(self) -> PreTrainedModel | None:
+        """The reference's Hugging Face model (inside its DeepSpeed inference engine under ZeRO-3); None under PEFT."""
+        return self.ref_model.module if self.zero3 and self.ref_model is not None else self.ref_model
+
+    # ---- checkpoints and export -----------------------------------------------------------------------
+
+    def run_fingerprint(self) -> dict:
+        """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
+        started from and how it is spread over processes (fingerprint.py)."""
+        return {
+            "algorithm": self.algorithm_name, "world_size": self.accelerator.num_processes,
+            "zero_stage": self.zero_stage, "fsdp_version": self.fsdp_version, "peft": is_peft(self.model),
+            "trained_modules": [module.name for module in self.trained_modules()], **self.identity,
+        }  # fmt: skip
+
+    def checkpoint_contents(self) -> CheckpointContents:
+        fixed, free = split_settings(self.args)
+        fingerprint = {**self.run_fingerprint(), **fixed}
+        loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
+        return CheckpointContents(self.trained_modules(), self.state, loop_state, fingerprint, free,
+                                  self.changing_weights(), self.accelerator.scaler)  # fmt: skip
+
+    def changing_weights(self) -> list[ModelWeights]:
+        """Untrained models whose weights change during the run: the reference under ``sync_ref_model``."""
+        if not self.args.sync_ref_model:
+            return []
+        reference = self.reference_module
+        return [ModelWeights("reference", reference, functools.partial(self.save_pretrained_model, reference))]
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as
+        ``hub_strategy`` asks."""
+        args, step = self.args, self.state.global_step
+        with no_progress_bars():  # not one bar per model saved
+            final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
+        if self.accelerator.is_main_process:
+            self.push_checkpoint(final, step)
+        self.accelerator.wait_for_everyone()
+        return final

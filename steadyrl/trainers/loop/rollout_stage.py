@@ -1,0 +1,210 @@
+"""The rollout stage of the on-policy loop: prompts -> completions -> scores -> a Rollout with the algorithm's
+advantages and a mini-batch schedule; evaluation reuses its generation and scoring, and the completion log shows
+its samples.
+
+    next_prompts()      this process's share of the rollout's prompts, each n_samples_per_prompt times
+    tokenize()          prompt token ids (conversations through the chat template), cut to max_prompt_length
+    generate()          one completion per row (HF generate or vLLM), seeded per (rollout, prompt, sample)
+    score()             reward functions / reward model / judge on ``reward_inputs()`` -> [N, num_rewards]
+    scored_rollout()    padded tokens, weighted scores, reference (and sampling-policy) log-probs
+    compute_advantages  the algorithm's part -> Rollout.with_advantages
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+
+import torch
+from accelerate.utils import gather_object
+
+from ...data.prompts import as_completions, prompt_texts, tokenize_prompts
+from ...distributed.fsdp import unsharded
+from ...distributed.placement import offloaded
+from ...distributed.zero import gathered_for_generation
+from ...generation import Generation, sampling_seed
+from ...ops import (
+    batched_logprobs,
+    ends_without_eos,
+    engine_importance_weights,
+    masked_mean,
+    pad_prompts_and_completions,
+)
+from ...ops.masked import SumOverProcesses
+from ...rewards import RewardInputs, reward_func_name
+from ...rollout import (
+    Rollout,
+    RolloutBuffer,
+    TokenBatch,
+    completion_rows,
+    engine_logprob_diff,
+    engine_logprob_tensor,
+    minibatch_schedule,
+    rollout_metrics,
+)
+
+
+class RolloutMixin:
+    """Making rollouts for ``OnPolicyTrainer``."""
+
+    @torch.no_grad()
+    def make_rollout(self) -> RolloutBuffer:
+        """Generate, score and turn one rollout into a buffer with a fixed mini-batch schedule."""
+        args = self.args
+        prompts, columns, first_prompt = self.next_prompts()
+        prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
+        k, rollout = args.n_samples_per_prompt, self.loop.rollouts
+        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompt_ids))]
+        start = time.time()
+        generation = self.generate(prompt_ids, seeds, chunk=args.micro_generation_batch_size)
+        generation_time = time.time() - start
+        inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
+        scores = self.score(inputs)  # [N, num_rewards]
+        rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None)
+        reward_names = [reward_func_name(func) for func in self.reward_funcs]
+        metrics = rollout_metrics(rollout, scores, reward_names, generation_time)
+        metrics["prompts_truncated"] = truncated / len(prompts)
+        if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
+            diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.completion_mask)
+            metrics["generation_logprob_diff"] = diff
+            if getattr(args, "vllm_importance_sampling_correction", False):
+                rollout, corrected = self.with_engine_weights(rollout, generation.logprobs)
+                metrics.update(corrected)
+        added = self.compute_advantages(rollout)
+        rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
+        minibatch = args.train_batch_size // self.accelerator.num_processes
+        schedule = minibatch_schedule(len(rollout), minibatch, args.num_ppo_epochs, self.samples_per_group)
+        self.loop.rollouts += 1
+        return RolloutBuffer(rollout.to("cpu"), schedule, metrics)
+
+    def next_prompts(self) -> tuple[list[str], dict[str, list], int]:
+        """This process's share of the next rollout's prompts, each repeated ``n_samples_per_prompt`` times, the
+        dataset's other columns alike, and the index of its first prompt in the whole rollout."""
+        args, world = self.args, self.accelerator.num_processes
+        indices = self.loop.sampler.next(args.rollout_batch_size)
+        per_process = args.rollout_batch_size // world
+        first = self.accelerator.process_index * per_process
+        rows = self.train_dataset[indices[first : first + per_process]]  # {column: values}
+        k = args.n_samples_per_prompt
+        return *self.repeated_rows(rows, k), first
+
+    def repeated_rows(self, rows: dict[str, list], k: int) -> tuple[list, dict[str, list]]:
+        """The prompts and the other columns of ``rows``, each row repeated ``k`` times (one per sample); with
+        ``remove_unused_columns`` no other column."""
+        prompts = [p for p in rows.pop("prompt") for _ in range(k)]
+        if self.args.remove_unused_columns:
+            return prompts, {}
+        return prompts, {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
+
+    def tokenize(self, prompts: list) -> list[list[int]]:
+        """The token ids the policy sees for each prompt: the text, or the conversation rendered with the chat
+        template (``chat_template_kwargs``), before truncation to ``max_prompt_length``."""
+        return tokenize_prompts(prompts, self.processing_class, self.conversational, self.args.chat_template_kwargs)
+
+    def reward_inputs(self, prompts: list, prompt_ids, completion_ids, columns: dict) -> RewardInputs:
+        """What reward functions and judges see of the completions, in TRL's conventions."""
+        tok, kwargs = self.processing_class, self.args.chat_template_kwargs
+        texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
+        return RewardInputs(
+            prompts=prompts, completions=as_completions(texts, self.conversational), completion_ids=completion_ids,
+            columns=columns, prompt_ids=prompt_ids, completion_texts=texts,
+            prompt_texts=prompt_texts(prompts, tok, self.conversational, kwargs),
+        )  # fmt: skip
+
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
+        """One completion per prompt row with the current actor, each sampled with its seed where the backend takes
+        seeds; with HF generate in calls of ``chunk`` rows (all at once if None)."""
+        actor = self.model
+        self.backend.sync_weights(actor, version=self.state.global_step)
+        training_model = self.backend.runs_training_model  # HF generate: under ZeRO-3 or FSDP2, gather the actor first
+        if not training_model or chunk is None:  # vLLM schedules its own batches: it gets every row at once
+            chunk = max(1, len(prompt_ids))
+        parts = []
+        if self.fsdp_version:
+            whole = unsharded(actor, self.accelerator.state.fsdp_plugin.reshard_after_forward)
+        else:
+            whole = gathered_for_generation(self.model_wrapped)
+        with whole if training_model else contextlib.nullcontext():
+            for i in range(0, len(prompt_ids), chunk):
+                parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
+        return Generation.concatenate(parts)
+
+    def scored_rollout(self, prompt_ids, completion_ids, scores: torch.Tensor, engine_logprobs: bool) -> Rollout:
+        """The padded rollout with its weighted scores and the log-probs of the scoring passes."""
+        args, tok, device = self.args, self.processing_class, self.accelerator.device
+        tokens = TokenBatch(**pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device))
+        total = (scores * self.reward_weights).sum(1).to(device)  # [N]
+        if args.missing_eos_penalty is not None:
+            no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
+            total = self.penalise_missing_eos(total, no_eos)
+        needed = self.needs_old_logprobs() or engine_logprobs  # the engine's log-probs are checked against them
+        old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
+        ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
+        return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
+                       old_logprobs=old_logprobs)
+
+    def with_engine_weights(self, rollout: Rollout, engine_logprobs: list[list[float]]) -> tuple[Rollout, dict]:
+        """The rollout with the truncated importance weights pi_trainer / pi_vLLM of its sampled tokens, and their
+        min / mean / max over the loss tokens (TRL's ``sampling/importance_sampling_ratio/*``)."""
+        args, mask = self.args, rollout.completion_mask
+        engine = engine_logprob_tensor(engine_logprobs, rollout.old_logprobs)
+        weights = engine_importance_weights(rollout.old_logprobs, engine, mask, args.vllm_importance_sampling_mode,
+                                            args.vllm_importance_sampling_clip_max,
+                                            args.vllm_importance_sampling_clip_min)  # fmt: skip
+        values = weights.expand(mask.shape)[mask.bool()] if weights.shape[1] > 1 else weights.flatten()
+        if not values.numel():  # no completion token in the whole share
+            return dataclasses.replace(rollout, engine_weights=weights), {}
+        name = "sampling/importance_sampling_ratio"
+        metrics = {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
+                   f"{name}/max": values.max().item()}  # fmt: skip
+        return dataclasses.replace(rollout, engine_weights=weights), metrics
+
+    def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
+        """The weighted scores [N] less ``missing_eos_penalty`` where a completion ends without EOS [N]."""
+        return total - self.args.missing_eos_penalty * no_eos.float()
+
+    def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
+        """[N, C] log-probs of the completion tokens under ``model``, at ``logprob_temperature``, in micro-batches
+        of ``micro_rollout_batch_size``."""
+        size = self.args.micro_rollout_batch_size
+        return batched_logprobs(model, tokens.token_tensors, self.logprob_temperature, size)
+
+    def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
+        """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""
+        if self.ref_model is not None:
+            offload = self.args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
+            with offloaded(self.ref_model, self.accelerator.device, offload):
+                return self.policy_logprobs(self.ref_model, tokens)
+        with self.model.disable_adapter():
+            return self.policy_logprobs(self.model, tokens)
+
+    def sum_over_processes(self) -> SumOverProcesses | None:
+        """An all-reduce sum over the processes, for statistics of the whole rollout (``masked_moments``); None on
+        one process, whose share is the whole rollout."""
+        if self.accelerator.num_processes == 1:
+            return None
+        return functools.partial(self.accelerator.reduce, reduction="sum")
+
+    def sample_advantages(self, rollout: Rollout) -> torch.Tensor | None:
+        """One advantage per sample [N] for the completion log: RLOO's as they are, PPO's averaged over the
+        completion's tokens; None for an algorithm without advantages."""
+        if rollout.advantages is None:
+            return None
+        if rollout.advantages.dim() == 1:
+            return rollout.advantages
+        return masked_mean(rollout.advantages, rollout.completion_mask, dim=1)
+
+    def log_completions(self) -> None:
+        """Write the latest rollout's completions (every process's) to the completion log, once per rollout."""
+        buffer = self.loop.buffer
+        if buffer is None or buffer.completions_logged:
+            return
+        rows = completion_rows(buffer.rollout, self.processing_class, [reward_func_name(f) for f in self.reward_funcs],
+                               self.sample_advantages(buffer.rollout))  # fmt: skip
+        if self.accelerator.num_processes > 1:
+            rows = gather_object(rows)
+        if self.completion_log is not None:
+            self.completion_log.write(self.state.global_step, rows, self.callback_handler.callbacks)
+        buffer.completions_logged = True
