@@ -10,18 +10,14 @@ One iteration::
     for each mini-batch: micro-batches -> compute_loss_on_batch -> backward; optimizer step; global_step += 1;
         callbacks decide logging and checkpointing
 
-The rollout stage lives in rollouts.py, evaluation in evaluation.py, the actor's export and Hub push in
-publish.py. An algorithm subclasses this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one
+The rollout stage lives in rollout_stage.py, the update in update.py, the checkpoint side in checkpoints.py,
+evaluation in evaluation.py, the actor's export and Hub push in steadyrl/publish/actor.py. An algorithm subclasses this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one
 that trains more than the actor (PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
-import functools
-import signal
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -31,9 +27,8 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
-from ...checkpoint import checkpoint_name
-from ...checkpoint.checkpointer import CheckpointContents, Checkpointer, ModelWeights, TrainedModule
-from ...checkpoint.fingerprint import run_identity, split_settings
+from ...checkpoint.checkpointer import Checkpointer, TrainedModule
+from ...checkpoint.fingerprint import run_identity
 from ...checkpoint.output_dir import on_main_process, take_output_dir
 from ...checkpoint.ownership import supersede_newer
 from ...checkpoint.schedule_change import resume_schedules
@@ -46,7 +41,6 @@ from ...generation import make_backend
 from ...models.loading import (
     check_deepspeed_support,
     check_master_weights,
-    deepspeed_backward,
     disable_dropout,
     enable_gradient_checkpointing,
     from_pretrained_kwargs,
@@ -54,28 +48,29 @@ from ...models.loading import (
     policy_and_reference,
     reward_model_scorer,
 )
-from ...models.peft import is_peft
 from ...models.scalar_head import RewardModelFunction
 from ...ops import ends_without_eos
 from ...publish.actor import PublishMixin
 from ...reporting.completion_log import CompletionLog
-from ...reporting.quiet import no_progress_bars
 from ...reporting.run_summary import MetricsLog, RunMeter
 from ...rewards import RewardInputs, as_list, check_reward_funcs, score_completions
 from ...rollout import Advantages, Rollout
 from ..config.input_checks import check_dataset, check_model_path, check_output_dir
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
+from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
-from .preemption import StopSignals, stopped_status
-from .reference_sync import check_reference_sync, mix_into_reference, sync_due
+from .preemption import StopSignals
+from .reference_sync import check_reference_sync
 from .rollout_stage import RolloutMixin
+from .update import UpdateMixin
 
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, metaclass=abc.ABCMeta):
+class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin, PublishMixin, Trainer,
+                      metaclass=abc.ABCMeta):  # fmt: skip
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
@@ -397,114 +392,3 @@ class OnPolicyTrainer(RolloutMixin, EvaluationMixin, PublishMixin, Trainer, meta
             self.control.should_save = False
             return True
         return False
-
-    def stop_for_signal(self, signum: int | None, saved: bool) -> None:
-        """After a SIGTERM / SIGINT before the last step: checkpoint this step (the one exception to save_steps),
-        end, and exit with a non-zero status (``stopped_status``), so that a scheduler restarts the job."""
-        if not saved:
-            self.save_checkpoint()
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
-        name = signal.Signals(signum).name if signum else "a signal on another process"
-        logger.warning(
-            f"Stopped by {name} after step {self.state.global_step}: {checkpoint_name(self.state.global_step)} "
-            f"is in {self.args.output_dir}; run again with resume_from_checkpoint=True to continue."
-        )
-        raise SystemExit(stopped_status(signum))
-
-    # ---- optimisation ---------------------------------------------------------------------------
-
-    def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
-        """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``
-        (gradients accumulate and are all-reduced on the last one), then ``apply_gradients``; its metrics."""
-        args, device = self.args, self.accelerator.device
-        modules = {module.name: module for module in self.trained_modules()}
-        for module in modules.values():
-            module.engine.train()
-        size = args.micro_train_batch_size
-        num_micro = len(minibatch) // size
-        metrics: dict[str, float] = defaultdict(float)
-        for i in range(num_micro):
-            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(device)
-            last = i == num_micro - 1
-            with contextlib.ExitStack() as stack:
-                if not last:  # gradients are all-reduced on the last micro-batch only
-                    for module in modules.values():
-                        stack.enter_context(self.accelerator.no_sync(module.engine))
-                loss, batch_metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
-                losses = loss if isinstance(loss, dict) else {"actor": loss}
-                total = sum(losses.values())
-                if self.is_deepspeed_enabled:
-                    for name, part in losses.items():
-                        deepspeed_backward(modules[name].engine, part, last)
-                else:
-                    self.accelerator.backward(total / num_micro)
-            metrics["loss"] += total.item() / num_micro
-            for key, value in batch_metrics.items():
-                metrics[key] += float(value) / num_micro
-        return {**metrics, **self.apply_gradients()}
-
-    def apply_gradients(self) -> dict[str, float]:
-        """Clip the accumulated gradients, step every optimizer and scheduler, zero the gradients; their metrics."""
-        metrics = {}
-        for module in self.trained_modules():
-            prefix = "" if module.name == "actor" else f"{module.name}_"
-            if self.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
-                norm = module.engine.get_global_grad_norm()
-                metrics[f"{prefix}grad_norm"] = float(norm) if norm is not None else 0.0
-            elif self.args.max_grad_norm and self.args.max_grad_norm > 0:
-                norm = self.accelerator.clip_grad_norm_(module.engine.parameters(), self.args.max_grad_norm)
-                metrics[f"{prefix}grad_norm"] = float(norm)
-            metrics[f"{prefix}learning_rate"] = module.scheduler.get_last_lr()[0]
-            module.optimizer.step()
-            module.scheduler.step()
-            module.optimizer.zero_grad(set_to_none=True)
-        return metrics
-
-    def sync_reference(self) -> None:
-        """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
-        (1 - alpha) x reference (reference_sync.py)."""
-        if sync_due(self.args, self.state.global_step):
-            mix_into_reference(self.model, self.reference_module, self.args.ref_model_mixup_alpha,
-                               self.accelerator.is_main_process)  # fmt: skip
-
-    @property
-    def reference_module(self) -> PreTrainedModel | None:
-        """The reference's Hugging Face model (inside its DeepSpeed inference engine under ZeRO-3); None under PEFT."""
-        return self.ref_model.module if self.zero3 and self.ref_model is not None else self.ref_model
-
-    # ---- checkpoints and export -----------------------------------------------------------------------
-
-    def run_fingerprint(self) -> dict:
-        """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
-        started from and how it is spread over processes (fingerprint.py)."""
-        return {
-            "algorithm": self.algorithm_name, "world_size": self.accelerator.num_processes,
-            "zero_stage": self.zero_stage, "fsdp_version": self.fsdp_version, "peft": is_peft(self.model),
-            "trained_modules": [module.name for module in self.trained_modules()], **self.identity,
-        }  # fmt: skip
-
-    def checkpoint_contents(self) -> CheckpointContents:
-        fixed, free = split_settings(self.args)
-        fingerprint = {**self.run_fingerprint(), **fixed}
-        loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
-        return CheckpointContents(self.trained_modules(), self.state, loop_state, fingerprint, free,
-                                  self.changing_weights(), self.accelerator.scaler)  # fmt: skip
-
-    def changing_weights(self) -> list[ModelWeights]:
-        """Untrained models whose weights change during the run: the reference under ``sync_ref_model``."""
-        if not self.args.sync_ref_model:
-            return []
-        reference = self.reference_module
-        return [ModelWeights("reference", reference, functools.partial(self.save_pretrained_model, reference))]
-
-    def save_checkpoint(self) -> Path:
-        """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as
-        ``hub_strategy`` asks."""
-        args, step = self.args, self.state.global_step
-        with no_progress_bars():  # not one bar per model saved
-            final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
-        if self.accelerator.is_main_process:
-            self.push_checkpoint(final, step)
-        self.accelerator.wait_for_everyone()
-        return final

@@ -1,0 +1,71 @@
+"""Checkpoints from the trainer's side: what a checkpoint of this run holds (its fingerprint, loop state, trained
+and changing models), writing one, and stopping with one after a signal."""
+
+from __future__ import annotations
+
+import functools
+import signal
+from pathlib import Path
+
+from transformers.utils import logging
+
+from ...checkpoint import checkpoint_name
+from ...checkpoint.checkpointer import CheckpointContents, ModelWeights
+from ...checkpoint.fingerprint import split_settings
+from ...models.peft import is_peft
+from ...reporting.quiet import no_progress_bars
+from .preemption import stopped_status
+
+logger = logging.get_logger(__name__)
+
+
+class CheckpointMixin:
+    """The checkpoint half of ``OnPolicyTrainer`` (a mixin of it: it uses the trainer's state and checkpointer)."""
+
+    def stop_for_signal(self, signum: int | None, saved: bool) -> None:
+        """After a SIGTERM / SIGINT before the last step: checkpoint this step (the one exception to save_steps),
+        end, and exit with a non-zero status (``stopped_status``), so that a scheduler restarts the job."""
+        if not saved:
+            self.save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        name = signal.Signals(signum).name if signum else "a signal on another process"
+        logger.warning(
+            f"Stopped by {name} after step {self.state.global_step}: {checkpoint_name(self.state.global_step)} "
+            f"is in {self.args.output_dir}; run again with resume_from_checkpoint=True to continue."
+        )
+        raise SystemExit(stopped_status(signum))
+
+    def run_fingerprint(self) -> dict:
+        """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
+        started from and how it is spread over processes (fingerprint.py)."""
+        return {
+            "algorithm": self.algorithm_name, "world_size": self.accelerator.num_processes,
+            "zero_stage": self.zero_stage, "fsdp_version": self.fsdp_version, "peft": is_peft(self.model),
+            "trained_modules": [module.name for module in self.trained_modules()], **self.identity,
+        }  # fmt: skip
+
+    def checkpoint_contents(self) -> CheckpointContents:
+        fixed, free = split_settings(self.args)
+        fingerprint = {**self.run_fingerprint(), **fixed}
+        loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
+        return CheckpointContents(self.trained_modules(), self.state, loop_state, fingerprint, free,
+                                  self.changing_weights(), self.accelerator.scaler)  # fmt: skip
+
+    def changing_weights(self) -> list[ModelWeights]:
+        """Untrained models whose weights change during the run: the reference under ``sync_ref_model``."""
+        if not self.args.sync_ref_model:
+            return []
+        reference = self.reference_module
+        return [ModelWeights("reference", reference, functools.partial(self.save_pretrained_model, reference))]
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as
+        ``hub_strategy`` asks."""
+        args, step = self.args, self.state.global_step
+        with no_progress_bars():  # not one bar per model saved
+            final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
+        if self.accelerator.is_main_process:
+            self.push_checkpoint(final, step)
+        self.accelerator.wait_for_everyone()
+        return final

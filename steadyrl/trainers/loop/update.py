@@ -1,0 +1,76 @@
+"""One global step's update: the loss and its backward pass over micro-batches, clipping, the optimizer and
+scheduler steps of every trained module, and the reference's mixing under ``sync_ref_model``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+
+from transformers import PreTrainedModel
+
+from ...models.loading import deepspeed_backward
+from ...rollout import Rollout
+from .reference_sync import mix_into_reference, sync_due
+
+
+class UpdateMixin:
+    """The update half of ``OnPolicyTrainer``'s loop (a mixin of it: it uses the trainer's modules and args)."""
+
+    def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
+        """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``
+        (gradients accumulate and are all-reduced on the last one), then ``apply_gradients``; its metrics."""
+        args, device = self.args, self.accelerator.device
+        modules = {module.name: module for module in self.trained_modules()}
+        for module in modules.values():
+            module.engine.train()
+        size = args.micro_train_batch_size
+        num_micro = len(minibatch) // size
+        metrics: dict[str, float] = defaultdict(float)
+        for i in range(num_micro):
+            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(device)
+            last = i == num_micro - 1
+            with contextlib.ExitStack() as stack:
+                if not last:  # gradients are all-reduced on the last micro-batch only
+                    for module in modules.values():
+                        stack.enter_context(self.accelerator.no_sync(module.engine))
+                loss, batch_metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
+                losses = loss if isinstance(loss, dict) else {"actor": loss}
+                total = sum(losses.values())
+                if self.is_deepspeed_enabled:
+                    for name, part in losses.items():
+                        deepspeed_backward(modules[name].engine, part, last)
+                else:
+                    self.accelerator.backward(total / num_micro)
+            metrics["loss"] += total.item() / num_micro
+            for key, value in batch_metrics.items():
+                metrics[key] += float(value) / num_micro
+        return {**metrics, **self.apply_gradients()}
+
+    def apply_gradients(self) -> dict[str, float]:
+        """Clip the accumulated gradients, step every optimizer and scheduler, zero the gradients; their metrics."""
+        metrics = {}
+        for module in self.trained_modules():
+            prefix = "" if module.name == "actor" else f"{module.name}_"
+            if self.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
+                norm = module.engine.get_global_grad_norm()
+                metrics[f"{prefix}grad_norm"] = float(norm) if norm is not None else 0.0
+            elif self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                norm = self.accelerator.clip_grad_norm_(module.engine.parameters(), self.args.max_grad_norm)
+                metrics[f"{prefix}grad_norm"] = float(norm)
+            metrics[f"{prefix}learning_rate"] = module.scheduler.get_last_lr()[0]
+            module.optimizer.step()
+            module.scheduler.step()
+            module.optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def sync_reference(self) -> None:
+        """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
+        (1 - alpha) x reference (reference_sync.py)."""
+        if sync_due(self.args, self.state.global_step):
+            mix_into_reference(self.model, self.reference_module, self.args.ref_model_mixup_alpha,
+                               self.accelerator.is_main_process)  # fmt: skip
+
+    @property
+    def reference_module(self) -> PreTrainedModel | None:
+        """The reference's Hugging Face model (inside its DeepSpeed inference engine under ZeRO-3); None under PEFT."""
+        return self.ref_model.module if self.zero3 and self.ref_model is not None else self.ref_model
