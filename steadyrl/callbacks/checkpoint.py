@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from transformers import TrainerCallback
 from transformers.trainer_utils import SaveStrategy
 
-from ..checkpoint import checkpoint_name, write_manifest
-from ..checkpoint.manifest import STATE_FILE
+from ..checkpoint.files import finish_trainer_checkpoint
 
 
 class CheckpointCallback(TrainerCallback):
@@ -36,9 +33,6 @@ class CheckpointCallback(TrainerCallback):
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        directory = os.path.join(args.output_dir, checkpoint_name(state.global_step))
-        # Trainer has just (re)written it, over any earlier manifest; a steadyrl trainer's is committed already
-        written_by_trainer = os.path.isdir(directory) and not os.path.exists(os.path.join(directory, STATE_FILE))
-        if args.should_save and written_by_trainer:
-            write_manifest(directory, state.global_step, layout="transformers")
+        if args.should_save:
+            finish_trainer_checkpoint(args.output_dir, state.global_step)
         return control

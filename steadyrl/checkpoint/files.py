@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers.utils import logging
 
-from .manifest import MANIFEST_NAME, CheckpointError, fsync_dir, verify_checkpoint, write_manifest
+from .manifest import MANIFEST_NAME, STATE_FILE, CheckpointError, fsync_dir, verify_checkpoint, write_manifest
 
 logger = logging.get_logger(__name__)
 
@@ -51,6 +51,14 @@ def commit_checkpoint(tmp: str | os.PathLike, step: int, processes: int | None =
     tmp = Path(tmp)
     write_manifest(tmp, step, layout="steadyrl", processes=processes)
     return _install(tmp, tmp.parent / checkpoint_name(step))
+
+
+def finish_trainer_checkpoint(output_dir: str | os.PathLike, step: int) -> None:
+    """After a plain ``transformers.Trainer`` has (re)written ``checkpoint-<step>``: write its manifest, over any
+    earlier one, so that resume accepts only finished directories. A steadyrl checkpoint is committed already."""
+    directory = Path(output_dir) / checkpoint_name(step)
+    if directory.is_dir() and not (directory / STATE_FILE).exists():
+        write_manifest(directory, step, layout="transformers")
 
 
 def _exists(path: Path) -> bool:

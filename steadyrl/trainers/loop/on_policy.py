@@ -11,8 +11,9 @@ One iteration::
         callbacks decide logging and checkpointing
 
 The rollout stage lives in rollout_stage.py, the update in update.py, the checkpoint side in checkpoints.py,
-evaluation in evaluation.py, the actor's export and Hub push in steadyrl/publish/actor.py. An algorithm subclasses this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one
-that trains more than the actor (PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
+evaluation in evaluation.py, the actor's export and Hub push in steadyrl/publish/actor.py. An algorithm subclasses
+this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one that trains more than the actor (PPO's
+critic) extends ``trained_modules`` and ``prepare_for_training``.
 """
 
 from __future__ import annotations
