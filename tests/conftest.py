@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY_RUN = ROOT / "tests" / "toy_run.py"
+TOY_RUN = ROOT / "tests" / "support" / "toy_run.py"
 CONFIGS = ROOT / "examples" / "accelerate_configs"
 MULTI_CPU = CONFIGS / "multi_cpu.yaml"
 ZERO = {stage: CONFIGS / f"{stage}.yaml" for stage in ("zero2", "zero3", "zero3_offload")}
@@ -25,7 +25,7 @@ def toy_path():
 
 @pytest.fixture(scope="session")
 def uninterrupted_run(tmp_path_factory, toy_path):
-    """``uninterrupted_run(algorithm)``: the output dir of an uninterrupted tests/toy_run.py run with its defaults,
+    """``uninterrupted_run(algorithm)``: the output dir of an uninterrupted support/toy_run.py run with its defaults,
     run once per session and shared by the tests that compare resumed runs with it (do not modify it)."""
     runs = {}
 
@@ -61,7 +61,7 @@ def free_port() -> int:
 
 
 def toy_command(output_dir, *flags, overrides=(), accelerate_config=None) -> list[str]:
-    """The command line of tests/toy_run.py (under ``accelerate launch --config_file accelerate_config`` if given)."""
+    """The command line of support/toy_run.py (under ``accelerate launch --config_file accelerate_config`` if given)."""
     cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags]
     if accelerate_config is not None:
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
@@ -73,7 +73,7 @@ def toy_command(output_dir, *flags, overrides=(), accelerate_config=None) -> lis
 
 def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False,
             expect_status: int = 0):  # fmt: skip
-    """Run tests/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
+    """Run support/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
     given); return (returncode, combined output). It must exit with ``expect_status``, or be killed
     (``expect_kill``), or fail in any way (``expect_failure``)."""
     cmd = toy_command(output_dir, *flags, overrides=overrides, accelerate_config=accelerate_config)

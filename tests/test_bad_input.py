@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT
 from datasets import Dataset
-from toy_run import make_config, make_trainer
+from support.toy_run import make_config, make_trainer
 
 from steadyrl import RewardFunctionError
 from steadyrl.checkpoint import scan_checkpoints, verify_checkpoint

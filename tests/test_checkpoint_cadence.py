@@ -2,7 +2,7 @@
 
 import pytest
 from conftest import run_entries
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 from transformers import TrainerCallback
 
 from steadyrl import GlobalStepError, RLOOTrainer

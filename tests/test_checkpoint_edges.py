@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_entries
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 
 from steadyrl.checkpoint import (
     CheckpointError,

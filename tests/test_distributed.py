@@ -53,7 +53,7 @@ def test_a_signal_to_one_process_stops_all_at_the_same_step_with_a_checkpoint(tm
 
 
 class Launch:
-    """tests/toy_run.py under ``accelerate launch`` with 2 CPU processes, its output read as it comes, and its two
+    """support/toy_run.py under ``accelerate launch`` with 2 CPU processes, its output read as it comes, and its two
     workers (the elastic agent's children, each in a session of its own); ``close`` kills whatever is left."""
 
     def __init__(self, output_dir, *flags, overrides=()) -> None:
@@ -150,7 +150,7 @@ def test_a_save_failing_on_one_process_stops_both_at_once_and_resume_uses_the_la
 FAULTS = """
 import errno, sys
 sys.path.insert(0, sys.argv[3])
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 from steadyrl.checkpoint import checkpointer as checkpointing
 
 output_dir, fault = sys.argv[1], sys.argv[2]
@@ -204,7 +204,7 @@ def test_a_rotation_or_load_failing_on_one_process_stops_both_at_once(tmp_path, 
 def test_resuming_with_another_number_of_processes_is_refused_before_any_step(uninterrupted, tmp_path):
     import shutil
 
-    from toy_run import make_trainer
+    from support.toy_run import make_trainer
 
     shutil.copytree(uninterrupted / "checkpoint-6", tmp_path / "checkpoint-6")
     trainer = make_trainer(tmp_path)
@@ -269,7 +269,7 @@ def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
 def test_a_failing_hub_push_stops_no_process(tmp_path, toy_path, monkeypatch):
     """The first push (the main process's, at checkpoint-3) fails: the main process still reaches the barrier the
     other one waits at after each save, both train to the end, and checkpoint-6 is pushed."""
-    from hub_server import start
+    from support.hub_server import start
 
     hub, server = start()
     monkeypatch.setenv("HF_ENDPOINT", hub.url)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from datasets import Dataset
-from toy_run import make_config, make_trainer
+from support.toy_run import make_config, make_trainer
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -326,7 +326,7 @@ for name, value in UNSUPPORTED_VALUES.items():
     config_error(f"trl-{name.replace('_', '-')}", **{name: value})
 
 
-# vLLM server mode: config checks, then a server that is down or does not fit (a stand-in: tests/vllm_server_standin.py)
+# vLLM server mode: config checks, then a server that is down or does not fit (support/vllm_server_standin.py)
 
 SERVER = dict(use_vllm=True, vllm_dtype="float32", vllm_mode="server")
 config_error("vllm-mode", use_vllm=True, vllm_mode="remote")
@@ -353,7 +353,7 @@ def standin_error(row_id: str, dev_mode: bool = True, version: str = "0.32.0", *
     start-up (``dev_mode=False``: a server without its development routes)."""
 
     def provoke(ctx):
-        from vllm_server_standin import model_config, start
+        from support.vllm_server_standin import model_config, start
 
         url, server = start(model_config(**changes) if dev_mode else None, version)
         try:
@@ -374,7 +374,7 @@ standin_error("vllm-server-logprobs", logprobs_mode="raw_logprobs")
 
 def standin_run(ctx, first_run: bool = False, **start_kwargs) -> None:
     """A trainer built against a stand-in (``start_kwargs``: ``start``'s), after another run's if ``first_run``."""
-    from vllm_server_standin import model_config, start
+    from support.vllm_server_standin import model_config, start
 
     url, server = start(model_config(), **start_kwargs)
     try:
@@ -409,7 +409,7 @@ def _(ctx):
 
 @trigger("vllm-server-stopped")
 def _(ctx):
-    from vllm_server_standin import model_config, start
+    from support.vllm_server_standin import model_config, start
 
     url, server = start(model_config())
     trainer = make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url)
@@ -897,7 +897,7 @@ def _(ctx):
 @trigger("hub-push-failed")
 def _(ctx):
     import huggingface_hub.constants
-    from hub_server import start
+    from support.hub_server import start
 
     hub, server = start()
     ctx.monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 
 from steadyrl.toy import letters_reward, toy_dataset
 

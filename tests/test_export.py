@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 from peft import LoraConfig
-from toy_run import make_config, make_trainer
+from support.toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM
 
 from steadyrl import RLOOTrainer

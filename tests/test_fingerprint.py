@@ -16,8 +16,8 @@ import textwrap
 import pytest
 import torch
 from conftest import ROOT
+from support.toy_run import make_config, make_trainer
 from test_reward_model_tokenizer import permuted_tokenizer
-from toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
 from steadyrl import RLOOTrainer
@@ -181,7 +181,7 @@ def test_the_trainer_records_the_deepspeed_config_it_runs_with(tmp_path):
     """A single-process ZeRO-2 trainer (a subprocess: DeepSpeed sets up torch.distributed) is only built, not run."""
     script = textwrap.dedent("""
         import json, sys
-        from toy_run import make_trainer
+        from support.toy_run import make_trainer
         config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}},
                   "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3}},
                   "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}

@@ -1,7 +1,7 @@
 """HF generate samples from exactly the distribution the config asks for."""
 
 import pytest
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 
 
 @pytest.mark.parametrize("top_k, warpers", [(0, []), (5, ["TopKLogitsWarper"])])

@@ -13,10 +13,10 @@ import numpy as np
 import peft
 import pytest
 import torch
-from hub_server import start
 from peft import LoraConfig
 from safetensors.torch import load_file
-from toy_run import make_trainer
+from support.hub_server import start
+from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM
 
 from steadyrl.cli.main import main

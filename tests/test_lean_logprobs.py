@@ -9,7 +9,7 @@ their last bit or two, as logit - logsumexp and log-softmax round differently): 
 import pytest
 import torch
 import torch.nn.functional as F
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from steadyrl import RLOOTrainer

@@ -12,7 +12,7 @@ import shutil
 import types
 
 import torch
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 
 from steadyrl import compat
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 
 from steadyrl.checkpoint import (
     CheckpointError,

@@ -27,7 +27,7 @@ MULTI_NODE = CONFIGS / "multi_node.yaml"
 
 
 def launch_machines(output_dir, *flags, cwds=(None, None), expect="success") -> list[str]:
-    """tests/toy_run.py on two simulated machines (one launcher each, started together, in ``cwds``); return each
+    """support/toy_run.py on two simulated machines (one launcher each, started together, in ``cwds``); return each
     one's output. ``expect``: "success", "kill" (both SIGKILLed after a checkpoint) or "failure"."""
     port, procs = free_port(), []
     logs = [tempfile.TemporaryFile("w+") for _ in cwds]  # not pipes: a full one would stall its machine

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import assert_close_to_scale
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import JudgeError, OnlineDPOConfig

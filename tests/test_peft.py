@@ -3,7 +3,7 @@
 import pytest
 import torch
 from peft import LoraConfig
-from toy_run import DATASETS, make_config
+from support.toy_run import DATASETS, make_config
 
 from steadyrl import ALGORITHMS
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from toy_run import make_config
+from support.toy_run import make_config
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,

@@ -6,8 +6,8 @@ after a kill and the two-process ZeRO-2 run are in test_real_model_runs.py."""
 
 import pytest
 import torch
+from support.toy_run import shorter_is_better
 from test_export import export
-from toy_run import shorter_is_better
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import ALGORITHMS

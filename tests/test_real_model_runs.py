@@ -1,4 +1,4 @@
-"""Whole runs of the real model (SmolLM2-135M-Instruct on the arithmetic task, ``tests/toy_run.py --real``): a
+"""Whole runs of the real model (SmolLM2-135M-Instruct on the arithmetic task, ``tests/support/toy_run.py --real``): a
 GRPO run killed after a checkpoint in the middle of a rollout resumes byte-identical to an uninterrupted one, and
 two processes train it under DeepSpeed ZeRO-2."""
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TWO_PROCESSES, ZERO, read_logs, run_toy
 from safetensors.torch import load_file
-from toy_run import make_config, make_trainer
+from support.toy_run import make_config, make_trainer
 
 from steadyrl.checkpoint import CheckpointError, verify_checkpoint
 from steadyrl.checkpoint.files import write_manifest

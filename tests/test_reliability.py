@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_logs, run_entries, run_toy
-from toy_run import make_trainer
+from conftest import ROOT, TOY_RUN, read_logs, run_entries, run_toy
+from support.toy_run import make_trainer
 from transformers import TrainerCallback
 
 from steadyrl.checkpoint import CheckpointError, scan_checkpoints, verify_checkpoint
@@ -33,7 +33,7 @@ FUZZ_RUNS = {  # save every step, so kills land in checkpoint writes and rotatio
 def test_crash_fuzzing_resumes_to_the_uninterrupted_result(tmp_path, toy_path, name):
     algorithm, overrides = FUZZ_RUNS[name]
     settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *overrides]
-    cmd = [sys.executable, str(ROOT / "tests" / "crash_fuzz.py"), str(tmp_path), "--algorithm", algorithm]
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz.py"), str(tmp_path), "--algorithm", algorithm]
     cmd += ["--kills", str(KILLS), "--seed", "0", "--set", *settings]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     output = proc.stdout + proc.stderr
@@ -71,7 +71,7 @@ def test_really_full_filesystem(tmp_path, toy_path):
     """A 60 MiB tmpfs holds one 37 MB toy checkpoint but not two: the second save fails on a real ENOSPC."""
     out, kept = tmp_path / "out", tmp_path / "kept"
     out.mkdir(), kept.mkdir()
-    train = f"{sys.executable} {ROOT / 'tests' / 'toy_run.py'} {out} --set max_steps=6"
+    train = f"{sys.executable} {TOY_RUN} {out} --set max_steps=6"
     script = f"mount -t tmpfs -o size=60m tmpfs {out} && {{ {train}; echo $? > {kept}/rc; cp -a {out}/. {kept}/; }}"
     cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -154,7 +154,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_143(uninterrupted_run, 
 
 def test_sigint_from_outside_stops_cleanly(tmp_path, toy_path):
     """Ctrl-C (SIGINT sent by another process while the run trains) also ends in a checkpoint, with status 130."""
-    cmd = [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(tmp_path), "--set", "max_steps=200"]
+    cmd = [sys.executable, str(TOY_RUN), str(tmp_path), "--set", "max_steps=200"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in proc.stdout:  # the first logged step
@@ -180,7 +180,7 @@ def test_a_signal_during_the_last_step_lets_the_run_complete(uninterrupted_run, 
 
 def test_second_signal_exits_at_once(tmp_path, toy_path):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(tmp_path), "--signal-at", "4", "--signal-again"],
+        [sys.executable, str(TOY_RUN), str(tmp_path), "--signal-at", "4", "--signal-again"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == -15, proc.stderr[-3000:]

@@ -104,7 +104,7 @@ def test_any_damaged_file_is_refused(uninterrupted, tmp_path, damage, algorithm)
 
 
 def test_explicit_damaged_checkpoint_stops_with_error_naming_file(uninterrupted, tmp_path, algorithm):
-    from toy_run import make_trainer
+    from support.toy_run import make_trainer
 
     damaged = "critic_optimizer.pt" if algorithm == "ppo" else "optimizer.pt"
     shutil.copytree(uninterrupted / "checkpoint-9", tmp_path / "checkpoint-9")
@@ -116,7 +116,7 @@ def test_explicit_damaged_checkpoint_stops_with_error_naming_file(uninterrupted,
 
 
 def test_resume_with_changed_batch_hierarchy_is_refused_before_any_step(uninterrupted, tmp_path, algorithm):
-    from toy_run import make_trainer
+    from support.toy_run import make_trainer
 
     shutil.copytree(uninterrupted / "checkpoint-6", tmp_path / "checkpoint-6")
     trainer = make_trainer(tmp_path, algorithm=algorithm, train_batch_size=8, micro_train_batch_size=4)
@@ -126,7 +126,7 @@ def test_resume_with_changed_batch_hierarchy_is_refused_before_any_step(uninterr
 
 
 def test_resume_from_config_field_and_fresh_start(uninterrupted, tmp_path, caplog, algorithm):
-    from toy_run import make_trainer
+    from support.toy_run import make_trainer
 
     fresh = make_trainer(tmp_path / "empty", algorithm=algorithm, resume_from_checkpoint="true", max_steps=1)
     fresh.train()
@@ -154,7 +154,7 @@ def test_a_checkpoint_of_the_previous_state_format_resumes_exactly(uninterrupted
     import json
 
     from safetensors.torch import load_file, save_file
-    from toy_run import make_trainer
+    from support.toy_run import make_trainer
 
     from steadyrl.checkpoint.files import write_manifest
 

@@ -8,8 +8,8 @@ original model's scores on that text tokenized the policy's way.
 import copy
 
 import torch
+from support.toy_run import make_trainer
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from toy_run import make_trainer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForSequenceClassification
 
 from steadyrl.models.scalar_head import sequence_scores

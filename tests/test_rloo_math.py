@@ -1,7 +1,7 @@
 """RLOO's leave-one-out advantages and clipped loss against hand-computed values."""
 
 import torch
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 
 from steadyrl.ops import leave_one_out_advantages, sequence_kl, whiten
 from steadyrl.rollout import Rollout

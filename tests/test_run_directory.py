@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import run_entries
 from datasets import Dataset
-from toy_run import make_config, make_trainer
+from support.toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import RLOOTrainer

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import TOY_RUN
 
 from steadyrl.reporting.quiet import VLLM_LOG_SETTINGS, quiet_vllm_logs
 
@@ -19,7 +19,7 @@ TIMINGS = {"tokens_per_second", "train_runtime", "train_steps_per_second", "trai
 
 
 def run(output_dir, *flags, overrides=()) -> str:
-    cmd = [sys.executable, str(ROOT / "tests" / "toy_run.py"), str(output_dir), *flags,
+    cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags,
            "--set", "max_steps=4", "save_steps=2", "disable_tqdm=false", *overrides]  # fmt: skip
     env = {name: value for name, value in os.environ.items() if name not in VLLM_LOG_SETTINGS}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

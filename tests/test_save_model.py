@@ -1,7 +1,7 @@
 """save_model writes the actor only, in plain Hugging Face format, loadable and generating."""
 
 import torch
-from toy_run import make_trainer
+from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 

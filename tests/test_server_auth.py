@@ -14,8 +14,8 @@ import urllib.request
 
 import pytest
 from conftest import ROOT, free_port
+from support.vllm_server_standin import model_config, start
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from vllm_server_standin import model_config, start
 
 from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.generation import SamplingSettings, VLLMServerError

@@ -4,7 +4,7 @@ errors for the old order and for TRL parameters steadyrl does not take."""
 
 import pytest
 import torch
-from toy_run import make_config
+from support.toy_run import make_config
 from transformers import AutoModelForCausalLM
 
 from steadyrl import GRPOTrainer, OnlineDPOTrainer, PPOConfig, PPOTrainer, RLOOTrainer

@@ -3,7 +3,7 @@ generation settings, loading settings, dropout, dataset order and columns, onlin
 
 import pytest
 import torch
-from toy_run import make_config, make_trainer
+from support.toy_run import make_config, make_trainer
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForSequenceClassification
 
 from steadyrl import OnlineDPOTrainer, RLOOTrainer

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import ROOT, read_logs, run_toy
 from peft import LoraConfig, get_peft_model
+from support.toy_run import make_config, make_trainer
 from test_resume import assert_same_result
-from toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
 from steadyrl import RLOOTrainer

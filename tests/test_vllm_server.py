@@ -22,8 +22,8 @@ import urllib.request
 import pytest
 import torch
 from conftest import ROOT, free_port, read_logs, run_toy
+from support.toy_run import make_trainer
 from test_resume import assert_same_result
-from toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from steadyrl.cli.main import main as steadyrl_main

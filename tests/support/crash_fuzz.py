@@ -1,7 +1,7 @@
 """Crash fuzzing: SIGKILL a toy training run at seeded random moments, resume it after each kill, and check that
 nothing a resume would accept was ever wrong and that the final actor is byte-identical to an uninterrupted run.
 
-    python tests/crash_fuzz.py WORK_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--kills 10] [--seed 0]
+    python tests/support/crash_fuzz.py WORK_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--kills 10] [--seed 0]
                                 [--set key=value ...]
 
 A driver process imports everything once and forks each training attempt, so an attempt costs its own work, not
@@ -23,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from toy_run import make_trainer, parse_overrides
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support.* when run as a script
 
-from steadyrl.checkpoint import scan_checkpoints
+from steadyrl.checkpoint import scan_checkpoints  # noqa: E402
+from support.toy_run import make_trainer, parse_overrides  # noqa: E402
 
 COMPARED = ("actor/model.safetensors", "optimizer.pt", "scheduler.pt", "steadyrl_state.json", "rng_state_0.json")
 

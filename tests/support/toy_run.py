@@ -3,7 +3,7 @@ chosen moments.
 
 As a script::
 
-    python tests/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--resume]
+    python tests/support/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--real] [--set key=value ...]
@@ -23,7 +23,7 @@ import signal
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, when run as a script
 
 from transformers import TrainerCallback  # noqa: E402
 
