@@ -9,7 +9,6 @@ from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import GRPOConfig, RLOOConfig
-from steadyrl.ops import engine_importance_weights, group_relative_advantages, zero_std_groups
 from steadyrl.rollout import Rollout, TokenBatch
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
@@ -149,18 +148,6 @@ def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
     assert_same(ours, theirs)
 
 
-def test_group_relative_advantages_centre_and_scale_as_asked():
-    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 2.0, 4.0])  # 3 prompts x 2 samples; the middle group ties
-    centred = group_relative_advantages(rewards, 2, "none")
-    assert torch.equal(centred, torch.tensor([0.5, -0.5, 0.0, 0.0, -1.0, 1.0]))
-    group = group_relative_advantages(rewards, 2, "group")
-    stds = torch.tensor([0.5, 0.0, 1.0]).mul(2**0.5).repeat_interleave(2)  # unbiased std of each pair
-    torch.testing.assert_close(group, centred / (stds + 1e-4))
-    batch = group_relative_advantages(rewards, 2, "batch", batch_std=torch.tensor(3.0))
-    torch.testing.assert_close(batch, centred / 3.0001)
-    assert zero_std_groups(rewards, 2).tolist() == [False, True, False]
-
-
 def test_dapo_normaliser_counts_loss_tokens_of_the_rollout_per_micro_batch(tmp_path):
     trainer = make_trainer(tmp_path, algorithm="grpo", mask_truncated_completions=True)  # 8 samples, 4 micro-batches
     mask = torch.ones(8, 6, dtype=torch.long)
@@ -180,18 +167,6 @@ def test_beta_zero_makes_no_reference_and_runs_no_reference_pass(tmp_path):
     assert "kl" not in trainer.state.log_history[0]
     with_kl = make_trainer(tmp_path / "kl", algorithm="grpo", beta=0.04)
     assert with_kl.ref_model is not None
-
-
-def test_engine_importance_weights_truncate_or_mask():
-    trainer_logprobs = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1]]))
-    engine = torch.log(torch.tensor([[0.1, 0.5], [0.3, 0.1]]))  # token ratios 5, 1 / 3, 1
-    mask = torch.tensor([[1, 1], [1, 0]])
-    truncated = engine_importance_weights(trainer_logprobs, engine, mask, "token_truncate", 3.0)
-    torch.testing.assert_close(truncated, torch.tensor([[3.0, 1.0], [3.0, 1.0]]))
-    masked = engine_importance_weights(trainer_logprobs, engine, mask, "token_mask", 4.0)
-    torch.testing.assert_close(masked, torch.tensor([[0.0, 1.0], [3.0, 1.0]]))
-    sequence = engine_importance_weights(trainer_logprobs, engine, mask, "sequence_truncate", 4.0, 0.5)
-    torch.testing.assert_close(sequence, torch.tensor([[4.0], [3.0]]))
 
 
 @pytest.mark.parametrize(

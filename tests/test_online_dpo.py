@@ -7,8 +7,8 @@ from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import JudgeError, OnlineDPOConfig
-from steadyrl.ops import chosen_first_order, pair_ties, pair_weights, preference_loss
-from steadyrl.rollout import Rollout, TokenBatch, minibatch_schedule
+from steadyrl.ops import chosen_first_order, pair_ties, pair_weights
+from steadyrl.rollout import Rollout, TokenBatch
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 P, PROMPT_LEN, COMPLETION_LEN, BETA = 3, 4, 5, 0.3
@@ -158,21 +158,6 @@ def test_pairs_are_ordered_chosen_first_and_ties_follow_the_tie_rule(tmp_path, t
     assert labelled.scores.tolist() == pytest.approx([0.9, 0.2, 0.5, 0.1, 0.3, 0.3, 0.0, -1.0])
     assert labelled.pair_weight.tolist() == [1, 1, 1, 1, tie_weight, tie_weight, 1, 1]
     assert added.metrics["ties"] == 0.25
-
-
-def test_preference_losses_against_their_formulas():
-    logits = torch.tensor([-1.0, 0.0, 2.0])
-    torch.testing.assert_close(preference_loss(logits, 0.5, "sigmoid"), -torch.log(torch.sigmoid(0.5 * logits)))
-    torch.testing.assert_close(preference_loss(logits, 0.5, "ipo"), (logits - 1.0) ** 2)
-
-
-def test_pairs_stay_whole_and_in_order_in_every_minibatch():
-    schedule = minibatch_schedule(num_samples=16, minibatch_size=4, num_epochs=3, group_size=2)
-    assert len(schedule) == 12 and all(len(batch) == 4 for batch in schedule)
-    for batch in schedule:
-        assert all(batch[i] % 2 == 0 and batch[i + 1] == batch[i] + 1 for i in range(0, 4, 2))
-    for epoch in range(3):
-        assert sorted(i for batch in schedule[4 * epoch : 4 * epoch + 4] for i in batch) == list(range(16))
 
 
 def test_beta_schedule_follows_the_epoch_of_each_rollout(tmp_path):
