@@ -1,4 +1,4 @@
-"""The README's table of bad input ("## When input is wrong"), checked row by row, so the two cannot drift apart.
+"""The table of bad input (docs/errors.md, "When input is wrong"), checked row by row, so the two cannot drift apart.
 
 Every row's id has a trigger below that provokes its error in-process. The test fails when a row has no trigger, a
 trigger has no row, or the error differs from the table's text ``Type: message``: the exception's type must be
@@ -33,7 +33,8 @@ from steadyrl import GRPOConfig, RLOOTrainer
 from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
-SECTION = "## When input is wrong"
+TABLE_PAGE = "docs/errors.md"
+SECTION = "# When input is wrong"
 
 
 def code_span(cell: str) -> str | None:
@@ -45,20 +46,20 @@ def code_span(cell: str) -> str | None:
     return text[1:-1] if text.startswith(" ") and text.endswith(" ") and text.strip() else text
 
 
-def readme_rows() -> dict[str, str]:
-    """``{row id: error text}`` from the table in README.md's "When input is wrong" section."""
-    readme = (ROOT / "README.md").read_text()
-    assert SECTION in readme, f"README.md has no '{SECTION}' section"
-    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+def table_rows() -> dict[str, str]:
+    """``{row id: error text}`` from the table of TABLE_PAGE's "When input is wrong" section."""
+    page = (ROOT / TABLE_PAGE).read_text()
+    assert SECTION in page, f"{TABLE_PAGE} has no '{SECTION}' section"
+    section = page.split(SECTION, 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if not line.startswith("|") or len(cells) != 4 or cells[0] in ("id", "") or set(cells[0]) <= set("-: "):
             continue
         row_id = cells[0].strip("`")
-        assert row_id not in rows, f"README row {row_id!r} appears twice"
+        assert row_id not in rows, f"{TABLE_PAGE} row {row_id!r} appears twice"
         rows[row_id] = code_span(cells[3])
-        assert rows[row_id], f"README row {row_id!r}: its error cell has no `Type: message` code span"
+        assert rows[row_id], f"{TABLE_PAGE} row {row_id!r}: its error cell has no `Type: message` code span"
     return rows
 
 
@@ -1007,18 +1008,18 @@ def _(ctx):
 
 # ---- the test -------------------------------------------------------------------------------------------------------
 
-ROWS = readme_rows()
+ROWS = table_rows()
 
 
 @pytest.mark.parametrize("row_id", sorted(set(ROWS) | set(TRIGGERS)))
 def test_readme_error_table_row(row_id, tmp_path, request, monkeypatch, capsys):
-    assert row_id in ROWS, f"trigger {row_id!r} has no row in README.md's '{SECTION}' table"
-    assert row_id in TRIGGERS, f"README.md's row {row_id!r} has no trigger in {Path(__file__).name}"
+    assert row_id in ROWS, f"trigger {row_id!r} has no row in {TABLE_PAGE}'s '{SECTION}' table"
+    assert row_id in TRIGGERS, f"{TABLE_PAGE}'s row {row_id!r} has no trigger in {Path(__file__).name}"
     expected = ROWS[row_id]
     assert re.match(r"(\w+|exit \d+): \S", expected), f"{row_id}: the error must read `Type: message`: {expected!r}"
     try:
         actual = TRIGGERS[row_id](Context(tmp_path, request, monkeypatch, capsys))
     except Exception as err:
         actual = f"{type(err).__name__}: {err}"
-    assert actual is not None, f"{row_id}: no error was raised; README.md says {expected!r}"
-    assert matches(expected, actual), f"{row_id}: README.md says\n  {expected}\nbut the error is\n  {actual}"
+    assert actual is not None, f"{row_id}: no error was raised; {TABLE_PAGE} says {expected!r}"
+    assert matches(expected, actual), f"{row_id}: {TABLE_PAGE} says\n  {expected}\nbut the error is\n  {actual}"
