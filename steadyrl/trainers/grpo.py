@@ -12,6 +12,7 @@ Unlike RLOO's, GRPO's KL term is part of the loss, not of the reward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -49,39 +50,12 @@ GRPO_UNSUPPORTED = {
 
 
 @dataclass
-class GRPOConfig(PolicyLossOptions, OnPolicyConfig):
-    """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
-    ``loss_type`` ``dapo``; 8 completions per prompt).
+class GRPODefaultOnlyFields:
+    """TRL's GRPO fields for what steadyrl's GRPO does not do: refused unless at TRL's default (``GRPO_UNSUPPORTED``),
+    or settings of those, without effect."""
 
-    Args:
-        scale_rewards: divide the group-centred rewards by the std of the group (``"group"`` or True), of the whole
-            batch across processes (``"batch"``), or not at all (``"none"`` or False, Dr. GRPO).
-        multi_objective_aggregation: ``sum_then_normalize`` (weight and sum the rewards, then centre and scale) or
-            ``normalize_then_sum`` (centre and scale each reward in its group, weight and sum, then normalise over
-            the batch; GDPO).
-        use_bias_correction_kl: weight the KL term by the importance ratio (TRL's default True).
-        loss_type, importance_sampling_level, delta, vllm_importance_sampling_*: see ``PolicyLossOptions``.
+    settings_group: ClassVar[str] = "TRL's GRPO fields accepted only at TRL's default"
 
-    Example::
-
-        GRPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=8, loss_type="dr_grpo",
-                   scale_rewards="batch", epsilon_high=0.28, beta=0.04, save_steps=100)
-    """
-
-    _default_samples_per_prompt = 8
-    unsupported_trl_fields = GRPO_UNSUPPORTED
-
-    scale_rewards: str = field(
-        default="group", metadata={"help": "Scale the centred rewards by the std of: group, batch, or none."}
-    )
-    multi_objective_aggregation: str = field(
-        default="sum_then_normalize", metadata={"help": "sum_then_normalize or normalize_then_sum."}
-    )
-    use_bias_correction_kl: bool = field(
-        default=True, metadata={"help": "Weight the KL term by the importance ratio."}
-    )
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
-    # Accepted only at TRL's default (GRPO_UNSUPPORTED).
     top_entropy_quantile: float = field(default=1.0, metadata={"help": "Only 1.0."})
     entropy_coef: float = field(default=0.0, metadata={"help": "Only 0.0."})
     use_adaptive_entropy: bool = field(default=False, metadata={"help": "Only False."})
@@ -99,6 +73,39 @@ class GRPOConfig(PolicyLossOptions, OnPolicyConfig):
     vespo_lambda_pos: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
     vespo_k_neg: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
     vespo_lambda_neg: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
+
+
+@dataclass
+class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
+    """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
+    ``loss_type`` ``dapo``; 8 completions per prompt). Each field's ``help`` describes it (docs/configuration.md
+    lists them).
+
+    Example::
+
+        GRPOConfig(output_dir="out", num_generations=4, per_device_train_batch_size=8, loss_type="dr_grpo",
+                   scale_rewards="batch", epsilon_high=0.28, beta=0.04, save_steps=100)
+    """
+
+    settings_group: ClassVar[str] = "GRPO"
+    _default_samples_per_prompt = 8
+    unsupported_trl_fields = GRPO_UNSUPPORTED
+
+    scale_rewards: str = field(
+        default="group",
+        metadata={"help": "Divide the group-centred rewards by the std of the group ('group' or True), of the whole "
+                  "batch across processes ('batch'), or not at all ('none' or False, Dr. GRPO)."},
+    )  # fmt: skip
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata={"help": "sum_then_normalize (weight and sum the rewards, then centre and scale) or "
+                  "normalize_then_sum (centre and scale each reward in its group, weight and sum, then normalise "
+                  "over the batch; GDPO)."},
+    )  # fmt: skip
+    use_bias_correction_kl: bool = field(
+        default=True, metadata={"help": "Weight the KL term by the importance ratio (TRL's default True)."}
+    )
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
 
     def __post_init__(self):
         as_bool = {True: "group", False: "none", "true": "group", "false": "none"}  # TRL's booleans; the CLI's text

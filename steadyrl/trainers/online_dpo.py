@@ -15,6 +15,7 @@ Log-probs are the policy's own (temperature 1), as in TRL: ``temperature`` shape
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel, TrainingArguments
@@ -34,6 +35,7 @@ from ..ops import (
 from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
 from .config.batch_hierarchy import check_positive_int
+from .config.field_groups import inherited_field
 from .config.on_policy_config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
 from .config.trl_calls import refuse_unused
 from .config.trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
@@ -52,16 +54,8 @@ class OnlineDPOConfig(OnPolicyConfig):
     2 x per_device_train_batch_size) and, unless a rollout size is given, each optimizer step generates its own
     pairs (rollout_batch_size = per_device_train_batch_size x processes x gradient_accumulation_steps prompts).
     ``max_new_tokens`` is ``max_completion_length``, and ``max_length`` (prompt + completion) sets
-    max_prompt_length = max_length - max_completion_length.
-
-    Args:
-        beta: strength of the pull towards the reference (IPO: its tau); a float, or one value per epoch over the
-            dataset, the last holding for the remaining epochs.
-        loss_type: ``sigmoid`` (DPO) or ``ipo``.
-        tie_rule: for a pair whose completions score the same, ``skip`` (weight 0) or ``first`` (the first
-            sampled completion is chosen, as TRL does).
-        reward_model_path: path or Hub id of the reward model, when the trainer is given none.
-        disable_dropout: as in ``OnPolicyConfig``, but True by default, as in TRL's online DPO.
+    max_prompt_length = max_length - max_completion_length. Each field's ``help`` describes it
+    (docs/configuration.md lists them); ``disable_dropout`` is True by default here, as in TRL's online DPO.
 
     Example::
 
@@ -69,6 +63,7 @@ class OnlineDPOConfig(OnPolicyConfig):
                         beta=[0.1, 0.05], loss_type="sigmoid", learning_rate=5e-7)
     """
 
+    settings_group: ClassVar[str] = "Online DPO"
     _default_samples_per_prompt = 2
     _completions_per_item = 2  # TRL's per_device_train_batch_size counts prompts, each with a pair of completions
 
@@ -99,9 +94,7 @@ class OnlineDPOConfig(OnPolicyConfig):
         metadata={"help": "TRL's name: prompt + completion tokens; sets max_prompt_length = max_length - "
                   "max_completion_length."},
     )  # fmt: skip
-    disable_dropout: bool = field(
-        default=True, metadata={"help": "Disable dropout in the trained and reference models."}
-    )
+    disable_dropout: bool = inherited_field(OnPolicyConfig, "disable_dropout", True)
 
     def __post_init__(self):
         super().__post_init__()

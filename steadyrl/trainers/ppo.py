@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel, get_scheduler
@@ -56,20 +57,23 @@ logger = logging.get_logger(__name__)
 
 
 @dataclass
-class PPOConfig(OnPolicyConfig):
-    """``OnPolicyConfig`` plus PPO's critic, GAE, KL-control and reward-processing options.
+class OldPPONames:
+    """TRL's old ``PPOConfig`` names: two map onto steadyrl's fields, two are refused with what to use instead."""
 
-    Args:
-        gamma, lam: discount and GAE lambda, in (0, 1].
-        cliprange_value: clipping range of the value update; vf_coef: weight of the value loss.
-        kl_estimator: per-token KL estimator in the reward, ``k1`` or ``k3``.
-        target_kl, kl_horizon: adaptive KL control, steering ``kl_coef`` (starting at ``beta``) towards
-            ``target_kl`` by at most 20% x samples / ``kl_horizon`` per rollout; off when ``target_kl`` is None.
-        whiten_advantages: whiten the advantages over each rollout.
-        normalize_reward: normalise scores by their running mean and std over the whole run.
-        reward_clip_range: clip the (normalised) scores to +-this (RLOOConfig's, as TRL's, is a (min, max) pair).
-        critic_learning_rate: the critic's learning rate (default ``learning_rate``).
-        critic_warmup_steps: first global steps in which only the critic learns.
+    settings_group: ClassVar[str] = "TRL's old PPO names"
+
+    kl_coef: float | None = field(default=None, metadata={"help": "TRL's old PPO name of beta."})
+    response_length: int | None = field(default=None, metadata={"help": "TRL's old PPO name of max_completion_length."})
+    num_mini_batches: int | None = field(default=None, metadata={"help": "Not supported: set train_batch_size."})
+    whiten_rewards: bool | None = field(
+        default=None, metadata={"help": "Not supported: see normalize_reward and whiten_advantages."}
+    )
+
+
+@dataclass
+class PPOConfig(OldPPONames, OnPolicyConfig):
+    """``OnPolicyConfig`` plus PPO's critic, GAE, KL-control and reward-processing options. Each field's ``help``
+    describes it (docs/configuration.md lists them).
 
     Example::
 
@@ -77,36 +81,33 @@ class PPOConfig(OnPolicyConfig):
                   micro_train_batch_size=4, num_ppo_epochs=2, learning_rate=5e-7, critic_learning_rate=9e-6)
     """
 
+    settings_group: ClassVar[str] = "PPO"
+
     gamma: float = field(default=1.0, metadata={"help": "Discount factor, in (0, 1]."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda, in (0, 1]."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Clipping range of the value update."})
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
     kl_estimator: str = field(default="k1", metadata={"help": "Per-token KL estimator in the reward: k1 or k3."})
     target_kl: float | None = field(
-        default=None, metadata={"help": "Adaptive KL control (Ziegler et al.): steer kl_coef towards this KL."}
-    )
+        default=None,
+        metadata={"help": "Adaptive KL control (Ziegler et al.): steer kl_coef (starting at beta) towards this KL by "
+                  "a relative change of at most 0.2 x samples / kl_horizon per rollout; None: off."},
+    )  # fmt: skip
     kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in samples) of adaptive KL control."})
     whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over each rollout."})
     normalize_reward: bool = field(
         default=False, metadata={"help": "Normalise scores by their running mean and std over the whole run."}
     )
     reward_clip_range: float | None = field(
-        default=None, metadata={"help": "Clip (normalised) scores to [-reward_clip_range, reward_clip_range]."}
-    )
+        default=None,
+        metadata={"help": "Clip (normalised) scores to [-reward_clip_range, reward_clip_range] (RLOO's, as TRL's, is "
+                  "a (min, max) pair)."},
+    )  # fmt: skip
     critic_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the critic; learning_rate if unset."}
     )
     critic_warmup_steps: int = field(
         default=0, metadata={"help": "First global steps in which only the critic learns (the actor is frozen)."}
-    )
-    # TRL's old PPOConfig names: two map onto steadyrl's fields, two are refused with what to use instead
-    kl_coef: float | None = field(default=None, metadata={"help": "TRL's old PPO name of beta."})
-    response_length: int | None = field(
-        default=None, metadata={"help": "TRL's old PPO name of max_completion_length."}
-    )
-    num_mini_batches: int | None = field(default=None, metadata={"help": "Not supported: set train_batch_size."})
-    whiten_rewards: bool | None = field(
-        default=None, metadata={"help": "Not supported: see normalize_reward and whiten_advantages."}
     )
 
     def __post_init__(self):
@@ -126,7 +127,6 @@ class PPOConfig(OnPolicyConfig):
             raise ValueError(f"kl_estimator={self.kl_estimator!r} is invalid: use 'k1' or 'k3'.")
         if self.critic_warmup_steps < 0:
             raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps} is invalid: it must be >= 0.")
-
 
     def _resolve_old_trl_names(self) -> None:
         for old, own, meaning, default in (("kl_coef", "beta", "the KL coefficient", 0.05),

@@ -34,16 +34,8 @@ from .loop.on_policy import OnPolicyTrainer
 @dataclass
 class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
     """``OnPolicyConfig`` plus RLOO's options; ``n_samples_per_prompt`` (k, TRL: ``num_generations``) must be at
-    least 2. The KL penalty (``beta``) is part of the reward, as in TRL's RLOO.
-
-    Args:
-        loss_type: ``bnpo`` (default: the clipped surrogate per token, token mean over the micro-batch), ``rloo``
-            (TRL's RLOO loss: one importance ratio per sequence, exp of its summed token log-ratios, clipped, mean
-            over the sequences), or ``grpo``, ``dr_grpo``, ``dapo`` (see ``PolicyLossOptions``, with
-            ``importance_sampling_level``, ``delta`` and the vLLM importance-sampling correction).
-        normalize_advantages: whiten the advantages over the rollout.
-        reward_clip_range: ``(min, max)``: clip each score to it before the KL penalty; ``None``: no clipping (as TRL's
-            RLOO; PPO's ``reward_clip_range`` is one bound, ``[-x, x]``).
+    least 2. The KL penalty (``beta``) is part of the reward, as in TRL's RLOO. Each field's ``help`` describes it
+    (docs/configuration.md lists them).
 
     Example::
 
@@ -51,17 +43,21 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
                    micro_train_batch_size=8, beta=0.05, learning_rate=1e-6, save_steps=100)
     """
 
+    settings_group: ClassVar[str] = "RLOO"
     extra_loss_types: ClassVar[tuple[str, ...]] = ("rloo",)
 
     loss_type: str = field(
         default="bnpo",
-        metadata={"help": "bnpo (per-token clip, token mean), rloo (TRL's RLOO: one ratio per sequence), grpo, "
-                  "dr_grpo or dapo."},
+        metadata={"help": "bnpo (the clipped surrogate per token, token mean over the micro-batch), rloo (TRL's RLOO "
+                  "loss: one importance ratio per sequence, exp of its summed token log-ratios, clipped, mean over "
+                  "the sequences), or grpo, dr_grpo, dapo (as in GRPO)."},
     )  # fmt: skip
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
     reward_clip_range: list[float] | None = field(
-        default=None, metadata={"help": "(min, max): clip each score to this range; None: no clipping."}
-    )
+        default=None,
+        metadata={"help": "(min, max): clip each score to this range before the KL penalty; None: no clipping (as "
+                  "TRL's RLOO; PPO's reward_clip_range is one bound, [-x, x])."},
+    )  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()

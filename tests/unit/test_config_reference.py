@@ -4,6 +4,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from transformers import HfArgumentParser
 
 from steadyrl.trainers import ALGORITHMS, OnPolicyConfig
 from steadyrl.trainers.config.reference import COMMAND, configuration_page, field_owner, steadyrl_fields
@@ -23,6 +24,12 @@ def test_every_steadyrl_field_has_a_group_and_one_help(config_class):
         assert "settings_group" in vars(group), f"{group.__name__} declares fields but names no settings_group"
         for config_field in group_fields:
             assert config_field.metadata.get("help"), f"{config_class.__name__}.{config_field.name} has no help"
+
+
+@pytest.mark.parametrize("config_class", CONFIGS, ids=lambda cls: cls.__name__)
+def test_help_texts_survive_argparse(config_class):
+    """argparse expands ``%`` in help texts: a stray one breaks ``steadyrl <algorithm> --help``."""
+    assert "--vllm_server_port" in HfArgumentParser(config_class).format_help()
 
 
 def test_every_shared_field_but_the_trl_ones_is_in_a_group_of_its_own():

@@ -10,99 +10,38 @@ Three kinds of TRL field:
 - fields for what steadyrl does not do (continuous batching, structured outputs, ...), declared with TRL's default and
   refused when set to anything else (``UNSUPPORTED``), so that none is silently ignored.
 
-``TRLNames`` declares the first and last kind, the batch names TRL shares with ``TrainingArguments`` with ``None``
-defaults (to tell "given" from "default"), and TR-DPO's reference syncing (``sync_ref_model``), which steadyrl does
-as TRL does. The functions here are pure; ``OnPolicyConfig.__post_init__`` applies them.
+``TRLNames`` declares the first and last kind; the batch sizes are declared with the batch hierarchy
+(field_groups.py), and the TRL fields steadyrl supports as they are (``sync_ref_model``, ``vllm_mode`` and the vLLM
+server's ``vllm_server_*``, ...) in their groups there. The functions here are pure; ``OnPolicyConfig.__post_init__``
+applies them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
-class TRLNames:
-    """The fields TRL's RLOO and online-DPO configs declare that are synonyms of steadyrl's, that steadyrl refuses, or
-    that it takes as TRL does (``sync_ref_model`` and its two settings).
+class TRLSynonymFields:
+    settings_group: ClassVar[str] = "TRL's names for steadyrl's settings"
 
-    A mixin of ``OnPolicyConfig``; its ``None`` defaults mean "not given" and are resolved in ``__post_init__``.
-    """
-
-    per_device_train_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "TRL's name: completions per device per forward/backward (= micro_train_batch_size; "
-                  "online DPO: prompts, each with 2 completions). Default 8."},
-    )  # fmt: skip
-    gradient_accumulation_steps: int | None = field(
-        default=None,
-        metadata={"help": "Micro-batches per optimizer step: train_batch_size / (micro_train_batch_size x "
-                  "processes). Default 1 when train_batch_size is not given."},
-    )  # fmt: skip
     num_generations: int | None = field(default=None, metadata={"help": "TRL's name of n_samples_per_prompt."})
-    generation_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "TRL's name: completions per rollout (= rollout_batch_size x n_samples_per_prompt). "
-                  "Excludes steps_per_generation."},
-    )  # fmt: skip
-    steps_per_generation: int | None = field(
-        default=None,
-        metadata={"help": "TRL's name: micro-batches per rollout (generation_batch_size = per_device_train_batch_size "
-                  "x processes x steps_per_generation). Default gradient_accumulation_steps."},
-    )  # fmt: skip
     num_iterations: int | None = field(default=None, metadata={"help": "TRL's name of num_ppo_epochs."})
     epsilon: float | None = field(default=None, metadata={"help": "TRL's name of cliprange."})
     epsilon_high: float | None = field(default=None, metadata={"help": "TRL's name of cliprange_high."})
     vllm_max_model_length: int | None = field(default=None, metadata={"help": "TRL's name of vllm_max_model_len."})
 
-    # TR-DPO's reference syncing (TRL's SyncRefModelCallback), with TRL's defaults and help texts.
-    sync_ref_model: bool = field(
-        default=False,
-        metadata={
-            "help": "Whether to synchronize the reference model with the active model every `ref_model_sync_steps` "
-            "steps, using the `ref_model_mixup_alpha` parameter."
-        },
-    )
-    ref_model_mixup_alpha: float = field(
-        default=0.6,
-        metadata={
-            "help": "α parameter from the TR-DPO paper, which controls the mix between the current policy and the "
-            "previous reference policy during updates. The reference policy is updated according to the equation: "
-            "`π_ref = α * π_θ + (1 - α) * π_ref_prev`. To use this parameter, you must set `sync_ref_model=True`."
-        },
-    )
-    ref_model_sync_steps: int = field(
-        default=512,
-        metadata={
-            "help": "τ parameter from the TR-DPO paper, which determines how frequently the current policy is "
-            "synchronized with the reference policy. To use this parameter, you must set `sync_ref_model=True`."
-        },
-    )
 
-    # Accepted only at TRL's default (see UNSUPPORTED).
-    vllm_mode: str = field(
-        default="colocate",
-        metadata={"help": "With use_vllm=True: 'colocate' (vLLM runs in each training process) or 'server' "
-                  "(generation requests go to a running `vllm serve`; see vllm_server_*)."},
-    )  # fmt: skip
+@dataclass
+class TRLDefaultOnlyFields:
+    """TRL's fields for what steadyrl does not do: each is refused unless at TRL's default (see ``UNSUPPORTED``)."""
+
+    settings_group: ClassVar[str] = "TRL fields accepted only at TRL's default"
+
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Only 'vllm'."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported: leave unset."})
-    vllm_server_base_url: str | None = field(
-        default=None,
-        metadata={"help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000'; replaces "
-                  "vllm_server_host and vllm_server_port."},
-    )  # fmt: skip
-    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "vllm_mode='server': the server's host."})
-    vllm_server_port: int = field(default=8000, metadata={"help": "vllm_mode='server': the server's port."})
-    vllm_server_timeout: float = field(
-        default=240.0, metadata={"help": "vllm_mode='server': seconds to wait for any one answer of the server."}
-    )
-    vllm_group_port: int = field(
-        default=51216,
-        metadata={"help": "vllm_mode='server' with vllm_server_weight_transfer='nccl': the port of the NCCL "
-                  "rendezvous between the trainer and the server's workers."},
-    )  # fmt: skip
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Only True: under ZeRO-3 the actor is gathered to generate."}
     )
@@ -116,6 +55,13 @@ class TRLNames:
         default=None, metadata={"help": "Not supported (use_transformers_continuous_batching)."}
     )
     use_transformers_paged: bool = field(default=False, metadata={"help": "Not supported (TRL: deprecated)."})
+
+
+@dataclass
+class TRLNames(TRLDefaultOnlyFields, TRLSynonymFields):
+    """The TRL fields of ``OnPolicyConfig`` that are not steadyrl settings of their own: synonyms, and fields refused
+    unless at TRL's default. A mixin; its ``None`` defaults mean "not given" and are resolved in ``__post_init__``.
+    """
 
 
 # ---- fields refused unless at TRL's default -------------------------------------------------------------------------

@@ -27,21 +27,8 @@ from ..config.value_checks import finite
 
 @dataclass
 class PolicyLossOptions:
-    """The policy-loss fields of ``GRPOConfig`` and ``RLOOConfig`` (TRL's names and meanings).
-
-    Args:
-        loss_type: how per-token losses become a micro-batch's loss: ``grpo`` (per-sequence mean, then mean over
-            sequences), ``bnpo`` (token mean over the micro-batch), ``dr_grpo`` (token sum / (sequences x
-            max_completion_length)), ``dapo`` (token mean over the whole optimizer step, across gradient
-            accumulation and processes); RLOO also ``rloo``, TRL's RLOO loss (one ratio per sequence).
-        importance_sampling_level: ``token`` (PPO's ratio per token) or ``sequence`` (GSPO: the geometric mean of
-            the sequence's token ratios, one per sequence).
-        delta: cap the unclipped ratio at ``delta`` as well (two-sided clipping, INTELLECT-2); None: no cap.
-        vllm_importance_sampling_correction: with ``use_vllm``, weight each token's loss by pi_trainer / pi_vLLM of
-            the sampled tokens (truncated importance sampling), correcting the engines' numeric mismatch; off by
-            default (TRL: on). ``vllm_importance_sampling_mode``: ``token_truncate``, ``token_mask``,
-            ``sequence_truncate`` or ``sequence_mask``; ``vllm_importance_sampling_clip_max`` / ``_min``: the
-            bounds (``vllm_importance_sampling_cap``: TRL's deprecated name of ``_clip_max``).
+    """The policy-loss fields of ``GRPOConfig`` and ``RLOOConfig`` (TRL's names and meanings); each field's ``help``
+    describes it (docs/configuration.md lists them).
 
     Example::
 
@@ -49,17 +36,30 @@ class PolicyLossOptions:
                    vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
     """
 
-    loss_type: str = field(default="dapo", metadata={"help": f"One of {', '.join(LOSS_TYPES)}."})
+    settings_group: ClassVar[str] = "Policy loss (GRPO and RLOO)"
+
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "How per-token losses become a micro-batch's loss: grpo (per-sequence mean, then mean over "
+                  "sequences), bnpo (token mean over the micro-batch), dr_grpo (token sum / (sequences x "
+                  "max_completion_length)) or dapo (token mean over the whole optimizer step, across gradient "
+                  "accumulation and processes)."},
+    )  # fmt: skip
     importance_sampling_level: str = field(
-        default="token", metadata={"help": "'token' (per-token ratios) or 'sequence' (GSPO: one per sequence)."}
-    )
+        default="token",
+        metadata={"help": "'token' (PPO's ratio per token) or 'sequence' (GSPO: the geometric mean of the sequence's "
+                  "token ratios, one per sequence)."},
+    )  # fmt: skip
     delta: float | None = field(
-        default=None, metadata={"help": "Cap the unclipped importance ratio at delta (two-sided clipping)."}
-    )
+        default=None,
+        metadata={"help": "Cap the unclipped importance ratio at delta as well (two-sided clipping, INTELLECT-2); "
+                  "None: no cap."},
+    )  # fmt: skip
     vllm_importance_sampling_correction: bool = field(
         default=False,
-        metadata={"help": "With use_vllm: weight the loss by pi_trainer / pi_vLLM of the sampled tokens (truncated "
-                  "importance sampling). Off by default."},
+        metadata={"help": "With use_vllm: weight each token's loss by pi_trainer / pi_vLLM of the sampled tokens "
+                  "(truncated importance sampling), correcting the engines' numeric mismatch. Off by default (TRL: "
+                  "on)."},
     )  # fmt: skip
     vllm_importance_sampling_mode: str = field(
         default="sequence_mask", metadata={"help": f"One of {', '.join(ENGINE_CORRECTION_MODES)}."}
