@@ -17,7 +17,7 @@ import tempfile
 import psutil
 import pytest
 from conftest import CONFIGS, TOY_RUN, TWO_PROCESSES, free_port, read_logs
-from test_error_table import matches, readme_rows
+from test_error_table import matches, table_rows
 from test_resume import assert_same_result
 
 from steadyrl.checkpoint import verify_checkpoint
@@ -115,7 +115,7 @@ def test_without_a_shared_output_dir_the_run_refuses_to_start(tmp_path, toy_path
     for cwd in cwds:
         cwd.mkdir()
     outputs = launch_machines("out", cwds=cwds, expect="failure")
-    expected = readme_rows()["output-dir-not-shared"]
+    expected = table_rows()["output-dir-not-shared"]
     for output in outputs:  # both processes raise it (the launcher prefixes each line with "[rank<N>]: ")
         errors = [line.split("shared_dir.", 1)[1] for line in output.splitlines() if "shared_dir.OutputDir" in line]
         assert errors, output[-3000:]
