@@ -1,6 +1,6 @@
 """The documentation holds together: every relative link in README.md, docs/*.md and BENCHMARKS.md reaches an existing
 file (and, with ``#anchor``, a heading of it, by GitHub's slugs), the README stays a short front door that indexes
-every docs page, and its copy of the TRL field table (which test_trl_names.py reads) is docs/coming-from-trl.md's."""
+every docs page."""
 
 from __future__ import annotations
 
@@ -75,16 +75,6 @@ def test_readme_indexes_every_docs_page():
     linked = {(ROOT / link.partition("#")[0]).resolve() for link in relative_links(ROOT / "README.md")}
     unlisted = [page.name for page in sorted((ROOT / "docs").glob("*.md")) if page.resolve() not in linked]
     assert not unlisted, f"docs pages the README's index does not link: {unlisted}"
-
-
-def trl_table(page: Path) -> list[str]:
-    """The rows of the "| TRL field |" table in ``page``, with link targets dropped (they are relative to the page)."""
-    table = "| TRL field |" + page.read_text().split("| TRL field |", 1)[1].split("\n\n", 1)[0]
-    return [re.sub(r"\]\([^)]*\)", "]", row) for row in table.splitlines()]
-
-
-def test_readme_trl_table_is_the_docs_table():
-    assert trl_table(ROOT / "README.md") == trl_table(ROOT / "docs" / "coming-from-trl.md")
 
 
 def test_the_link_checker_catches_what_it_should(tmp_path):

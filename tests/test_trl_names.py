@@ -1,7 +1,7 @@
 """TRL's argument names on steadyrl's configs, against TRL's own: the batch sizes resolve as TRL computes them, and
-every field of TRL's RLOO and online-DPO configs is either honoured or refused (README.md's "Coming from TRL" table
-lists each; a field TRL adds fails here until it is listed). Contradictions and value checks without TRL:
-unit/test_config_resolution.py."""
+every field of TRL's RLOO and online-DPO configs is either honoured or refused (the "Every TRL field" table of
+docs/coming-from-trl.md lists each; a field TRL adds fails here until it is listed). Contradictions and value
+checks without TRL: unit/test_config_resolution.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from transformers import TrainingArguments
 
 from steadyrl import GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
 
-SECTION = "## Coming from TRL"
+SECTION = "## Every TRL field"
+TABLE_PAGE = ROOT / "docs" / "coming-from-trl.md"
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +54,14 @@ def trl_fields(trl_class) -> list[str]:
 
 
 def readme_table() -> dict[str, str]:
-    """``{TRL field: its steadyrl cell}`` from the "TRL field" table of README.md's "Coming from TRL" section."""
-    section = (ROOT / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    """``{TRL field: its steadyrl cell}`` from the "TRL field" table of docs/coming-from-trl.md."""
+    section = TABLE_PAGE.read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
     table = section.split("| TRL field |", 1)[1].split("\n\n", 1)[0]
     rows = {}
     for line in table.splitlines()[2:]:
         names_cell, steadyrl_cell = line.strip().strip("|").split("|", 1)
         for name in re.findall(r"`(\w+)`", names_cell):
-            assert name not in rows, f"{name} appears twice in README's TRL table"
+            assert name not in rows, f"{name} appears twice in the docs' TRL table"
             rows[name] = steadyrl_cell.strip().rstrip("|").strip()
     return rows
 
@@ -149,16 +150,16 @@ def test_every_trl_field_is_in_the_readme_table_and_declared(trl):
         ours = {f.name for f in dataclasses.fields(OURS[algorithm])}
         for name in trl_fields(trl_class):
             declared_by_trl.add(name)
-            assert name in table, f"{trl_class.__name__}.{name} is missing from README's '{SECTION}' table"
+            assert name in table, f"{trl_class.__name__}.{name} is missing from the docs' '{SECTION}' table"
             assert name in ours, f"{OURS[algorithm].__name__} does not declare TRL's {name}"
             refused = table[name].startswith("not supported")
             unsupported = OURS[algorithm].unsupported_trl_fields
-            assert refused == (name in unsupported), f"{name}: README and {algorithm}'s unsupported fields disagree"
+            assert refused == (name in unsupported), f"{name}: the docs and {algorithm}'s unsupported fields disagree"
     stale = set(table) - declared_by_trl - {"per_device_train_batch_size", "gradient_accumulation_steps"}
-    assert not stale, f"README's TRL table lists fields TRL no longer has: {sorted(stale)}"
+    assert not stale, f"the docs' TRL table lists fields TRL no longer has: {sorted(stale)}"
 
 
-# TRL's defaults that steadyrl does not share (README.md, "Coming from TRL", says so for each)
+# TRL's defaults that steadyrl does not share (docs/coming-from-trl.md says so for each)
 DEFAULT_DIFFERENCES = {
     "rloo": {"num_generations": (2, 4), "max_completion_length": (512, 64), "epsilon_high": (None, 0.2)},
     "grpo": {"max_completion_length": (512, 64), "epsilon_high": (None, 0.2),
@@ -185,7 +186,7 @@ def test_defaults_are_trls_except_the_documented_ones(trl, tmp_path, algorithm):
 
 
 def refused_rows() -> list[tuple[str, object, str]]:
-    """(field, value, message) of each "not supported" row of README's TRL table: the value is read off the message."""
+    """(field, value, message) of each "not supported" row of the docs' TRL table: the value is read off the message."""
     rows = []
     for name, cell in readme_table().items():
         if cell.startswith("not supported"):

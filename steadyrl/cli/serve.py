@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
     if args.host not in LOOPBACK:
         print(f"steadyrl vllm-serve: listening on {args.host}: the key travels in clear (HTTP), and the NCCL "
               "rendezvous port of --weight-transfer nccl has no key: keep both ports reachable from the trainer's "
-              "hosts only (README: 'vLLM as a separate server').", file=sys.stderr, flush=True)  # fmt: skip
+              "hosts only (docs/vllm-server.md).", file=sys.stderr, flush=True)  # fmt: skip
     sys.stderr.flush()
     os.execvpe(command[0], command, {**os.environ, **env})
     return 0  # not reached

@@ -23,7 +23,7 @@ from .server_auth import (
     trainer_key,
 )
 
-SERVE_HINT = "start one with 'steadyrl vllm-serve --model MODEL --port PORT' (README: 'vLLM as a separate server')"
+SERVE_HINT = "start one with 'steadyrl vllm-serve --model MODEL --port PORT' (docs/vllm-server.md)"
 
 
 class VLLMServerError(RuntimeError):
@@ -127,8 +127,8 @@ class ServerClient:
                     f"the vLLM server at {self.base_url} checks no key and takes no claim (no {CLAIM_PATH} route: "
                     "it was not started by steadyrl vllm-serve): anyone who reaches it could replace its weights "
                     "through its development routes, and another run could share it. Start it with 'steadyrl "
-                    "vllm-serve', or add --middleware steadyrl.generation.server_auth.ServerAuth and a key (README: "
-                    "'vLLM as a separate server')"
+                    "vllm-serve', or add --middleware steadyrl.generation.server_auth.ServerAuth and a key "
+                    "(docs/vllm-server.md)"
                 ) from err
             raise
 

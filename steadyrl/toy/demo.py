@@ -5,7 +5,7 @@ actor, draws the reward curve, and prints the command that resumes the run.
 
 RLOO is the default because it shows the product best here: on this short, single-score task its
 leave-one-out baseline is accurate from the first step, while PPO's critic must learn values first
-(see the README for the measured comparison).
+(docs/demos.md has the measured comparison).
 """
 
 from __future__ import annotations
