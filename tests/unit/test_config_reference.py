@@ -1,6 +1,7 @@
 """The configuration is grouped and documented once: docs/configuration.md is what the dataclasses give."""
 
 import dataclasses
+import difflib
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ CONFIGS = [OnPolicyConfig, *(algorithm.config_class for algorithm in ALGORITHMS.
 
 
 def test_the_committed_page_is_what_the_dataclasses_give():
-    assert PAGE.read_text() == configuration_page(), f"docs/configuration.md is out of date: run `{COMMAND}`"
+    committed, generated = PAGE.read_text(), configuration_page()
+    lines = committed.splitlines(True), generated.splitlines(True)
+    diff = "".join(difflib.unified_diff(*lines, "committed", "now", n=1))
+    assert committed == generated, f"docs/configuration.md is out of date: run `{COMMAND}`\n{diff[:3000]}"
 
 
 @pytest.mark.parametrize("config_class", CONFIGS, ids=lambda cls: cls.__name__)

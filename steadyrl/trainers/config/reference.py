@@ -59,16 +59,24 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def field_row(config_field: dataclasses.Field) -> str:
+def written_type(config_class: type, name: str) -> str:
+    """The field's type as the class that declares it writes it (``field.type`` is not: HfArgumentParser replaces it
+    in place by the resolved type)."""
+    return next(str(vars(cls)["__annotations__"][name]) for cls in config_class.__mro__
+                if name in vars(cls).get("__annotations__", {}))  # fmt: skip
+
+
+def field_row(config_class: type, config_field: dataclasses.Field) -> str:
     name = config_field.name
     if name in {f.name for f in dataclasses.fields(TrainingArguments)}:
         name += " †"
-    kind, default = cell(str(config_field.type)), cell(repr(default_of(config_field)))
+    kind, default = cell(written_type(config_class, config_field.name)), cell(repr(default_of(config_field)))
     return f"| `{name}` | `{kind}` | `{default}` | {cell(config_field.metadata.get('help', ''))} |"
 
 
-def field_table(config_fields: list[dataclasses.Field]) -> list[str]:
-    return ["| Field | Type | Default | Description |", "|---|---|---|---|", *map(field_row, config_fields), ""]
+def field_table(config_class: type, config_fields: list[dataclasses.Field]) -> list[str]:
+    rows = [field_row(config_class, config_field) for config_field in config_fields]
+    return ["| Field | Type | Default | Description |", "|---|---|---|---|", *rows, ""]
 
 
 class Headings:
@@ -97,17 +105,18 @@ def changed_fields(config_class: type, base_class: type) -> list[dataclasses.Fie
 def config_sections(base_class: type, algorithms: dict[str, type]) -> list[tuple[str, str, list[str]]]:
     """(heading, its level, lines) of each section, in page order."""
     sections = [("OnPolicyConfig", "##", ["The fields every algorithm's config shares.", ""])]
-    sections += [(group_title(cls), "###", field_table(group)) for cls, group in steadyrl_fields(base_class).items()]
+    for cls, group in steadyrl_fields(base_class).items():
+        sections.append((group_title(cls), "###", field_table(base_class, group)))
     for command, config_class in algorithms.items():
         intro = [f"`{config_class.__name__}` (`steadyrl {command}`): `OnPolicyConfig` plus the groups below.", ""]
         changed = changed_fields(config_class, base_class)
         if changed:
             intro += ["Fields of `OnPolicyConfig` it declares again, with its own default or meaning:", ""]
-            intro += field_table(changed)
+            intro += field_table(config_class, changed)
         sections.append((config_class.__name__, "##", intro))
         for cls, group in steadyrl_fields(config_class).items():
             if cls not in base_class.__mro__:
-                sections.append((group_title(cls), "###", field_table(group)))
+                sections.append((group_title(cls), "###", field_table(config_class, group)))
     return sections
 
 
