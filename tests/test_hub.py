@@ -316,7 +316,9 @@ def test_the_card_names_a_hub_base_model_never_a_local_path(hub, tmp_path, toy_p
     assert toy_path in adapter_config  # PEFT names the base by the path it was loaded from
     assert main(["push", str(tmp_path / "lora" / "checkpoint-2"), "someone/adapter", "--token", TOKEN]) == 0
     assert "base_model" not in hub.card_metadata[-1]
-    assert toy_path not in hub.files("someone/adapter")["README.md"].decode()
+    pushed = hub.files("someone/adapter")
+    assert toy_path not in pushed["README.md"].decode() and toy_path not in pushed["adapter_config.json"].decode()
+    assert json.loads(pushed["adapter_config.json"])["base_model_name_or_path"] is None
 
 
 @pytest.mark.parametrize("refused_at", ["/api/repos/create", "/preupload/"])

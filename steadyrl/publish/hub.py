@@ -96,7 +96,17 @@ def stage_actor(actor_dir: Path, out: Path, merged: bool, files: Iterable[str] |
         merge_adapter(actor_dir, out)
     else:
         copy_files(actor_dir, regular_files(actor_dir) if files is None else files, out)
+        if (out / "adapter_config.json").is_file():
+            name_base_model(out / "adapter_config.json")
     return out
+
+
+def name_base_model(adapter_config: Path) -> None:
+    """PEFT names an adapter's base model by the path it was loaded from: keep it only if it is a Hub id, as in the
+    model card (a local path shows the user's directories and names no model anyone else can load)."""
+    config = json.loads(adapter_config.read_text())
+    config["base_model_name_or_path"] = hub_model_name(config.get("base_model_name_or_path"))
+    adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def actor_of(path: Path) -> tuple[Path, list[str]]:
