@@ -284,3 +284,11 @@ def test_a_failing_hub_push_stops_no_process(tmp_path, toy_path, monkeypatch):
     assert output.count("Could not push the actor of step 3 to the Hub repository 'someone/ddp'") == 1
     assert "Hub push recovered: step 3 failed, step 6 pushed to 'someone/ddp'" in output
     assert [c.message for c in hub.commits] == ["Training in progress, step 6", "Model save"]
+
+
+def test_an_error_in_a_checkpoint_push_stops_every_process_with_its_cause(tmp_path, toy_path):
+    # not the Hub's failure (those are reported and training goes on) but a bug on the main process: the other
+    # process must not wait at the next collective, and must say why it stops
+    _, output = run_toy(tmp_path, "--fail-push", "3", *TWO_PROCESSES, accelerate_config=MULTI_CPU, expect_failure=True)
+    assert output.count("RuntimeError: injected failure in the push of step 3") >= 2, output[-3000:]
+    assert "[rank1]: RuntimeError: injected failure in the push of step 3" in output, output[-3000:]

@@ -6,6 +6,7 @@ As a script::
     python tests/support/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
+                            [--fail-push STEP]
                             [--real] [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
@@ -175,6 +176,18 @@ def kill_during_save(trainer, step: int) -> None:
     trainer.save_actor = dying_save_actor
 
 
+def fail_push(trainer, step: int) -> None:
+    """Make the main process's Hub push of checkpoint-<step> fail with an error that is not the Hub's (a bug)."""
+    push = trainer.push_checkpoint
+
+    def failing_push(checkpoint, at_step):
+        if at_step == step:
+            raise RuntimeError(f"injected failure in the push of step {step}")
+        push(checkpoint, at_step)
+
+    trainer.push_checkpoint = failing_push
+
+
 def fail_save(trainer, rank: int, step: int) -> None:
     """Make process ``rank``'s part of checkpoint-<step> fail as a full disk would (OSError ENOSPC); the other
     processes write theirs."""
@@ -213,6 +226,7 @@ def main() -> None:
     parser.add_argument("--signal", choices=["TERM", "INT"], default="TERM")
     parser.add_argument("--signal-again", action="store_true", help="and a second one as that step ends")
     parser.add_argument("--fail-save", help="RANK:STEP: that process's part of checkpoint-STEP fails (no space)")
+    parser.add_argument("--fail-push", type=int, help="STEP: the main process's push of checkpoint-STEP fails (a bug)")
     parser.add_argument("--eval-prompts", type=int, help="evaluate on this many held-out toy prompts every 2 steps")
     parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct on the arithmetic task")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
@@ -236,6 +250,8 @@ def main() -> None:
         kill_during_save(trainer, opts.kill_during_save)
     if opts.fail_save:
         fail_save(trainer, *map(int, opts.fail_save.split(":")))
+    if opts.fail_push:
+        fail_push(trainer, opts.fail_push)
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
     trainer.save_model(os.path.join(opts.output_dir, "final-actor"))
     if trainer.is_world_process_zero():  # one writer: on several machines output_dir is shared

@@ -12,6 +12,7 @@ from transformers.utils import logging
 from ...checkpoint import checkpoint_name
 from ...checkpoint.checkpointer import CheckpointContents, ModelWeights
 from ...checkpoint.fingerprint import split_settings
+from ...checkpoint.output_dir import on_main_process
 from ...models.peft import is_peft
 from ...reporting.quiet import no_progress_bars
 from .preemption import stopped_status
@@ -65,7 +66,6 @@ class CheckpointMixin:
         args, step = self.args, self.state.global_step
         with no_progress_bars():  # not one bar per model saved
             final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
-        if self.accelerator.is_main_process:
-            self.push_checkpoint(final, step)
-        self.accelerator.wait_for_everyone()
+        # the Hub's failures are reported and training goes on; any other error stops every process at once
+        on_main_process(self.accelerator, lambda: self.push_checkpoint(final, step))
         return final
