@@ -7,7 +7,6 @@ usual places (an explicit ``token``/``hub_token``, ``HF_TOKEN``, the cached logi
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shlex
@@ -17,8 +16,6 @@ from pathlib import Path
 
 from ..checkpoint import verify_checkpoint
 from .export import ACTOR, copy_files, listed_actor_files, merge_adapter, regular_files
-
-STEADYRL_VERSION = importlib.metadata.version("steadyrl")  # not steadyrl.__version__: the package imports this module
 
 
 class HubPushError(RuntimeError):
@@ -154,6 +151,8 @@ def model_card(
 ) -> str:
     """README.md with the Hub's metadata header: base model (when it is a Hub model, never a local path), algorithm,
     dataset, steps, final metrics."""
+    from .. import __version__  # here, not at the top: the package's __init__ imports this module
+
     base_model = hub_model_name(base_model)
     header = ["---", "library_name: transformers", "tags:", "- steadyrl", f"- {algorithm}", "- reinforcement-learning"]
     if base_model:
@@ -172,7 +171,7 @@ The actor (policy) of a steadyrl {algorithm.upper()} run: {steps} optimizer step
 |---|---|
 {rows or "| (none logged) | |"}
 
-Trained with [steadyrl](https://github.com/steadyrl/steadyrl) {STEADYRL_VERSION}. Only the policy is published: no
+Trained with [steadyrl](https://github.com/steadyrl/steadyrl) {__version__}. Only the policy is published: no
 critic, reward model, reference model or optimizer state.
 """
     return "\n".join(header) + "\n" + body
