@@ -4,6 +4,8 @@
   completions run to their full length); prompts: the toy task's.
 - ``qwen-vocab``: Qwen2, hidden 64, 2 layers, a word-level vocabulary of 151,936 tokens as Qwen2.5's: the LM head
   and the [batch, tokens, vocabulary] logits dominate, as in real models; prompts of ``--prompt_length`` words.
+- ``qwen05b-shape``: Qwen2.5-0.5B's shape (hidden 896, 24 layers, 494M parameters) with ``qwen-vocab``'s tokenizer,
+  random weights: for memory at a real model's size.
 - ``smollm2``: the real pretrained SmolLM2-135M-Instruct (``steadyrl.real``) on the arithmetic task, with the
   ``correct_answer`` reward.
 
@@ -70,11 +72,18 @@ def qwen_vocab_path() -> str:
     return build("bench-qwen-vocab-v1", qwen_vocab_tokenizer(), **shape)
 
 
+def qwen05b_shape_path() -> str:
+    """Random weights in Qwen2.5-0.5B's shape (494M parameters, 24 layers, hidden 896, tied 151,936-token head)."""
+    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    return build("bench-qwen05b-shape-v1", qwen_vocab_tokenizer(), **shape)
+
+
 def load_tokenizer(model_path: str):
     """The model's own tokenizer (AutoTokenizer would read the word-level one as Qwen2's byte-level BPE)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    if "qwen-vocab" in model_path:
+    if "qwen-vocab" in model_path or "qwen05b" in model_path:
         return PreTrainedTokenizerFast.from_pretrained(model_path)
     return AutoTokenizer.from_pretrained(model_path)
 
