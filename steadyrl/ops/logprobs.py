@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .head_logprobs import chunkable_head, head_returns_logprobs, warn_full_logits_once
+
 
 def pad_prompts_and_completions(prompt_ids, completion_ids, pad_token_id: int, device=None) -> dict[str, torch.Tensor]:
     """Lists of token ids -> ``prompt_ids``/``prompt_mask`` [B, P] (left-padded), ``completion_*`` [B, C] (right)."""
@@ -38,21 +40,29 @@ def joined_inputs(
     }
 
 
+def model_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor], keep: int) -> torch.Tensor:
+    """``model(**inputs).logits`` with the LM head run on the last ``keep`` positions only (``logits_to_keep``), for
+    models that take it; every position's otherwise."""
+    try:
+        return model(**inputs, use_cache=False, logits_to_keep=keep).logits
+    except TypeError as err:  # a model without logits_to_keep: the LM head over every position
+        if "logits_to_keep" not in str(err):
+            raise
+        return model(**inputs, use_cache=False).logits
+
+
 def completion_logits(model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
     """The logits [B, C, V] that predict each completion token: the LM head runs only on the last C + 1 positions
     (``logits_to_keep``), not on the prompt's, for models that take it."""
     inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     keep = completion_ids.shape[1] + 1
-    try:
-        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-    except TypeError as err:  # a model without logits_to_keep: the LM head over every position
-        if "logits_to_keep" not in str(err):
-            raise
-        logits = model(**inputs, use_cache=False).logits
-    return logits[:, -keep:-1]  # position t predicts token t + 1
+    return model_logits(model, inputs, keep)[:, -keep:-1]  # position t predicts token t + 1
 
 
 CHUNK_LOGITS = 2**22  # logits (16 MiB in float32) per piece of the [B, C, V] logits worked on at once
+# Logits (128 MiB in float32) per chunk of completion positions the LM head projects at once on the chunked path:
+# each chunk reads the whole head weight, so chunks of a few rows would make the matmul memory-bound.
+CHUNK_HEAD_LOGITS = 2**25
 
 
 def row_chunks(logits: torch.Tensor) -> list[slice]:
@@ -117,9 +127,36 @@ def completion_logprobs(
     completion_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    chunked_head: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked)."""
-    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask)  # [B, C, V]
+    """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked).
+
+    With ``chunked_head`` (and a plain nn.Linear head whose output is the logits), from the last hidden states, the
+    head projecting CHUNK_HEAD_LOGITS // V positions at a time (head_logprobs.py): no [B, C, V] logits exist. Else,
+    and for other models (logged once), from the [B, C, V] logits, a few rows at a time."""
+    head, reason = chunkable_head(model) if chunked_head else (None, "")
+    if head is None:
+        if reason:
+            warn_full_logits_once(model, reason)
+        return logprobs_from_logits(
+            completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask),
+            completion_ids, temperature, with_entropy
+        )  # fmt: skip
+    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    keep = completion_ids.shape[1] + 1
+    rows = max(1, CHUNK_HEAD_LOGITS // head.out_features)
+    with head_returns_logprobs(head, completion_ids, temperature, with_entropy, rows) as calls:
+        output = model_logits(model, inputs, keep)  # [B, C, 1 or 2]: read from the output, where hooks attach
+    if len(calls) != 1:  # the forward did not go through get_output_embeddings() once: logits the plain way
+        warn_full_logits_once(model, f"its forward called its output embedding {len(calls)} times, not once")
+        logits = output if not calls else model_logits(model, inputs, keep)  # no call: the output is the logits
+        return logprobs_from_logits(logits[:, -keep:-1], completion_ids, temperature, with_entropy)
+    return output[..., 0], output[..., 1] if with_entropy else None
+
+
+def logprobs_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float,
+                         with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """Log-probabilities [B, C] (and entropy if asked) from the [B, C, V] logits."""
     entropy = token_entropy(logits, temperature) if with_entropy else None
     return token_logprobs(logits, completion_ids, temperature), entropy
 

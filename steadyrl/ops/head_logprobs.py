@@ -1,0 +1,160 @@
+"""Log-probs and entropy straight from the last hidden states: the LM head projects a chunk of positions at a time,
+so no [B, C, V] logits (nor their gradient) ever exist.
+
+The model still runs whole, as in the plain path, so every wrapper's hooks run (DDP, DeepSpeed ZeRO-3's gather
+before the head's forward and again before its backward, FSDP2's unshard/reshard and gradient reduction, PEFT):
+only for the duration of one call, the output embedding's forward is replaced by one that takes the hidden states
+and its own (gathered) weight and returns per-position results instead of logits. Those results must be read from
+what the model returns, not kept aside: ZeRO-3 and FSDP2 attach their pre-backward hooks to the module's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+# Config fields with which transformers' causal LMs change the logits after the head (Gemma2/3 and nanochat's
+# soft-capping, Cohere's logit_scale, Granite's and MiniCPM3's logits_scaling, Falcon-H1's lm_head_multiplier,
+# MuseGlimmer's output_multiplier): the head's output is not the logits there.
+LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier",
+                          "output_multiplier")  # fmt: skip
+_warned: set[str] = set()
+
+
+def compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype the head's matmul runs in: autocast's where it is on (as nn.Linear would), else the input's."""
+    device = hidden.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+
+
+class ChunkedHeadLogProbs(torch.autograd.Function):
+    """log_softmax((hidden @ weight.T + bias) / temperature) at ``token_ids`` [N] (and the entropy [N], without
+    gradient, if asked) from ``hidden`` [N, H], ``rows`` positions at a time. The backward recomputes each chunk's
+    logits and turns them into grad_hidden and grad_weight from (onehot - softmax) / temperature."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, token_ids, temperature: float, dtype: torch.dtype, rows: int,
+                with_entropy: bool):  # fmt: skip
+        ctx.set_materialize_grads(False)
+        logprobs = hidden.new_empty(len(hidden), dtype=torch.float32)
+        entropy = torch.empty_like(logprobs) if with_entropy else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+            for start in range(0, len(hidden), rows):
+                part = slice(start, start + rows)
+                logits = chunk_logits(hidden[part], w, b, dtype, temperature)
+                norm = torch.logsumexp(logits, dim=-1)
+                logprobs[part] = logits.gather(-1, token_ids[part, None]).squeeze(-1) - norm
+                if with_entropy:  # logsumexp - sum(p * logits), as token_entropy
+                    entropy[part] = norm - torch.softmax(logits, dim=-1).mul_(logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, token_ids)
+        ctx.temperature, ctx.dtype, ctx.rows = temperature, dtype, rows
+        if entropy is None:
+            return logprobs
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor | None, *_):
+        hidden, weight, bias, token_ids = ctx.saved_tensors
+        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        if grad is None:
+            return (None,) * 8
+        temperature, dtype = ctx.temperature, ctx.dtype
+        grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
+        # accumulated over the chunks in float32 whatever the weight's dtype
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs_bias else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+            for start in range(0, len(hidden), ctx.rows):
+                part = slice(start, start + ctx.rows)
+                g = grad[part].float().unsqueeze(-1)
+                # d log p(t) / d logits = (onehot(t) - softmax(logits)) / T, as _GatheredLogSoftmax's backward
+                grad_logits = torch.softmax(chunk_logits(hidden[part], w, b, dtype, temperature), dim=-1).mul_(-g)
+                grad_logits.scatter_add_(-1, token_ids[part, None], g)
+                if temperature != 1.0:
+                    grad_logits.div_(temperature)
+                grad_logits = grad_logits.to(dtype)
+                if grad_hidden is not None:
+                    grad_hidden[part] = (grad_logits @ w).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad_logits.t().float(), hidden[part].to(dtype).float())
+                if grad_bias is not None:
+                    grad_bias += grad_logits.float().sum(0)
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
+        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def chunk_logits(hidden, weight, bias, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    """[n, V] float32 logits / temperature of ``hidden`` [n, H], the head's matmul in ``dtype``."""
+    logits = F.linear(hidden.to(dtype), weight, bias).float()
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside DDP / DeepSpeed engine wrappers (their ``.module``); PEFT forwards attributes itself."""
+    while isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    return model
+
+
+def chunkable_head(model: nn.Module) -> tuple[nn.Linear | None, str]:
+    """The model's output embedding if the chunked path applies to it, else None and why not."""
+    inner = unwrapped(model)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if head is None:
+        return None, "it has no output embedding (get_output_embeddings() is missing or None)"
+    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+        return None, f"its output embedding is a {type(head).__name__}, not a plain torch.nn.Linear (a LoRA adapter " \
+                     "or quantization on the LM head)"  # fmt: skip
+    if "forward" in vars(head):
+        return None, "its output embedding's forward is already replaced on the instance (an accelerate hook?)"
+    config = getattr(inner, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in LOGIT_TRANSFORM_FIELDS:
+        value = getattr(text_config, field, None)
+        if value is not None and (field == "final_logit_softcapping" or value != 1):
+            return None, f"it changes the logits after the LM head (config.{field}={value})"
+    return head, ""
+
+
+def warn_full_logits_once(model: nn.Module, reason: str) -> None:
+    message = f"Log-probs of {type(unwrapped(model)).__name__} from full [B, C, V] logits, not in chunks: {reason}."
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
+@contextlib.contextmanager
+def head_returns_logprobs(head: nn.Linear, completion_ids: torch.Tensor, temperature: float, with_entropy: bool,
+                          rows: int) -> Iterator[list[int]]:  # fmt: skip
+    """While open, ``head(hidden_states)`` returns [B, C, 1] log-probs of ``completion_ids`` [B, C] from the positions
+    before each token (the last C + 1 of ``hidden_states`` [B, T, H]), and [..., 1] the entropy if asked, instead of
+    logits. Yields a list that holds one item per call of the head."""
+    calls: list[int] = []
+    width = completion_ids.shape[1]
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        hidden = hidden_states[:, -(width + 1) : -1]  # position t predicts token t + 1
+        token_ids = completion_ids.to(hidden.device).reshape(-1)
+        results = ChunkedHeadLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, token_ids,
+                                            temperature, compute_dtype(hidden), rows, with_entropy)  # fmt: skip
+        results = torch.stack(results, dim=-1) if with_entropy else results.unsqueeze(-1)
+        return results.view(*completion_ids.shape, -1)
+
+    head.forward = forward
+    try:
+        yield calls
+    finally:
+        del head.forward

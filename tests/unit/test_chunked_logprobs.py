@@ -1,0 +1,135 @@
+"""Log-probs from the hidden states, the LM head projecting a chunk of positions at a time (ops/head_logprobs.py),
+equal the logits path (``chunked_head=False``) within 1e-6 in float32: log-probs, entropy, loss and the gradient of
+every trained parameter, for tied and untied heads, a head with a bias, temperature, padding rows and PEFT; models
+whose head output is not the logits fall back to the logits path and say so once."""
+
+import logging
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from steadyrl.ops import completion_logprobs, pad_prompts_and_completions
+from steadyrl.ops import head_logprobs as head_module
+
+TOLERANCE = dict(atol=1e-6, rtol=1e-6)
+VOCAB = 1000
+
+
+def tiny_qwen(tied: bool = True, head_bias: bool = False) -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
+    model = Qwen2ForCausalLM(config)
+    if head_bias:
+        model.lm_head = torch.nn.Linear(32, VOCAB, bias=True)
+    return model
+
+
+def padded_tokens() -> dict[str, torch.Tensor]:
+    """Three rows: left-padded prompts, right-padded completions, one completion a single token long."""
+    torch.manual_seed(1)
+    prompts = [torch.randint(3, VOCAB, (n,)).tolist() for n in (5, 9, 2)]
+    completions = [torch.randint(3, VOCAB, (n,)).tolist() for n in (6, 1, 4)]
+    return pad_prompts_and_completions(prompts, completions, pad_token_id=0)
+
+
+def run_path(model, tokens, chunked_head: bool, temperature: float):
+    """Log-probs, entropy, a weighted loss over the completion tokens and the gradient of each trained parameter."""
+    model.zero_grad()
+    logprobs, entropy = completion_logprobs(model, *tokens.values(), temperature=temperature, with_entropy=True,
+                                            chunked_head=chunked_head)  # fmt: skip
+    mask = tokens["completion_mask"]
+    weights = torch.linspace(-1.0, 2.0, mask.numel()).view(mask.shape)
+    loss = (logprobs * weights * mask).sum()
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+    return logprobs.detach() * mask, entropy * mask, loss.detach(), grads
+
+
+def assert_paths_equal(model, tokens, temperature, tolerance=TOLERANCE):
+    logits_path = run_path(model, tokens, chunked_head=False, temperature=temperature)
+    chunked = run_path(model, tokens, chunked_head=True, temperature=temperature)
+    for what, expected, actual in zip(("logprobs", "entropy", "loss"), logits_path[:3], chunked[:3]):
+        torch.testing.assert_close(actual, expected, **tolerance, msg=lambda m, what=what: f"{what}: {m}")
+    assert chunked[3].keys() == logits_path[3].keys() and chunked[3]
+    for name, grad in logits_path[3].items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(chunked[3][name], grad, **tolerance, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Four positions per chunk: the 3 x 6 completion positions take 5 chunks. (Not 1 or 2: the BLAS kernel for so
+    few rows rounds grad_hidden's sum over the vocabulary less well, about 1e-6 of the gradient's scale.)"""
+    monkeypatch.setattr("steadyrl.ops.logprobs.CHUNK_HEAD_LOGITS", 4 * VOCAB)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("head", ["tied", "untied", "untied-with-bias"])
+def test_chunked_head_equals_the_logits_path(small_chunks, head, temperature):
+    model = tiny_qwen(tied=head == "tied", head_bias=head == "untied-with-bias")
+    assert_paths_equal(model, padded_tokens(), temperature)
+
+
+def test_chunked_head_in_one_chunk_equals_the_logits_path():
+    assert_paths_equal(tiny_qwen(tied=False), padded_tokens(), temperature=0.7)
+
+
+def test_chunked_head_never_returns_vocabulary_wide_outputs(small_chunks):
+    """The head's output is [B, C, 2] (log-prob, entropy), not [B, C + 1, V]; the logits path's is the logits."""
+    model, tokens = tiny_qwen(), padded_tokens()
+    shapes = []
+    model.lm_head.register_forward_hook(lambda module, args, output: shapes.append(tuple(output.shape)))
+    completion_logprobs(model, *tokens.values(), with_entropy=True)
+    completion_logprobs(model, *tokens.values(), with_entropy=False)
+    completion_logprobs(model, *tokens.values(), chunked_head=False)
+    assert shapes == [(3, 6, 2), (3, 6, 1), (3, 7, VOCAB)]
+    assert "forward" not in vars(model.lm_head), "the head's own forward is back after the call"
+
+
+def test_chunked_head_with_lora_trains_the_adapter_and_modules_to_save_like_the_logits_path(small_chunks):
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"],
+                        init_lora_weights=False)  # fmt: skip
+    model = get_peft_model(tiny_qwen(tied=False), config)
+    assert head_module.chunkable_head(model)[0] is model.get_output_embeddings()
+    assert_paths_equal(model, padded_tokens(), temperature=0.7)
+
+
+def test_chunked_head_under_bf16_autocast_matches_the_logits_path(small_chunks):
+    """Under autocast the head's matmul runs in bfloat16 on both paths; grad_W sums per-chunk products in float32
+    (the logits path: one bfloat16 matmul), so gradients agree to bfloat16's precision."""
+    model, tokens = tiny_qwen(tied=False), padded_tokens()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits_path = run_path(model, tokens, chunked_head=False, temperature=0.7)
+        chunked = run_path(model, tokens, chunked_head=True, temperature=0.7)
+    for expected, actual in zip(logits_path[:3], chunked[:3]):
+        torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)  # same bf16 logits, float32 after
+    for name, grad in logits_path[3].items():
+        close = dict(atol=1e-3, rtol=2e-2)
+        torch.testing.assert_close(chunked[3][name], grad, **close, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def soft_capped_gemma2() -> Gemma2ForCausalLM:
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, head_dim=16,
+                          num_attention_heads=2, num_key_value_heads=1, final_logit_softcapping=30.0)  # fmt: skip
+    return Gemma2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("model_kind", ["soft-capped", "lora-on-lm-head"])
+def test_models_whose_head_output_is_not_the_logits_fall_back_and_say_so_once(caplog, monkeypatch, model_kind):
+    monkeypatch.setattr(head_module, "_warned", set())
+    if model_kind == "soft-capped":
+        model, why = soft_capped_gemma2(), "config.final_logit_softcapping=30.0"
+    else:
+        lora = LoraConfig(r=4, target_modules=["lm_head"], init_lora_weights=False)
+        model, why = get_peft_model(tiny_qwen(tied=False), lora), "not a plain torch.nn.Linear"
+    tokens = padded_tokens()
+    with caplog.at_level(logging.WARNING, logger=head_module.__name__):
+        assert_paths_equal(model, tokens, temperature=0.7)
+        completion_logprobs(model, *tokens.values())
+    warnings = [r.getMessage() for r in caplog.records if r.name == head_module.__name__]
+    assert len(warnings) == 1 and why in warnings[0] and "full [B, C, V] logits" in warnings[0], warnings
+    assert "forward" not in vars(model.get_output_embeddings())
