@@ -151,7 +151,7 @@ def completion_logprobs(
         warn_full_logits_once(model, f"its forward called its output embedding {len(calls)} times, not once")
         logits = output if not calls else model_logits(model, inputs, keep)  # no call: the output is the logits
         return logprobs_from_logits(logits[:, -keep:-1], completion_ids, temperature, with_entropy)
-    return output[..., 0], output[..., 1] if with_entropy else None
+    return output[..., 0], output[..., 1].detach() if with_entropy else None  # entropy without gradient, as before
 
 
 def logprobs_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float,
