@@ -191,6 +191,13 @@ def zero3_hooks_lifted(engine) -> Iterator[torch.nn.Module | None]:
         offload._register_deepspeed_module(module)
 
 
+def fsdp2_root_initialised(root: torch.nn.Module) -> None:
+    """FSDP2 makes the first unit to run forward the root (``FSDPState._lazy_init``), and refuses a forward through
+    a unit inside the root before the root's own first one. Under PEFT the root is the ``PeftModel``, whose
+    ``generate`` runs the base model's forward: the root is initialised first. torch has no public call for it."""
+    root._get_fsdp_state()._lazy_init()
+
+
 # ---- transformers ---------------------------------------------------------------------------------------------
 
 

@@ -974,16 +974,6 @@ def _(ctx):
     check_fsdp_support(plugin, AutoModelForCausalLM.from_pretrained(toy_model_path()))
 
 
-@trigger("fsdp-peft")
-def _(ctx):
-    from peft import LoraConfig, get_peft_model
-
-    from steadyrl.distributed.fsdp import check_fsdp_support
-
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(toy_model_path()), LoraConfig(r=4))
-    check_fsdp_support(fsdp_plugin(fsdp_version=2), model)
-
-
 # the real-model fixture
 
 

@@ -45,7 +45,7 @@ from ..distributed.fsdp import (
 )
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
 from ..distributed.zero import modifiable
-from ..models.peft import is_peft
+from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
 from . import (
     CheckpointError,
     begin_checkpoint,
@@ -281,8 +281,11 @@ class Checkpointer:
                 "meter": rank_state.get("meter")}  # fmt: skip
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
-        with modifiable(module.model):
+        if is_peft(module.model):  # the adapter alone: under ZeRO-3 not the whole model gathered
             load_model_weights(module.model, directory / module.name)
+        else:
+            with modifiable(module.model):
+                load_model_weights(module.model, directory / module.name)
         load_optimizer_state(module.optimizer, torch.load(directory / self._optimizer_file(module), weights_only=True))
         module.scheduler.load_state_dict(torch.load(directory / module.scheduler_file, weights_only=True))
 
@@ -336,6 +339,14 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
         from peft import set_peft_model_state_dict
 
         state = load_file(weights_dir / "adapter_model.safetensors")
+        if is_distributed_weights(model):  # ZeRO-3 partitions or FSDP2 shards
+            try:
+                missing = load_distributed_adapter(model, state)
+            except KeyError as err:
+                raise CheckpointError(f"{weights_dir}: {err.args[0]}") from None
+            if missing:
+                raise CheckpointError(f"{weights_dir}: adapter tensors missing: {missing[:5]}")
+            return
         result = set_peft_model_state_dict(model, state)
         if result.unexpected_keys:
             raise CheckpointError(f"{weights_dir}: adapter tensors not in the model: {result.unexpected_keys[:5]}")

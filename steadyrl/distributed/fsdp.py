@@ -16,7 +16,6 @@ from collections.abc import Iterator
 import torch
 
 from .. import compat
-from ..models.peft import is_peft
 
 
 def _dtensor_type():
@@ -58,11 +57,6 @@ def check_fsdp_support(plugin, model: torch.nn.Module) -> None:
             "fsdp_offload_params=true is not supported under FSDP2: steadyrl's checkpoints and generation are not "
             "tested with parameters offloaded to CPU memory. Set fsdp_offload_params: false, or use DeepSpeed ZeRO-3 "
             "with offload (examples/accelerate_configs/zero3_offload.yaml)."
-        )
-    if is_peft(model):
-        raise ValueError(
-            "peft_config under FSDP2 is not supported: the adapters are small and the frozen base gains little from "
-            "sharding; use multi-process DDP (multi_gpu.yaml) or DeepSpeed ZeRO-2 (zero2.yaml)."
         )
 
 
@@ -159,6 +153,8 @@ def unsharded(model: torch.nn.Module, reshard_after_forward: bool = True) -> Ite
     if not units:
         yield
         return
+    if isinstance(model, FSDPModule):
+        compat.fsdp2_root_initialised(model)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     kept_whole = {id(model), id(output)}
     for unit in units:

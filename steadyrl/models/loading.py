@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, s
 
 from ..checkpoint.fingerprint import redact_secrets
 from ..distributed.zero import check_whole, whole_at_load
-from ..models.peft import is_peft
 from ..trainers.config.input_checks import check_vocabulary
 from .scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
 
@@ -130,11 +129,6 @@ def check_deepspeed_support(deepspeed_config: dict, model: torch.nn.Module) -> i
             f"DeepSpeed ZeRO stage {stage}{' with offload' if offload else ''} is not supported: use zero_stage "
             "1 or 2 without offload, zero_stage 3 with or without offload (examples/accelerate_configs/), or "
             "multi-process DDP (multi_gpu.yaml)."
-        )
-    if stage == 3 and is_peft(model):
-        raise ValueError(
-            "peft_config under DeepSpeed ZeRO-3 is not supported: the adapters are small and the frozen base "
-            "gains little from partitioning; use zero_stage 2 (examples/accelerate_configs/zero2.yaml)."
         )
     return stage
 

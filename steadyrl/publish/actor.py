@@ -23,6 +23,7 @@ from transformers.utils import logging
 
 from ..distributed.fsdp import full_state_dict, is_sharded
 from ..distributed.zero import consolidated_state_dict
+from ..models.peft import gathered_adapter, is_distributed_weights, is_peft
 from .export import merges_live, save_merged_live
 from .hub import (
     HubPushError,
@@ -62,10 +63,12 @@ class PublishMixin:
 
     def save_pretrained_model(self, model: PreTrainedModel, directory: Path) -> None:
         """``model.save_pretrained`` on the main process; under ZeRO-3 or FSDP2 with the weights gathered from every
-        one."""
+        one (of a PEFT model, its adapter only)."""
         main = self.accelerator.is_main_process
         state = None
-        if self.zero3:
+        if is_peft(model) and is_distributed_weights(model):  # the adapter alone is gathered, not the frozen base
+            state = gathered_adapter(model, main)
+        elif self.zero3:
             state = consolidated_state_dict(model, main)
         elif is_sharded(model):
             state = full_state_dict(model, everywhere=False)
@@ -185,9 +188,10 @@ class PublishMixin:
         args = self.args
         with tempfile.TemporaryDirectory() as tmp:
             staged = Path(tmp) / "staged"
-            if args.hub_push_merged and merges_live(self.model) and (actor_dir / "adapter_config.json").is_file():
+            live = merges_live(self.model) and not is_distributed_weights(self.model)  # main process only: no gather
+            if args.hub_push_merged and live and (actor_dir / "adapter_config.json").is_file():
                 save_merged_live(self.model, actor_dir, staged)  # no second base model loaded, no RNG drawn
-            else:
+            else:  # under ZeRO-3 / FSDP2 a merged push loads the base again on the main process and merges there
                 stage_actor(actor_dir, staged, merged=args.hub_push_merged)
             (staged / "README.md").write_text(self.model_card())
             return upload(staged, self.hub_model_id, token or args.hub_token, message, path_in_repo, revision)

@@ -273,7 +273,11 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
 
     def prepare_for_training(self, max_steps: int) -> None:
         """Create the optimizers and schedulers and let accelerate prepare them with their models."""
-        self.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        self.create_optimizer()
+        if self.is_deepspeed_enabled:  # DeepSpeed drops parameter groups without parameters (under LoRA: the
+            # no-weight-decay group); the scheduler must be made for the groups it steps
+            self.optimizer.param_groups[:] = [group for group in self.optimizer.param_groups if group["params"]]
+        self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
         if self.args.gradient_checkpointing:
             enable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs)
         # Schedulers stay unprepared: accelerate would step them once per process for every optimizer step.

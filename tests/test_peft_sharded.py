@@ -1,0 +1,101 @@
+"""LoRA (peft_config) on a sharded base: DeepSpeed ZeRO-3 and FSDP2 (``accelerate launch``, two processes on gloo).
+Each trains like the same LoRA run under DDP, checkpoints the adapter alone (and the optimizer state of its
+parameters only), exports it (adapter and merged) equal to the live model, and resumes byte-identically after a
+SIGKILL. One short run per check shared by all of them: 6 steps, checkpoint-3 in the middle of the first rollout.
+A file of its own, so that pytest-xdist runs it beside the other multi-process tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
+from safetensors.torch import load_file
+from test_resume import TIMINGS
+from transformers import AutoModelForCausalLM
+
+from steadyrl.publish.export import export_actor
+from steadyrl.toy import toy_model_path
+
+BACKENDS = {"zero3": ZERO["zero3"], "fsdp2": CONFIGS / "fsdp2.yaml"}
+SETTINGS = [*TWO_PROCESSES, "max_steps=6"]  # save_steps 3; a rollout is 4 steps
+COMPARED = ("loss", "grad_norm", "reward", "kl", "entropy")
+
+
+@pytest.fixture(scope="module")
+def ddp_lora(tmp_path_factory, toy_path):
+    out = tmp_path_factory.mktemp("ddp-lora")
+    run_toy(out, "--lora", *SETTINGS, accelerate_config=MULTI_CPU)
+    return out
+
+
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def runs(request, tmp_path_factory, toy_path):
+    """(backend, uninterrupted run with the live actor written after step 3, run SIGKILLed after checkpoint-3 and
+    resumed)."""
+    config = BACKENDS[request.param]
+    full, resumed = (tmp_path_factory.mktemp(f"{request.param}-lora-{kind}") for kind in ("full", "resumed"))
+    run_toy(full, "--lora", "--save-live-actor", "3", *SETTINGS, accelerate_config=config)
+    run_toy(resumed, "--lora", "--kill-after-save", "3", *SETTINGS, expect_kill=True, accelerate_config=config)
+    assert sorted(p.name for p in resumed.glob("checkpoint-*")) == ["checkpoint-3"]
+    _, output = run_toy(resumed, "--lora", "--resume", *SETTINGS, accelerate_config=config)
+    assert output.count("Resuming from") == 2 and "checkpoint-3" in output
+    return request.param, full, resumed
+
+
+def adapter_file(directory) -> bytes:
+    return (directory / "adapter_model.safetensors").read_bytes()
+
+
+def test_sigkill_after_a_checkpoint_resumes_identically(runs):
+    _, full, resumed = runs
+    assert (resumed / "checkpoint-3" / "rollout_buffer_0.safetensors").is_file(), "the save at 3 is mid-rollout"
+    assert adapter_file(resumed / "final-actor") == adapter_file(full / "final-actor")
+    assert adapter_file(resumed / "checkpoint-6" / "actor") == adapter_file(full / "checkpoint-6" / "actor")
+    expected, actual = read_logs(full), read_logs(resumed)
+    assert sorted(actual) == sorted(expected) == list(range(1, 7))
+    for step in range(4, 7):
+        assert set(actual[step]) == set(expected[step])
+        for key in set(expected[step]) - TIMINGS:
+            assert actual[step][key] == expected[step][key], f"step {step}: {key} differs"
+
+
+def test_checkpoint_holds_the_adapter_and_its_optimizer_state_only(runs):
+    backend, full, _ = runs
+    checkpoint = full / "checkpoint-3"
+    actor = {p.name for p in (checkpoint / "actor").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= actor and "model.safetensors" not in actor
+    adapter = sum(t.numel() for t in load_file(checkpoint / "actor" / "adapter_model.safetensors").values())
+    states = [torch.load(checkpoint / f"optimizer_{rank}.pt", weights_only=True) for rank in (0, 1)]
+    if backend == "zero3":  # each process: the fp32 master weights of its half of the adapter
+        sizes = [sum(p.numel() for p in state["fp32_partitions"]) for state in states]
+    else:  # each process: the AdamW moments of its shards of the adapter's parameters
+        sizes = [sum(entry["exp_avg"].numel() for entry in state["state"].values()) for state in states]
+    assert sum(sizes) >= adapter and max(sizes) <= adapter // 2 + 64, (sizes, adapter)
+
+
+def test_export_of_a_checkpoint_equals_the_live_model(runs, tmp_path):
+    from peft import PeftModel
+
+    _, full, _ = runs
+    live = load_file(full / "live-actor-3.safetensors")  # the PeftModel's parameters, gathered after step 3
+    saved = load_file(full / "checkpoint-3" / "actor" / "adapter_model.safetensors")
+    assert saved and len(saved) == sum("lora_" in name for name in live)
+    for name, weights in saved.items():
+        assert torch.equal(live[name.replace(".weight", ".default.weight")], weights), name
+    export_actor(full / "checkpoint-3", tmp_path / "merged")  # what `steadyrl export` runs
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(toy_model_path()),
+                                      full / "checkpoint-3" / "actor")  # fmt: skip
+    assert not model.load_state_dict(live, strict=False).unexpected_keys
+    merged = model.merge_and_unload().state_dict()
+    assert exported.keys() == merged.keys()
+    for name, weights in merged.items():
+        assert torch.equal(exported[name], weights), name
+
+
+def test_lora_trains_like_ddp(runs, ddp_lora):
+    _, full, _ = runs
+    sharded, ddp = read_logs(full), read_logs(ddp_lora)
+    for step in range(1, 7):  # same data, same seeds: only the order of floating-point sums may differ
+        for key in COMPARED:
+            assert sharded[step][key] == pytest.approx(ddp[step][key], rel=1e-4, abs=1e-5), (step, key)
