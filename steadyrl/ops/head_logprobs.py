@@ -44,17 +44,21 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
                 with_entropy: bool):  # fmt: skip
         ctx.set_materialize_grads(False)
         logprobs = hidden.new_empty(len(hidden), dtype=torch.float32)
+        norms = torch.empty_like(logprobs)  # logsumexp of each position's logits / T, for the backward
         entropy = torch.empty_like(logprobs) if with_entropy else None
         with torch.autocast(hidden.device.type, enabled=False):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             for start in range(0, len(hidden), rows):
                 part = slice(start, start + rows)
-                logits = chunk_logits(hidden[part], w, b, dtype, temperature)
-                norm = torch.logsumexp(logits, dim=-1)
+                logits = chunk_logits(hidden[part], w, b, temperature)
+                peak = logits.amax(-1, keepdim=True)
+                exps = (logits - peak).exp_()  # one exp pass serves the logsumexp and the entropy
+                total = exps.sum(-1)
+                norms[part] = norm = peak.squeeze(-1) + total.log()
                 logprobs[part] = logits.gather(-1, token_ids[part, None]).squeeze(-1) - norm
                 if with_entropy:  # logsumexp - sum(p * logits), as token_entropy
-                    entropy[part] = norm - torch.softmax(logits, dim=-1).mul_(logits).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, token_ids)
+                    entropy[part] = norm - exps.mul_(logits).sum(-1) / total
+        ctx.save_for_backward(hidden, weight, bias, token_ids, norms)
         ctx.temperature, ctx.dtype, ctx.rows = temperature, dtype, rows
         if entropy is None:
             return logprobs
@@ -63,7 +67,7 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor | None, *_):
-        hidden, weight, bias, token_ids = ctx.saved_tensors
+        hidden, weight, bias, token_ids, norms = ctx.saved_tensors
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         if grad is None:
             return (None,) * 8
@@ -78,7 +82,7 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
                 part = slice(start, start + ctx.rows)
                 g = grad[part].float().unsqueeze(-1)
                 # d log p(t) / d logits = (onehot(t) - softmax(logits)) / T, as _GatheredLogSoftmax's backward
-                grad_logits = torch.softmax(chunk_logits(hidden[part], w, b, dtype, temperature), dim=-1).mul_(-g)
+                grad_logits = chunk_logits(hidden[part], w, b, temperature).sub_(norms[part, None]).exp_().mul_(-g)
                 grad_logits.scatter_add_(-1, token_ids[part, None], g)
                 if temperature != 1.0:
                     grad_logits.div_(temperature)
@@ -94,10 +98,10 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
-def chunk_logits(hidden, weight, bias, dtype: torch.dtype, temperature: float) -> torch.Tensor:
-    """[n, V] float32 logits / temperature of ``hidden`` [n, H], the head's matmul in ``dtype``."""
-    logits = F.linear(hidden.to(dtype), weight, bias).float()
-    return logits if temperature == 1.0 else logits / temperature
+def chunk_logits(hidden, weight, bias, temperature: float) -> torch.Tensor:
+    """A new [n, V] float32 tensor of logits / temperature of ``hidden`` [n, H], the matmul in ``weight``'s dtype."""
+    logits = F.linear(hidden.to(weight.dtype), weight, bias).float()  # float() of a float32 matmul: the same tensor
+    return logits if temperature == 1.0 else logits.div_(temperature)
 
 
 def unwrapped(model: nn.Module) -> nn.Module:
