@@ -1,8 +1,8 @@
 """LoRA (peft_config) on a sharded base: DeepSpeed ZeRO-3 and FSDP2 (``accelerate launch``, two processes on gloo).
 Each trains like the same LoRA run under DDP, checkpoints the adapter alone (and the optimizer state of its
 parameters only), exports it (adapter and merged) equal to the live model, and resumes byte-identically after a
-SIGKILL. One short run per check shared by all of them: 6 steps, checkpoint-3 in the middle of the first rollout.
-A file of its own, so that pytest-xdist runs it beside the other multi-process tests."""
+SIGKILL; under FSDP2, vLLM gets the merged actor. The checks share short runs (6 steps, checkpoint-3 in the middle
+of the first rollout). A file of its own, so that pytest-xdist runs it beside the other multi-process tests."""
 
 from __future__ import annotations
 
@@ -99,3 +99,14 @@ def test_lora_trains_like_ddp(runs, ddp_lora):
     for step in range(1, 7):  # same data, same seeds: only the order of floating-point sums may differ
         for key in COMPARED:
             assert sharded[step][key] == pytest.approx(ddp[step][key], rel=1e-4, abs=1e-5), (step, key)
+
+
+def test_vllm_gets_the_merged_actor_of_an_fsdp2_lora_run(tmp_path):
+    # step 5 samples from the second rollout, with the adapters trained 4 steps merged into the gathered base (ZeRO-3
+    # gathers the whole PeftModel and merges it as on one process: tests/test_distributed.py covers its gather)
+    vllm = ["use_vllm=true", "vllm_dtype=float32", "max_steps=5"]
+    run_toy(tmp_path, "--lora", *TWO_PROCESSES, *vllm, accelerate_config=BACKENDS["fsdp2"])
+    logs = read_logs(tmp_path)
+    assert sorted(logs) == list(range(1, 6))
+    for step, entry in logs.items():  # vLLM's log-probs of its samples are the trainer's: the push was W + scale x BA
+        assert entry["generation_logprob_diff"] < 1e-4, step

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 
 from ..distributed.fsdp import full_state_dict, is_sharded
-from ..models.peft import is_peft
+from ..models.peft import fsdp2_whole_parameters, is_peft
 
 
 def check_mergeable(model: torch.nn.Module) -> None:
@@ -83,6 +83,10 @@ def whole_weights(model: torch.nn.Module, everywhere: bool = True) -> Iterator[d
     process, FSDP2 shards gathered one tensor at a time (with ``everywhere=False`` on the main process only, None on
     the others). Every process must enter it."""
     if is_sharded(model):
+        if is_peft(model):  # a LoRA actor merged from its whole weights (on every process)
+            with fsdp2_whole_parameters(model):
+                yield plain_state_dict(model)
+            return
         yield full_state_dict(model, everywhere)
         return
     with gathered(model):

@@ -3,6 +3,9 @@ parameters whole where DeepSpeed ZeRO-3 partitions or FSDP2 shards them (the fro
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 
@@ -75,11 +78,27 @@ def load_distributed_adapter(model: torch.nn.Module, state: dict[str, torch.Tens
     return sorted(set(params) - set(state))
 
 
+@contextlib.contextmanager
+def fsdp2_whole_parameters(model: torch.nn.Module) -> Iterator[None]:
+    """Every FSDP2 shard (``DTensor`` parameter) of ``model`` replaced by its whole tensor for the block, to read
+    (restored after): code that reads the modules' weights, such as PEFT's ``get_delta_weight`` and ``state_dict``,
+    sees plain whole tensors. One whole copy of the model per process while it lasts; every process must enter it."""
+    swapped = []
+    try:
+        for module in model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None and hasattr(param, "full_tensor"):
+                    swapped.append((module, name, param))
+                    module._parameters[name] = param.full_tensor()
+        yield
+    finally:
+        for module, name, param in reversed(swapped):
+            module._parameters[name] = param
+
+
 def _gathered_zero3(params: list[torch.nn.Parameter], modify: bool = False):
     """DeepSpeed's ``GatheredParameters`` for the ZeRO-3 partitioned ones of ``params`` (with ``modify``, the main
     process's writes are partitioned to every process at the end); else nothing."""
-    import contextlib
-
     partitioned = [p for p in params if hasattr(p, "ds_id")]
     if not partitioned:
         return contextlib.nullcontext()
