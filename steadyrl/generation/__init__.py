@@ -7,6 +7,7 @@ import torch
 from ..models.peft import base_config
 from .base import Generation, GenerationBackend, SamplingSettings, sampling_seed
 from .hf import HFGenerationBackend
+from .lora_sync import adapter_rank, choose_sync, engine_rank
 from .server_client import VLLMServerError
 from .vllm import EngineSettings, VLLMGenerationBackend, check_servable, import_vllm
 from .vllm_server import VLLMServerBackend, server_settings
@@ -46,6 +47,7 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
             "vLLM manages its own KV cache. Leave cache_implementation unset, or use_vllm=False."
         )
     check_mergeable(model)
+    adapter_only = choose_sync(args.vllm_lora_sync, model) == "adapter"
     config = base_config(model)
     needed = args.max_prompt_length + args.max_completion_length
     max_model_len = args.vllm_max_model_len or min(needed, getattr(config, "max_position_embeddings", needed))
@@ -54,6 +56,8 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
     logprobs_mode = "processed_logprobs" if logprob_temperature == args.temperature else "raw_logprobs"
     if args.vllm_mode == "server":
         server = server_settings(args, config, max_model_len, dtype, logprobs_mode)
+        server.adapter_rank = adapter_rank(model) if adapter_only else None
+        server.adapter_required = args.vllm_lora_sync == "adapter"
         return VLLMServerBackend(tokenizer, settings, server)
     import_vllm()
     check_servable(config, device)
@@ -67,6 +71,6 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
         seed=args.seed,
         logprobs_mode=logprobs_mode,
         world_size=args.world_size,
+        lora_rank=engine_rank(adapter_rank(model)) if adapter_only else None,
     )
     return VLLMGenerationBackend(tokenizer, settings, engine, device)
-

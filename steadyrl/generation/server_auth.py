@@ -13,6 +13,8 @@ it is the outermost layer and sees every request before any route or other middl
   names another run than the holder in ``X-Steadyrl-Run`` gets 409 too. A run is its output_dir (``run_id``), as for
   the output_dir lock, so a restarted run of the same output_dir reclaims the server. The claim lives in the server
   process: a restarted server is free.
+- ``POST /steadyrl/lora_adapter?name=NAME`` (``server_adapters``): the claiming run's LoRA adapter, loaded for its
+  completions; refused (409) to a request that does not name the holder's run.
 
 The key is ``$STEADYRL_VLLM_SERVER_KEY``, else the first line of the file ``$STEADYRL_VLLM_SERVER_KEY_FILE``; else the
 trainer reads ``default_key_file(port)``, which ``steadyrl vllm-serve`` writes (mode 0600) when given neither. The key
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..toy.cache import cache_dir
+from .server_adapters import ADAPTER_PATH, AdapterError, AdapterStore, read_body
 
 KEY_ENV = "STEADYRL_VLLM_SERVER_KEY"
 KEY_FILE_ENV = "STEADYRL_VLLM_SERVER_KEY_FILE"
@@ -125,6 +128,7 @@ class ServerAuth:
         self.app = app
         self.key = (key or server_key()).encode()
         self.holder: dict | None = None
+        self.adapters = AdapterStore()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] not in ("http", "websocket"):  # lifespan
@@ -151,7 +155,20 @@ class ServerAuth:
         run = headers.get(RUN_HEADER.lower())
         if run is not None and self.holder is not None and run != self.holder.get("run"):
             return await reply(scope, receive, send, 409, self.refusal())
+        if path == ADAPTER_PATH and method == "POST":
+            return await self.load_adapter(scope, receive, send, run)
         return await self.app(scope, receive, send)
+
+    async def load_adapter(self, scope, receive, send, run: str | None) -> None:
+        if self.holder is None or run != self.holder.get("run"):
+            problem = {"error": f"only the run that claimed the server loads adapters: send {RUN_HEADER} after "
+                       f"POST {CLAIM_PATH}"}  # fmt: skip
+            return await reply(scope, receive, send, 409, problem)
+        try:
+            answer = await self.adapters.load(scope["app"], scope.get("query_string", b""), await read_body(receive))
+        except AdapterError as err:
+            return await reply(scope, receive, send, err.status, {"error": str(err)})
+        return await reply(scope, receive, send, 200, answer)
 
     def key_problem(self, authorization: str | None) -> str | None:
         """Why ``authorization`` does not pass (None: it does)."""

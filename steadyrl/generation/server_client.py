@@ -10,6 +10,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlparse
 
+from .server_adapters import ADAPTER_PATH
 from .server_auth import (
     CLAIM_PATH,
     KEY_ENV,
@@ -61,18 +62,21 @@ class ServerClient:
         self.key = key if key is not None else trainer_key(url.port or (443 if url.scheme == "https" else 80))
         self.output_dir = output_dir
 
-    def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+    def headers(self, content_type: str = "application/json") -> dict[str, str]:
+        headers = {"Content-Type": content_type}
         if self.key.key is not None:
             headers["Authorization"] = f"Bearer {self.key.key}"
         if self.output_dir is not None:
             headers[RUN_HEADER] = run_id(self.output_dir)
         return headers
 
-    def request(self, method: str, path: str, body: dict | None = None, what: str = "") -> Any:
-        """The decoded JSON answer of ``method path`` (``None`` for an empty one); ``VLLMServerError`` otherwise."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=self.headers())
+    def request(self, method: str, path: str, body: dict | bytes | None = None, what: str = "") -> Any:
+        """The decoded JSON answer of ``method path`` with a JSON ``body`` (or raw bytes) (``None`` for an empty
+        answer); ``VLLMServerError`` otherwise."""
+        raw_body = isinstance(body, bytes)
+        data = body if raw_body or body is None else json.dumps(body).encode()
+        headers = self.headers("application/octet-stream" if raw_body else "application/json")
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         doing = what or f"{method} {path}"
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as response:
@@ -147,6 +151,11 @@ class ServerClient:
 
     def model_settings(self) -> dict:
         """The served model's configuration (vLLM's ``model_config``), from the development-mode ``/server_info``."""
+        return self.server_settings()["model_config"]
+
+    def server_settings(self) -> dict:
+        """The server's ``vllm_config`` (``model_config``, ``lora_config``, ...), from the development-mode
+        ``/server_info``."""
         try:
             info = self.request("GET", "/server_info?config_format=json", what="reading its settings")
         except VLLMServerError as err:
@@ -157,11 +166,16 @@ class ServerClient:
                     "VLLM_SERVER_DEV_MODE=1 in its environment (steadyrl vllm-serve does)"
                 ) from err
             raise
-        return info["vllm_config"]["model_config"]
+        return info["vllm_config"]
 
     def complete(self, body: dict) -> dict:
         """One ``/v1/completions`` answer's first choice."""
         return self.request("POST", "/v1/completions", body, what="a completion request")["choices"][0]
+
+    def load_adapter(self, name: str, blob: bytes) -> None:
+        """Have the server serve the LoRA adapter ``blob`` (``lora_sync.adapter_bytes``) as the model ``name``, in
+        place of the adapter it served before (``server_adapters``)."""
+        self.request("POST", f"{ADAPTER_PATH}?name={name}", blob, what=f"loading the LoRA adapter {name}")
 
     def collective_rpc(self, method: str, kwargs: dict[str, Any]) -> Any:
         return self.request("POST", "/collective_rpc", {"method": method, "kwargs": kwargs}, what=f"{method}()")

@@ -1,10 +1,11 @@
 """Rollout generation with an in-process vLLM engine, colocated with training.
 
-The engine is created once per run, from the actor's config and tokenizer with placeholder weights;
-before each rollout that follows an actor update, the actor's current weights are pushed into it in
-place and its prefix cache is reset. Every completion is sampled with its own seed, which the trainer
-derives from (seed, rollout index, prompt index, sample index), so a resumed run samples exactly what
-an uninterrupted one would, whatever engine instance does it.
+The engine is created once per run, from the actor's config and tokenizer with placeholder weights; before each
+rollout that follows an actor update, the actor's current weights are pushed into it in place and its prefix cache
+is reset. A LoRA actor whose adapter vLLM serves (``lora_sync``) has its base weights pushed once and then only its
+adapter, as a new ``LoRARequest`` per weight version. Every completion is sampled with its own seed, which the
+trainer derives from (seed, rollout index, prompt index, sample index), so a resumed run samples exactly what an
+uninterrupted one would, whatever engine instance does it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,10 +21,12 @@ import torch
 
 from .. import compat
 from ..checkpoint.rng import rng_untouched
+from ..distributed.fsdp import is_sharded
 from ..models.peft import base_config
 from ..reporting.quiet import quiet_vllm_logs, quiet_vllm_weight_reload
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .engine_dir import EngineDir
+from .lora_sync import adapter_state, write_adapter
 from .weights import whole_weights
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ class EngineSettings:
     seed: int = 0
     logprobs_mode: str = "raw_logprobs"
     world_size: int = 1
+    lora_rank: int | None = None  # adapter-only sync: the engine's max_lora_rank; None: merged weights
 
 
 def import_vllm():
@@ -107,6 +112,9 @@ class VLLMGenerationBackend(GenerationBackend):
         self._synced_version: int | None = None
         self._asleep = False
         self._model_dir = None
+        self._base_synced = False  # adapter-only sync: the base weights are in the engine
+        self.lora_request = None  # adapter-only sync: the adapter of the synced version
+        self.adapters_loaded = 0
         if engine.enable_sleep_mode and device.type != "cuda":
             logger.warning("vllm_enable_sleep_mode has no effect on %s: vLLM's sleep mode needs CUDA.", device.type)
 
@@ -129,6 +137,9 @@ class VLLMGenerationBackend(GenerationBackend):
         )
         if on_cuda:
             kwargs.update(gpu_memory_utilization=e.gpu_memory_utilization, enable_sleep_mode=e.enable_sleep_mode)
+        if e.lora_rank is not None:
+            # one adapter at a time: the previous version's is removed before the next is added
+            kwargs.update(enable_lora=True, max_lora_rank=e.lora_rank, max_loras=1)
         if e.world_size > 1:  # one engine per training process, inside the existing torch.distributed group
             kwargs["distributed_executor_backend"] = "external_launcher"
         try:
@@ -145,16 +156,41 @@ class VLLMGenerationBackend(GenerationBackend):
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if self.llm is None:
+            if self.engine.lora_rank is not None and is_sharded(model):
+                logger.info("vllm_lora_sync: pushing merged weights to vLLM, not the adapter only: the actor is "
+                            "sharded by FSDP2, whose adapter steadyrl does not gather alone.")  # fmt: skip
+                self.engine.lora_rank = None
             self._start(model)
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
         if version == self._synced_version:
             return
-        with whole_weights(model) as weights:  # every process's engine gets the whole actor
-            compat.reload_weights(self.llm, list(weights.items()))
+        adapter_only = self.engine.lora_rank is not None
+        if not (adapter_only and self._base_synced):
+            with whole_weights(model, merged=not adapter_only) as weights:  # every process's engine: the whole actor
+                compat.reload_weights(self.llm, list(weights.items()))
+            self._base_synced = adapter_only
+        if adapter_only:
+            self.load_adapter(model, version)
         self.llm.reset_prefix_cache()
         self._synced_version = version
+
+    def load_adapter(self, model: torch.nn.Module, version: int) -> None:
+        """The actor's adapter as the engine's one LoRA adapter: written beside the engine's config (vLLM 0.32 loads
+        adapters from files only), added under a new id, the previous one removed."""
+        from vllm.lora.request import LoRARequest
+
+        self.adapters_loaded += 1
+        name = f"steadyrl-v{version}-{self.adapters_loaded}"
+        directory = os.path.join(self._model_dir.name, "adapters", name)
+        write_adapter(directory, *adapter_state(model))
+        engine = self.llm.llm_engine
+        if self.lora_request is not None:
+            engine.remove_lora(self.lora_request.lora_int_id)
+            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)
+        self.lora_request = LoRARequest(lora_name=name, lora_int_id=self.adapters_loaded, lora_path=directory)
+        engine.add_lora(self.lora_request)
 
     @torch.no_grad()
     def sampling_params(self, seed: int):
@@ -174,7 +210,8 @@ class VLLMGenerationBackend(GenerationBackend):
         tok = self.tokenizer
         params = [self.sampling_params(seed) for seed in seeds]
         with rng_untouched():
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False,
+                                        lora_request=self.lora_request)  # fmt: skip
         completions, logprobs = [], []
         for output in outputs:
             sample = output.outputs[0]
@@ -183,7 +220,7 @@ class VLLMGenerationBackend(GenerationBackend):
             logprobs.append([entry[token].logprob for token, entry in zip(ids, sample.logprobs)])
         if self.engine.enable_sleep_mode and self.device.type == "cuda":
             self.llm.sleep(level=2)  # frees weights and KV cache for training; weights are pushed again on wake
-            self._asleep, self._synced_version = True, None
+            self._asleep, self._synced_version, self._base_synced = True, None, False
         return Generation(completions, logprobs)
 
     def close(self) -> None:
@@ -196,4 +233,5 @@ class VLLMGenerationBackend(GenerationBackend):
             return
         compat.shutdown(self.llm)
         self.llm, self._synced_version, self._asleep = None, None, False
+        self._base_synced, self.lora_request = False, None
         self._model_dir.cleanup()

@@ -2,16 +2,20 @@
 
 The trainer checks the server before any work (it answers, takes the trainer's key, serves the trainer's model with
 a long enough context, in the expected dtype and log-prob mode) and claims it for its run (``server_auth``: one
-server, one run; released when training ends), pushes the actor's weights into it before each rollout that follows an
-update (``server_weights``), and sends one completion request per prompt row, each with its own sampling seed,
-concurrently: the server batches them, and every completion depends only on its seed and the weights, so a resumed
-run samples exactly what an uninterrupted one would, and the same as the colocated engine.
+server, one run; released when training ends), pushes the actor's weights into it before each rollout that follows
+an update (``server_weights``; for a LoRA actor whose adapter the server serves, the base weights once and then the
+adapter only, over the authenticated API: ``server_adapters``), and sends one completion request per prompt row,
+each with its own sampling seed, concurrently: the server batches them, and every completion depends only on its
+seed and the weights, so a resumed run samples exactly what an uninterrupted one would, and the same as the
+colocated engine.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +26,15 @@ import torch
 from accelerate import PartialState
 
 from .. import compat
+from ..distributed.fsdp import is_sharded
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
+from .lora_sync import adapter_bytes, adapter_state
+from .server_adapters import ADAPTER_PREFIX
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
 from .weights import whole_weights
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +51,8 @@ class ServerSettings:
     logprobs_mode: str
     output_dir: str  # the run the server is claimed for
     concurrency: int = 64  # requests in flight at once
+    adapter_rank: int | None = None  # adapter-only sync of a LoRA actor of this rank; None: merged weights
+    adapter_required: bool = False  # vllm_lora_sync='adapter': no fallback to merged weights
 
 
 def server_url(base_url: str | None, host: str, port: int) -> str:
@@ -81,14 +92,15 @@ def same_model(served: str, wanted: str) -> bool:
     return served == wanted
 
 
-def check_server(client: ServerClient, s: ServerSettings) -> str:
+def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict | None]:
     """Refuse a server that is down, refuses the key, serves something else than the run needs or another run; claim
-    it for the run; return its served model name."""
+    it for the run; return its served model name and its LoRA settings (None: it serves no adapters)."""
     client.health()
     version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
     # the development routes and reload_weights are vLLM internals, as in colocate mode
     compat.require_tested_version("vllm", version, f"runs the vLLM server at {client.base_url}")
-    config = client.model_settings()
+    settings = client.server_settings()
+    config = settings["model_config"]
     served, name = config.get("model"), (config.get("served_model_name") or config.get("model"))
     if isinstance(name, list):
         name = name[0]
@@ -116,7 +128,29 @@ def check_server(client: ServerClient, s: ServerSettings) -> str:
             f"uses {s.logprobs_mode}: restart it with --logprobs-mode {s.logprobs_mode}"
         )
     client.claim()
-    return name
+    return name, settings.get("lora_config")
+
+
+def served_adapter_rank(lora_config: dict | None, s: ServerSettings, url: str) -> int | None:
+    """``s.adapter_rank`` if the server serves adapters of that rank, else None (merged sync: logged, or refused
+    where ``vllm_lora_sync='adapter'``)."""
+    rank = s.adapter_rank
+    if rank is None:
+        return None
+    limit = (lora_config or {}).get("max_lora_rank")
+    if limit is not None and rank <= limit:
+        return rank
+    problem = (f"the server's max_lora_rank={limit} is below the adapter's rank {rank}" if lora_config
+               else "the server serves no LoRA adapters")  # fmt: skip
+    fix = f"restart it with 'steadyrl vllm-serve --model {s.model} --max-lora-rank {rank} ...'"
+    if s.adapter_required:
+        raise VLLMServerError(
+            f"vllm_lora_sync='adapter' needs the vLLM server at {url} to serve the actor's LoRA adapter, and "
+            f"{problem}: {fix}, or set vllm_lora_sync='auto' or 'merged' (merged weights)"
+        )
+    logger.info("vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: %s "
+                "(to push the adapter only, %s).", url, problem, fix)  # fmt: skip
+    return None
 
 
 class VLLMServerBackend(GenerationBackend):
@@ -143,7 +177,11 @@ class VLLMServerBackend(GenerationBackend):
         self.server = server
         self.client = ServerClient(server.base_url, server.timeout, output_dir=server.output_dir)
         # every process checks and claims (the same run: idempotent), so that a refusal stops each of them here
-        self.served_name = check_server(self.client, server)
+        self.base_name, lora_config = check_server(self.client, server)
+        self.served_name = self.base_name  # the base model's name, or the adapter's in adapter-only sync
+        self.adapter_rank = served_adapter_rank(lora_config, server, server.base_url)
+        self._base_synced = False  # adapter-only sync: the base weights are on the server
+        self._adapter_tag = secrets.token_hex(4)  # the adapters' names: never another backend's, a killed run's
         self.claimed = True
         if transfer is None:
             transfer = (
@@ -160,18 +198,36 @@ class VLLMServerBackend(GenerationBackend):
             return
         from ..checkpoint.output_dir import on_main_process  # here: the trainers import this module
 
+        if self.adapter_rank is not None and is_sharded(model):
+            logger.info("vllm_lora_sync: pushing merged weights to the vLLM server, not the adapter only: the actor "
+                        "is sharded by FSDP2, whose adapter steadyrl does not gather alone.")  # fmt: skip
+            self.adapter_rank, self.served_name = None, self.base_name
+        adapter_only = self.adapter_rank is not None
+        name = f"{ADAPTER_PREFIX}{self._adapter_tag}-v{version}-{self.pushes}"
         # The main process pushes; the others wait for its outcome (no process generates before the server holds
         # the new weights), and a failed push raises on every process at once instead of leaving them at a barrier.
-        with whole_weights(model, everywhere=False) as weights, self.stops_cleanly():
-            on_main_process(PartialState(), lambda: self.push(weights, version))
+        with contextlib.ExitStack() as stack:
+            weights = None
+            if not (adapter_only and self._base_synced):  # merged sync: every time; adapter-only: the base once
+                weights = stack.enter_context(whole_weights(model, everywhere=False, merged=not adapter_only))
+            adapter = adapter_state(model) if adapter_only else None  # gathered on every process under ZeRO-3
+            stack.enter_context(self.stops_cleanly())
+            on_main_process(PartialState(), lambda: self.push(weights, version, adapter, name))
+        if adapter_only:
+            self.served_name, self._base_synced = name, True
         self._synced_version = version
         self.pushes += 1
 
-    def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
+    def push(self, weights: dict[str, torch.Tensor] | None, version: int, adapter: tuple | None = None,
+             adapter_name: str = "") -> None:  # fmt: skip
         # claimed again before its weights change: after close() released it, or a restart of the server freed it
         self.client.claim()
         self.claimed = True
-        self.transfer.push(weights, version)
+        if weights is not None:
+            self.transfer.push(weights, version)
+        if adapter is not None:
+            self.client.load_adapter(adapter_name, adapter_bytes(*adapter))
+            self.client.reset_prefix_cache()
 
     @contextlib.contextmanager
     def stops_cleanly(self) -> Iterator[None]:
@@ -209,7 +265,7 @@ class VLLMServerBackend(GenerationBackend):
         try:
             self.transfer.close()
         finally:
-            self._synced_version = None
+            self._synced_version, self._base_synced = None, False  # another run may replace the weights meanwhile
             if self.claimed and PartialState().is_main_process:
                 self.client.release()
             self.claimed = False

@@ -46,8 +46,10 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
 
 
 @torch.no_grad()
-def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """``model``'s weights under the names of the plain Hugging Face model.
+def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | None = None,
+                     merged: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``model``'s weights under the names of the plain Hugging Face model (with ``merged=False``, a LoRA model's
+    base weights, without its adapters: what vLLM applies an adapter to).
 
     For a PEFT LoRA model, what ``merge_and_unload().state_dict()`` holds, without changing the model: each adapted
     weight is ``W + delta`` of its active adapters (added in PEFT's order), computed aside, one at a time (moved to
@@ -69,7 +71,7 @@ def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | No
         name = key.replace(".base_layer.", ".")
         for adapter in model.peft_config:
             name = name.replace(f".modules_to_save.{adapter}.", ".")
-        if (layer := adapted.get(key)) is not None:
+        if merged and (layer := adapted.get(key)) is not None:
             for adapter in (a for a in layer.active_adapters if a in layer.lora_A):
                 value = value + layer.get_delta_weight(adapter)
             value = value if adapted_to is None else value.to(adapted_to)
@@ -78,16 +80,17 @@ def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | No
 
 
 @contextlib.contextmanager
-def whole_weights(model: torch.nn.Module, everywhere: bool = True) -> Iterator[dict[str, torch.Tensor] | None]:
-    """``plain_state_dict(model)`` with every weight whole for the block: ZeRO-3 partitions gathered on every
-    process, FSDP2 shards gathered one tensor at a time (with ``everywhere=False`` on the main process only, None on
-    the others). Every process must enter it."""
+def whole_weights(model: torch.nn.Module, everywhere: bool = True,
+                  merged: bool = True) -> Iterator[dict[str, torch.Tensor] | None]:  # fmt: skip
+    """``plain_state_dict(model, merged=merged)`` with every weight whole for the block: ZeRO-3 partitions gathered
+    on every process, FSDP2 shards gathered one tensor at a time (merged; with ``everywhere=False`` on the main
+    process only, None on the others). Every process must enter it."""
     if is_sharded(model):
         if is_peft(model):  # a LoRA actor merged from its whole weights (on every process)
             with fsdp2_whole_parameters(model):
-                yield plain_state_dict(model)
+                yield plain_state_dict(model, merged=merged)
             return
         yield full_state_dict(model, everywhere)
         return
     with gathered(model):
-        yield plain_state_dict(model)
+        yield plain_state_dict(model, merged=merged)

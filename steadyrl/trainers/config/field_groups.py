@@ -229,6 +229,13 @@ class VLLMFields:
         metadata={"help": "Colocated, on CUDA: release vLLM's memory while training and wake it for generation."},
     )
     vllm_kv_cache_space: int = field(default=1, metadata={"help": "Colocated: GiB of KV cache for vLLM on CPU."})
+    vllm_lora_sync: str = field(
+        default="auto",
+        metadata={"help": "With peft_config (LoRA): what reaches vLLM after each update. 'adapter': the adapter only "
+                  "(vLLM serves it with enable_lora; the base weights are pushed once), refused where vLLM cannot "
+                  "serve it; 'merged': W + scale x BA for every adapted weight, with all the others; 'auto': "
+                  "'adapter' where vLLM can serve it, else 'merged' (logged with the reason). See docs/vllm.md."},
+    )  # fmt: skip
     vllm_server_base_url: str | None = field(
         default=None,
         metadata={"help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000'; replaces "

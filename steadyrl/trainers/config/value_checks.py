@@ -199,6 +199,12 @@ def check_vllm(config) -> None:
         raise ValueError(
             f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
         )
+    if config.vllm_lora_sync not in ("auto", "adapter", "merged"):
+        raise ValueError(
+            f"vllm_lora_sync={config.vllm_lora_sync!r} is invalid: use 'auto' (the LoRA adapter only where vLLM can "
+            "serve it, else merged weights), 'adapter' (the adapter only) or 'merged' (W + scale x BA for every "
+            "adapted weight, with all the others)."
+        )
 
 
 def check_sync_ref_settings(config) -> None:
