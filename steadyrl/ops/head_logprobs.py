@@ -44,21 +44,19 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
                 with_entropy: bool):  # fmt: skip
         ctx.set_materialize_grads(False)
         logprobs = hidden.new_empty(len(hidden), dtype=torch.float32)
-        norms = torch.empty_like(logprobs)  # logsumexp of each position's logits / T, for the backward
         entropy = torch.empty_like(logprobs) if with_entropy else None
         with torch.autocast(hidden.device.type, enabled=False):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             for start in range(0, len(hidden), rows):
                 part = slice(start, start + rows)
-                logits = chunk_logits(hidden[part], w, b, temperature)
-                peak = logits.amax(-1, keepdim=True)
-                exps = (logits - peak).exp_()  # one exp pass serves the logsumexp and the entropy
-                total = exps.sum(-1)
-                norms[part] = norm = peak.squeeze(-1) + total.log()
-                logprobs[part] = logits.gather(-1, token_ids[part, None]).squeeze(-1) - norm
-                if with_entropy:  # logsumexp - sum(p * logits), as token_entropy
-                    entropy[part] = norm - exps.mul_(logits).sum(-1) / total
-        ctx.save_for_backward(hidden, weight, bias, token_ids, norms)
+                shifted = chunk_logits(hidden[part], w, b, temperature)
+                shifted.sub_(shifted.amax(-1, keepdim=True))  # as log_softmax: no rounding at the logsumexp's size
+                if with_entropy:
+                    entropy[part], total = shifted_entropy(shifted)
+                else:
+                    total = shifted.exp().sum(-1)
+                logprobs[part] = shifted.gather(-1, token_ids[part, None]).squeeze(-1) - total.log()
+        ctx.save_for_backward(hidden, weight, bias, token_ids)
         ctx.temperature, ctx.dtype, ctx.rows = temperature, dtype, rows
         if entropy is None:
             return logprobs
@@ -67,7 +65,7 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor | None, *_):
-        hidden, weight, bias, token_ids, norms = ctx.saved_tensors
+        hidden, weight, bias, token_ids = ctx.saved_tensors
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         if grad is None:
             return (None,) * 8
@@ -81,8 +79,9 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
             for start in range(0, len(hidden), ctx.rows):
                 part = slice(start, start + ctx.rows)
                 g = grad[part].float().unsqueeze(-1)
-                # d log p(t) / d logits = (onehot(t) - softmax(logits)) / T, as _GatheredLogSoftmax's backward
-                grad_logits = chunk_logits(hidden[part], w, b, temperature).sub_(norms[part, None]).exp_().mul_(-g)
+                # d log p(t) / d logits = (onehot(t) - softmax(logits)) / T, as _GatheredLogSoftmax's backward (with
+                # exp(logits - max) / the forward's sum as softmax, SmolLM2's gradients were 5x further off float64)
+                grad_logits = torch.softmax(chunk_logits(hidden[part], w, b, temperature), dim=-1).mul_(-g)
                 grad_logits.scatter_add_(-1, token_ids[part, None], g)
                 if temperature != 1.0:
                     grad_logits.div_(temperature)
@@ -96,6 +95,15 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def shifted_entropy(shifted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropy [n] of softmax(logits) and sum(exp(shifted)) [n] from ``shifted`` = logits - their row max [n, V]
+    (float32): log sum(exp) - sum(p * shifted), free of the rounding at the logits' own size (large logits, low
+    temperature) that logsumexp(logits) - sum(p * logits) has."""
+    exps = shifted.exp()
+    total = exps.sum(-1)
+    return total.log() - exps.mul_(shifted).sum(-1) / total, total
 
 
 def chunk_logits(hidden, weight, bias, temperature: float) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .head_logprobs import chunkable_head, head_returns_logprobs, warn_full_logits_once
+from .head_logprobs import chunkable_head, head_returns_logprobs, shifted_entropy, warn_full_logits_once
 
 
 def pad_prompts_and_completions(prompt_ids, completion_ids, pad_token_id: int, device=None) -> dict[str, torch.Tensor]:
@@ -111,11 +111,12 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
 
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy [B, C] of softmax(logits / temperature), a few rows at a time: logsumexp - sum(p * logits)."""
+    """Entropy [B, C] of softmax(logits / temperature), a few rows at a time: logsumexp - sum(p * logits), both of
+    logits minus their row max (shifted_entropy)."""
     parts = []
     for rows in row_chunks(logits):
         x = scaled(logits[rows], temperature)
-        parts.append(torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1))
+        parts.append(shifted_entropy(x - x.amax(-1, keepdim=True))[0])
     return torch.cat(parts)
 
 

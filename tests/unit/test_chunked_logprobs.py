@@ -1,7 +1,10 @@
 """Log-probs from the hidden states, the LM head projecting a chunk of positions at a time (ops/head_logprobs.py),
 equal the logits path (``chunked_head=False``) within 1e-6 in float32: log-probs, entropy, loss and the gradient of
 every trained parameter, for tied and untied heads, a head with a bias, temperature, padding rows and PEFT; models
-whose head output is not the logits fall back to the logits path and say so once."""
+whose head output is not the logits fall back to the logits path and say so once.
+
+Gradients agree within 1e-6 of each one's largest element: they sum over positions and the vocabulary in another
+order (the logits path itself is 2e-7 of that scale off a float64 computation)."""
 
 import logging
 
@@ -55,8 +58,8 @@ def assert_paths_equal(model, tokens, temperature, tolerance=TOLERANCE):
         torch.testing.assert_close(actual, expected, **tolerance, msg=lambda m, what=what: f"{what}: {m}")
     assert chunked[3].keys() == logits_path[3].keys() and chunked[3]
     for name, grad in logits_path[3].items():
-        assert grad.abs().sum() > 0, name
-        torch.testing.assert_close(chunked[3][name], grad, **tolerance, msg=lambda m, name=name: f"{name}: {m}")
+        scale, error = float(grad.abs().max()), float((chunked[3][name] - grad).abs().max())
+        assert scale > 0 and error <= tolerance["rtol"] * scale, (name, error, scale)
 
 
 @pytest.fixture
