@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from transformers.utils import logging
 
+from ..distributed.sharded_loading import broadcast_from_main, is_main_process, on_main_only
+from ..distributed.zero import whole_tensor
 from ..models.scalar_head import RewardModelFunction
 from ..trainers.config.trl_names import MAX_NEW_TOKENS, SYNONYMS
 from . import CheckpointError
@@ -86,16 +88,26 @@ def evenly_spaced(size: int, count: int) -> torch.Tensor:
     return torch.arange(count, dtype=torch.int64) * (size - 1) // max(count - 1, 1)
 
 
-@torch.no_grad()
 def weights_digest(model: torch.nn.Module) -> str:
+    """``tensor_digest`` of a model; of one whose weights only the main process holds yet (FSDP2 loading), the main
+    process's (every process must call it then)."""
+    if on_main_only(model):
+        return broadcast_from_main(tensor_digest(model) if is_main_process() else "")
+    return tensor_digest(model)
+
+
+@torch.no_grad()
+def tensor_digest(model: torch.nn.Module) -> str:
     """A cheap digest of a model's weights: every tensor's name, shape, dtype and ``SAMPLED_VALUES`` evenly spaced
-    values (an identity check, not an integrity check)."""
+    values (an identity check, not an integrity check). The same for a ZeRO-3 partitioned or FSDP2 sharded model as
+    for the whole one: each tensor is gathered whole in turn (every process must call it then)."""
     digest = hashlib.sha256()
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        flat = tensor.detach().reshape(-1)
-        index = evenly_spaced(flat.numel(), SAMPLED_VALUES)
-        sample = flat[index.to(flat.device)].to("cpu", torch.float64)
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        with whole_tensor(tensor) as whole:
+            flat = whole.detach().reshape(-1)
+            index = evenly_spaced(flat.numel(), SAMPLED_VALUES)
+            sample = flat[index.to(flat.device)].to("cpu", torch.float64)
+            digest.update(f"{name}{tuple(whole.shape)}{whole.dtype}".encode())
         digest.update(sample.numpy().tobytes())
     return digest.hexdigest()[:16]
 

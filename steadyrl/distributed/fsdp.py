@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from .. import compat
+from .sharded_loading import on_main_only
 
 
 def _dtensor_type():
@@ -38,7 +39,16 @@ def enable(accelerator, model: torch.nn.Module, plugin_args: dict | None = None)
     version = compat.enable_accelerate_fsdp(accelerator, plugin_args)
     if version is not None:
         check_fsdp_support(accelerator.state.fsdp_plugin, model)
+        broadcast_at_prepare(accelerator, model)
     return version
+
+
+def broadcast_at_prepare(accelerator, model: torch.nn.Module) -> None:
+    """If only the main process holds ``model``'s weights (``sharded_loading.load_trained_on_main``), have
+    accelerate's ``prepare`` broadcast them into every process's shards (its ``cpu_ram_efficient_loading``; for a
+    model every process holds whole, that copies the same numbers)."""
+    if on_main_only(model) and getattr(accelerator.state, "fsdp_plugin", None) is not None:
+        accelerator.state.fsdp_plugin.cpu_ram_efficient_loading = True
 
 
 def check_fsdp_support(plugin, model: torch.nn.Module) -> None:

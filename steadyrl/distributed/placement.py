@@ -41,5 +41,3 @@ def offloaded(model: torch.nn.Module, device, offload: bool):
     finally:
         if offload:
             model.to("cpu")
-
-

@@ -76,21 +76,69 @@ def is_partitioned(model: torch.nn.Module) -> bool:
 
 @contextlib.contextmanager
 def whole_at_load() -> Iterator[None]:
-    """Models created in the block are whole, even where transformers would partition them as it loads them
-    (accelerate's ``zero3_init_flag``). steadyrl copies the actor into the reference and critic before DeepSpeed
-    partitions anything, which needs whole weights; the engines partition them when the run starts."""
+    """Models created in the block are whole, even where transformers would partition them as it creates them
+    (accelerate's ``zero3_init_flag``): copies of a whole model given as an object are whole like it."""
     with compat.zero3_init_suspended():
         yield
 
 
 def check_whole(model: torch.nn.Module, argument: str) -> None:
-    """Refuse a model that ``deepspeed.zero.Init`` already partitioned: its copies would hold no weights."""
-    if is_partitioned(model):
+    """Refuse a model object that ``deepspeed.zero.Init`` partitioned when the run does not partition its models as
+    it loads them (no ZeRO-3 with ``zero3_init_flag``): its parameters would hold no weights."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_partitioned(model) and not is_deepspeed_zero3_enabled():
         raise ValueError(
-            f"{argument} was loaded already partitioned by DeepSpeed ZeRO-3 (deepspeed.zero.Init, e.g. "
-            "from_pretrained after creating the config with zero3_init_flag). Pass its path instead: steadyrl "
-            "loads it whole, makes the reference and critic from it, and DeepSpeed partitions them as training starts."
+            f"{argument} was partitioned by DeepSpeed ZeRO-3 (deepspeed.zero.Init), but this run does not partition "
+            "models as it loads them, so its parameters hold no weights here: run it under ZeRO-3 with "
+            "zero3_init_flag: true (examples/accelerate_configs/zero3.yaml), or pass the model's path or a whole model."
         )
+
+
+def same_kind_of_model(model: torch.nn.Module) -> contextlib.AbstractContextManager:
+    """Models created in the block are partitioned if ``model`` is (transformers' zero.Init under ZeRO-3), whole
+    if it is whole."""
+    return contextlib.nullcontext() if is_partitioned(model) else whole_at_load()
+
+
+@torch.no_grad()
+def copy_weights(source: torch.nn.Module, target: torch.nn.Module, source_name=lambda name: name) -> None:
+    """Copy each parameter of ``source`` into ``target``'s of the same name (``source_name`` maps source names),
+    one module of ``target`` at a time: under ZeRO-3 only that module's parameters are gathered whole, so no
+    process holds a whole model. Every process must call it."""
+    sources = {source_name(name): param for name, param in source.named_parameters()}
+    for prefix, module in target.named_modules():
+        pairs = [(param, sources[key]) for name, param in module.named_parameters(recurse=False)
+                 if (key := f"{prefix}.{name}" if prefix else name) in sources]  # fmt: skip
+        if not pairs:
+            continue
+        with gathered([s for _, s in pairs]), gathered([t for t, _ in pairs], modify=True):
+            for into, value in pairs:
+                into.copy_(value)
+
+
+def copy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of a transformers ``model``. Of a ZeRO-3 partitioned model a partitioned one, created and filled one
+    module at a time (``copy_weights``), so that no process holds either whole; else ``copy.deepcopy``."""
+    if not is_partitioned(model):
+        return copy.deepcopy(model)
+    with torch.random.fork_rng():  # the throwaway initialisation must not move the run's random stream
+        twin = type(model)._from_config(copy.deepcopy(model.config), dtype=model.dtype)
+    copy_weights(model, twin)
+    if getattr(model, "generation_config", None) is not None:
+        twin.generation_config = copy.deepcopy(model.generation_config)
+    return twin
+
+
+@contextlib.contextmanager
+def whole_tensor(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """``tensor`` whole on every process for the block: a ZeRO-3 partition gathered, an FSDP2 shard's
+    ``full_tensor()``; any other tensor as it is. Every process must call it for a partitioned one."""
+    if hasattr(tensor, "ds_id"):
+        with gathered([tensor]):
+            yield tensor
+        return
+    yield tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 @torch.no_grad()

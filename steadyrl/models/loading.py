@@ -3,15 +3,19 @@ gradient checkpointing and DeepSpeed's backward pass."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
 
 from ..checkpoint.fingerprint import redact_secrets
-from ..distributed.zero import check_whole, whole_at_load
+from ..distributed.sharded_loading import load_split, on_main_only
+from ..distributed.zero import check_whole, copy_model
 from ..trainers.config.input_checks import check_vocabulary
 from .scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
+
+
+def policy_init_kwargs(args) -> dict:
+    """``from_pretrained_kwargs`` of the policy and its copies: trained weights are float32 unless asked."""
+    return {"dtype": torch.float32, **from_pretrained_kwargs(args)}
 
 
 def from_pretrained_kwargs(args) -> dict:
@@ -30,12 +34,12 @@ def from_pretrained_kwargs(args) -> dict:
 
 
 def load_policy(model: str | PreTrainedModel, tokenizer, args):
-    """The policy (loaded whole from a path even under ZeRO-3) and its tokenizer, with a pad token."""
-    kwargs = {"dtype": torch.float32, **from_pretrained_kwargs(args)}  # trained weights: float32 unless asked
+    """The policy and its tokenizer, with a pad token. From a path it is loaded split over the processes where the
+    run splits it (``load_split``: partitioned under ZeRO-3, read by the main process only under FSDP2)."""
     if isinstance(model, str):
-        with whole_at_load():
-            model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
-    check_whole(model, "model")
+        model = load_split(AutoModelForCausalLM, model, policy_init_kwargs(args), args, frozen=False)
+    else:
+        check_whole(model, "model")
     if tokenizer is None:
         if not model.config._name_or_path:
             raise ValueError(
@@ -90,7 +94,7 @@ def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel,
     policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template."""
     if isinstance(reward_model, str) and reward_tokenizer is None:
         reward_tokenizer = AutoTokenizer.from_pretrained(reward_model, trust_remote_code=args.trust_remote_code)
-    model = load_scalar_model(reward_model, "reward_model", from_pretrained_kwargs(args))
+    model = load_scalar_model(reward_model, "reward_model", from_pretrained_kwargs(args), args)
     if reward_tokenizer is None or same_tokenizer(tokenizer, reward_tokenizer, conversational):
         check_same_vocabulary(model, "reward_model", policy, tokenizer)
         reward_tokenizer = None  # the fast path: the policy's token ids as they are
@@ -107,16 +111,26 @@ def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel,
                                chat_template_kwargs=args.chat_template_kwargs)  # fmt: skip
 
 
-def policy_and_reference(model: PreTrainedModel, peft_config, seed: int,
-                         reference: bool = True) -> tuple[torch.nn.Module, torch.nn.Module | None]:  # fmt: skip
-    """The policy to train and its frozen reference: a copy of the model; no copy under PEFT (the base model with
-    its adapters disabled is the reference) or when the run needs no ``reference``."""
+def policy_and_reference(model: PreTrainedModel, peft_config, seed: int, reference: bool = True,
+                         args=None) -> tuple[torch.nn.Module, torch.nn.Module | None]:  # fmt: skip
+    """The policy to train and its frozen reference: a copy of the model (split over the processes like it, see
+    ``reference_copy``); no copy under PEFT (the base model with its adapters disabled is the reference) or when
+    the run needs no ``reference``."""
     if peft_config is None:
-        return model, copy.deepcopy(model).eval().requires_grad_(False) if reference else None
+        return model, reference_copy(model, args).eval().requires_grad_(False) if reference else None
     from peft import get_peft_model
 
     set_seed(seed)  # adapter initialisation must be reproducible; Trainer seeds only later
     return get_peft_model(model, peft_config), None
+
+
+def reference_copy(model: PreTrainedModel, args) -> PreTrainedModel:
+    """A copy of the policy as it starts. Under ZeRO-3 a partitioned one, made a module at a time; under FSDP2, where
+    only the main process holds the policy's weights until training starts, read again from its path, sharded
+    (``load_split``); else ``copy.deepcopy``."""
+    if on_main_only(model):
+        return load_split(AutoModelForCausalLM, model.config._name_or_path, policy_init_kwargs(args), args, frozen=True)
+    return copy_model(model)
 
 
 def check_deepspeed_support(deepspeed_config: dict, model: torch.nn.Module) -> int:

@@ -6,21 +6,32 @@ a ``score`` linear layer), read on the policy's own token ids, so their vocabula
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from ..distributed.placement import offloaded
-from ..distributed.zero import check_whole, whole_at_load
+from ..distributed.sharded_loading import (
+    is_main_process,
+    load_split,
+    mark_loaded_on_main,
+    on_main_only,
+    uninitialised,
+)
+from ..distributed.zero import check_whole, copy_weights, gathered, same_kind_of_model
 from ..ops import joined_inputs, pad_prompts_and_completions
 
 
-def load_scalar_model(model: str | PreTrainedModel, role: str, init_kwargs: dict | None = None) -> PreTrainedModel:
+def load_scalar_model(model: str | PreTrainedModel, role: str, init_kwargs: dict | None = None, args=None,
+                      frozen: bool = True) -> PreTrainedModel:  # fmt: skip
     """Load ``model`` (a path or a loaded model, with ``from_pretrained``'s ``init_kwargs``) as a one-output
-    sequence classifier; ``role`` names it in errors."""
+    sequence classifier; ``role`` names it in errors. From a path with the run's ``args`` it is split over the
+    processes as the run splits a ``frozen`` or trained model (``load_split``)."""
     if isinstance(model, str):
-        with whole_at_load():
-            model = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, **(init_kwargs or {}))
-    check_whole(model, role)
+        model = load_split(AutoModelForSequenceClassification, model, init_kwargs or {}, args, frozen, num_labels=1)
+    else:
+        check_whole(model, role)
     head = getattr(model, "score", None)
     if not isinstance(head, torch.nn.Linear) or not hasattr(model, "base_model_prefix"):
         raise ValueError(
@@ -46,7 +57,8 @@ def check_same_vocabulary(model: PreTrainedModel, role: str, policy: PreTrainedM
         hint = (
             " If it has a tokenizer of its own, pass it as reward_processing_class (or give the reward model as a "
             "path, which loads its tokenizer): completions are then re-rendered for it."
-            if role == "reward_model" else ""
+            if role == "reward_model"
+            else ""
         )
         raise ValueError(
             f"{role} has vocab_size={vocab} but the policy has vocab_size={policy_vocab}: it scores the policy's "
@@ -106,22 +118,37 @@ class Critic(torch.nn.Module):
 
 
 def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:
-    """A sequence classifier with the policy's backbone weights and a freshly (seeded) initialised score head."""
+    """A sequence classifier with the policy's backbone weights and a freshly (seeded) initialised score head;
+    partitioned like the policy under ZeRO-3, filled one module at a time."""
     if hasattr(policy, "get_base_model"):  # PEFT: the critic starts from the base model's weights
         policy = policy.get_base_model()
     settings = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
     config = policy.config.__class__.from_dict({**settings, "num_labels": 1})
-    with torch.random.fork_rng():
+    holds_weights = not on_main_only(policy) or is_main_process()  # FSDP2: the critic too, on the main process
+    with torch.random.fork_rng(), same_kind_of_model(policy):  # the run's random stream stays where it was
+        create = functools.partial(AutoModelForSequenceClassification.from_config, config, dtype=policy.dtype)
+        critic = create() if holds_weights else uninitialised(create)
+    if holds_weights:
+        backbone = getattr(critic, critic.base_model_prefix)
+        # Under PEFT the wrapped layers hold the base weights as `<layer>.base_layer.*`, next to the adapter's.
+        copy_weights(getattr(policy, policy.base_model_prefix), backbone,
+                     lambda name: name.replace(".base_layer.", "."))  # fmt: skip
+    init_score_head(critic, seed)
+    if on_main_only(policy):
+        mark_loaded_on_main(critic)
+    return critic
+
+
+@torch.no_grad()
+def init_score_head(model: PreTrainedModel, seed: int) -> None:
+    """The score head drawn from N(0, initializer_range) with ``seed`` (a bias, if any, zero), the same however the
+    model was created and partitioned; the run's random stream is left as it was."""
+    head = model.score
+    with torch.random.fork_rng(), gathered(list(head.parameters()), modify=True):
         torch.manual_seed(seed)
-        with whole_at_load():
-            critic = AutoModelForSequenceClassification.from_config(config)
-    backbone = getattr(critic, critic.base_model_prefix)
-    expected = backbone.state_dict().keys()
-    # Under PEFT the wrapped layers hold the base weights as `<layer>.base_layer.*`, next to the adapter's tensors.
-    source = getattr(policy, policy.base_model_prefix).state_dict()
-    source = {key.replace(".base_layer.", "."): value for key, value in source.items()}
-    backbone.load_state_dict({key: value for key, value in source.items() if key in expected})
-    return critic.to(policy.dtype)
+        head.weight.normal_(0.0, getattr(model.config, "initializer_range", 0.02))
+        if head.bias is not None:
+            head.bias.zero_()
 
 
 class RewardModelFunction:

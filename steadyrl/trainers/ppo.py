@@ -11,7 +11,6 @@ optimizer and LR scheduler, both in the checkpoint.
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -21,11 +20,14 @@ from transformers.utils import logging
 
 from ..checkpoint.checkpointer import TrainedModule
 from ..checkpoint.fingerprint import model_identity
+from ..distributed.fsdp import broadcast_at_prepare, is_sharded
+from ..distributed.sharded_loading import trained_copy_on_main
+from ..distributed.zero import copy_model
 from ..models.loading import (
     check_master_weights,
     disable_dropout,
     enable_gradient_checkpointing,
-    from_pretrained_kwargs,
+    policy_init_kwargs,
 )
 from ..models.scalar_head import (
     Critic,
@@ -217,12 +219,16 @@ class PPOTrainer(OnPolicyTrainer):
             reward_processing_class=reward_processing_class, ref_model=ref_model,
         )  # fmt: skip
         actor = self.model
+        # Under ZeRO-3 the critic is created partitioned, as the models it comes from; creating it leaves the run's
+        # random stream where it was (transformers initialises a model created under zero.Init before loading it).
         if value_model is not None:
-            critic = load_scalar_model(value_model, "value_model",
-                                       {"dtype": torch.float32, **from_pretrained_kwargs(self.args)})  # fmt: skip
+            with torch.random.fork_rng():
+                critic = load_scalar_model(value_model, "value_model", policy_init_kwargs(self.args), self.args,
+                                           frozen=False)  # fmt: skip
             check_same_vocabulary(critic, "value_model", actor, self.processing_class)
         elif self.reward_model is not None and self.reward_model_reads_policy_tokens():
-            critic = copy.deepcopy(self.reward_model)
+            sharded = is_sharded(self.reward_model)  # FSDP2: the main process holds the critic until it is prepared
+            critic = trained_copy_on_main(self.reward_model) if sharded else copy_model(self.reward_model)
         else:
             if self.reward_model is not None:
                 logger.warning(
@@ -234,6 +240,7 @@ class PPOTrainer(OnPolicyTrainer):
             disable_dropout(critic)
         self.critic = Critic(critic.train().requires_grad_(True)).to(self.accelerator.device)
         check_master_weights(self.critic, "the critic", self.args, self.deepspeed_config)
+        broadcast_at_prepare(self.accelerator, critic)
         self.identity.update(model_identity("critic", critic))
 
     def reward_model_reads_policy_tokens(self) -> bool:

@@ -8,7 +8,8 @@ import contextlib
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainingArguments
 
-from ...distributed.zero import check_whole, whole_at_load
+from ...distributed.sharded_loading import load_split
+from ...distributed.zero import check_whole
 from ...models.scalar_head import check_same_vocabulary
 from ...rewards import as_list
 from .input_checks import check_model_path
@@ -82,12 +83,13 @@ def named_load_failure(argument: str, value):
         ) from error
 
 
-def load_reference(ref_model, policy: PreTrainedModel, init_kwargs: dict) -> torch.nn.Module:
-    """The given reference model (a path, Hub id or model), frozen; it must read the policy's token ids."""
+def load_reference(ref_model, policy: PreTrainedModel, init_kwargs: dict, args=None) -> torch.nn.Module:
+    """The given reference model (a path, Hub id or model), frozen; it must read the policy's token ids. From a path
+    it is split over the processes where the run splits its models (``load_split``)."""
     check_model_path(ref_model, "ref_model")
     if isinstance(ref_model, str):
-        with whole_at_load():
-            ref_model = AutoModelForCausalLM.from_pretrained(ref_model, **init_kwargs)
-    check_whole(ref_model, "ref_model")
+        ref_model = load_split(AutoModelForCausalLM, ref_model, init_kwargs, args, frozen=True)
+    else:
+        check_whole(ref_model, "ref_model")
     check_same_vocabulary(ref_model, "ref_model", policy, None)
     return ref_model.eval().requires_grad_(False)

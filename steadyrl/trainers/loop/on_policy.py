@@ -175,9 +175,9 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
                 f"ref_model was given, but with beta={args.beta} {name} has no KL term and uses no reference model: "
                 "set beta > 0, or leave ref_model unset."
             )
-        model, self.ref_model = policy_and_reference(model, peft_config, args.seed, self.uses_reference)
+        model, self.ref_model = policy_and_reference(model, peft_config, args.seed, self.uses_reference, args)
         if ref_model is not None:  # the given reference replaces the copy (under PEFT: the disabled adapters)
-            self.ref_model = load_reference(ref_model, model, from_pretrained_kwargs(args))
+            self.ref_model = load_reference(ref_model, model, from_pretrained_kwargs(args), args)
         check_reference_sync(args.sync_ref_model, self.ref_model, peft_config is not None)
         if args.disable_dropout:
             for module in (model, self.ref_model):

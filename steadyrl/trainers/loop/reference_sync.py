@@ -59,12 +59,16 @@ def parameter_pairs(policy: torch.nn.Module, reference: torch.nn.Module) -> Iter
             yield pairs
 
 
-def whole(param: torch.Tensor) -> torch.Tensor:
-    """An FSDP2 shard gathered whole (every process calls it, in the same order); any other tensor as it is. The
-    reference stays whole on every process under FSDP2, so each mixes in the whole actor parameter."""
+def counterparts(param: torch.Tensor, ref_param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(what to mix in, what to mix into)`` for one actor parameter and its reference parameter under FSDP2:
+    both sharded alike (each parameter's rows split the same way over the processes), each process mixes its own
+    rows; a whole reference (given as a model object, or with ``ref_reward_offload``) mixes in the whole actor
+    parameter, gathered (every process calls it, in the same order). Other tensors as they are."""
     from torch.distributed.tensor import DTensor
 
-    return param.full_tensor() if isinstance(param, DTensor) else param
+    if isinstance(ref_param, DTensor):
+        return param.to_local(), ref_param.to_local()
+    return (param.full_tensor() if isinstance(param, DTensor) else param), ref_param
 
 
 @torch.no_grad()
@@ -77,4 +81,5 @@ def mix_into_reference(policy: torch.nn.Module, reference: torch.nn.Module, alph
         with gathered(params), gathered(ref_params, modify=True) as partitioned:
             if main or not partitioned:
                 for param, ref_param in pairs:
-                    ref_param.mul_(1.0 - alpha).add_(whole(param).to(ref_param.device), alpha=alpha)
+                    value, into = counterparts(param, ref_param)
+                    into.mul_(1.0 - alpha).add_(value.to(into.device), alpha=alpha)

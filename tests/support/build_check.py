@@ -1,0 +1,73 @@
+"""Build a trainer from the toy model's path under ``accelerate launch`` and report, as JSON from the main process,
+how each of its models is held (``partitioned`` under ZeRO-3, ``sharded`` under FSDP2, else ``whole``), the largest
+number of weight elements any one process holds of each, and the run's fingerprint.
+
+    accelerate launch --config_file <zero3|fsdp2>.yaml tests/support/build_check.py OUT.json ALGORITHM [reward_model]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from steadyrl import PPOConfig, PPOTrainer, RLOOConfig, RLOOTrainer
+from steadyrl.distributed.sharded_loading import on_main_only
+from steadyrl.toy import letters_reward, toy_dataset, toy_model_path, toy_reward_model_path
+
+
+def local_elements(model: torch.nn.Module) -> int:
+    """The weight elements this process holds of ``model``: its partitions or shards, else every tensor."""
+    total = 0
+    for param in model.parameters():
+        if hasattr(param, "ds_tensor"):
+            total += param.ds_tensor.numel()
+        elif hasattr(param, "to_local"):
+            total += param.to_local().numel()
+        else:
+            total += param.numel()
+    return total
+
+
+def held(model: torch.nn.Module) -> str:
+    if on_main_only(model):
+        return "on main only"
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return "partitioned"
+    if any(hasattr(p, "to_local") for p in model.parameters()):
+        return "sharded"
+    return "whole"
+
+
+def main(out: str, algorithm: str, with_reward_model: bool) -> None:
+    config, trainer_class = (PPOConfig, PPOTrainer) if algorithm == "ppo" else (RLOOConfig, RLOOTrainer)
+    args = config(
+        output_dir=str(Path(out).parent / "run"), rollout_batch_size=4, n_samples_per_prompt=2,
+        micro_rollout_batch_size=4, train_batch_size=4, micro_train_batch_size=1, max_completion_length=8,
+        beta=0.05, seed=0, report_to="none", disable_tqdm=True, save_strategy="no", max_steps=1,
+    )  # fmt: skip
+    reward = {"reward_model": toy_reward_model_path()} if with_reward_model else {}
+    trainer = trainer_class(toy_model_path(), [letters_reward], args, toy_dataset(), **reward)
+    models = {"actor": trainer.model, "reference": trainer.ref_model}
+    if trainer.reward_model is not None:
+        models["reward_model"] = trainer.reward_model
+    if algorithm == "ppo":
+        models["critic"] = trainer.critic.model
+    models = {name: getattr(model, "module", model) for name, model in models.items()}
+    sizes = torch.tensor([local_elements(model) for model in models.values()], dtype=torch.float64)
+    largest = trainer.accelerator.reduce(sizes, "max").tolist()
+    if trainer.accelerator.is_main_process:
+        report = {
+            name: {"held": held(model), "local_elements": int(size), "whole_elements": int(
+                sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()))}
+            for (name, model), size in zip(models.items(), largest)
+        }  # fmt: skip
+        report["identity"] = trainer.identity
+        Path(out).write_text(json.dumps(report, default=str))
+    trainer.accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "reward_model")
