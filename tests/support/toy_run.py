@@ -123,6 +123,36 @@ class KillAfterSave(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class GatheredPeak(TrainerCallback):
+    """Under ZeRO-3, the most elements of the actor's partitioned parameters (persistent small ones aside) held whole
+    at once as any module's forward pass in training mode ends (generation gathers the whole actor on purpose), in the
+    steps up to global step ``step``; written to
+    OUTPUT_DIR/gathered-<step>-<rank>.json."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.peak, self.params = step, 0, []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.params = [p for p in model.parameters() if hasattr(p, "ds_id") and not p.ds_persist]
+        if self.params:
+            for module in model.modules():
+                module.register_forward_hook(self.probe)
+
+    def probe(self, module, inputs, output) -> None:
+        if not module.training:
+            return
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        whole = sum(p.ds_numel for p in self.params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
+        self.peak = max(self.peak, whole)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and self.params:
+            path = os.path.join(args.output_dir, f"gathered-{self.step}-{os.environ.get('RANK', '0')}.json")
+            with open(path, "w") as f:
+                json.dump({"peak": self.peak, "total": sum(p.ds_numel for p in self.params)}, f)
+
+
 class SaveLiveActor(TrainerCallback):
     """After global step ``step``, write the actor's live parameters to OUTPUT_DIR/live-actor-<step>.safetensors,
     gathered with DeepSpeed's own ``GatheredParameters`` under ZeRO-3, with ``DTensor.full_tensor`` under FSDP2
@@ -235,7 +265,8 @@ def main() -> None:
     if opts.real:
         overrides = {**REAL_DEFAULTS, **real_task(), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
-    callbacks += [SaveLiveActor(opts.save_live_actor)] if opts.save_live_actor else []
+    if opts.save_live_actor:
+        callbacks += [SaveLiveActor(opts.save_live_actor), GatheredPeak(opts.save_live_actor)]
     signum = getattr(signal, f"SIG{opts.signal}")
     callbacks += [SignalAt(opts.signal_at, signum, opts.signal_again)] if opts.signal_at is not None else []
     if opts.lora:
