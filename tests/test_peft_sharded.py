@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 from test_resume import TIMINGS
 from transformers import AutoModelForCausalLM
@@ -30,16 +31,27 @@ def ddp_lora(tmp_path_factory, toy_path):
 
 @pytest.fixture(scope="module", params=list(BACKENDS))
 def runs(request, tmp_path_factory, toy_path):
-    """(backend, uninterrupted run with the live actor written after step 3, run SIGKILLed after checkpoint-3 and
-    resumed)."""
+    """(backend, uninterrupted run with the live actor written after step 3 that pushes each checkpoint's actor
+    merged to a Hub stand-in, run SIGKILLed after checkpoint-3 and resumed, the Hub's commits)."""
+    from support.hub_server import start
+
     config = BACKENDS[request.param]
     full, resumed = (tmp_path_factory.mktemp(f"{request.param}-lora-{kind}") for kind in ("full", "resumed"))
-    run_toy(full, "--lora", "--save-live-actor", "3", *SETTINGS, accelerate_config=config)
+    hub, server = start()
+    push = ["push_to_hub=true", "hub_strategy=every_save", "hub_push_merged=true", "hub_token=hf_x",
+            f"hub_model_id=someone/{request.param}"]  # fmt: skip
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("HF_ENDPOINT", hub.url)
+            env.delenv("HF_TOKEN", raising=False)
+            run_toy(full, "--lora", "--save-live-actor", "3", *SETTINGS, *push, accelerate_config=config)
+    finally:
+        server.shutdown()
     run_toy(resumed, "--lora", "--kill-after-save", "3", *SETTINGS, expect_kill=True, accelerate_config=config)
     assert sorted(p.name for p in resumed.glob("checkpoint-*")) == ["checkpoint-3"]
     _, output = run_toy(resumed, "--lora", "--resume", *SETTINGS, accelerate_config=config)
     assert output.count("Resuming from") == 2 and "checkpoint-3" in output
-    return request.param, full, resumed
+    return request.param, full, resumed, hub.commits
 
 
 def adapter_file(directory) -> bytes:
@@ -47,7 +59,7 @@ def adapter_file(directory) -> bytes:
 
 
 def test_sigkill_after_a_checkpoint_resumes_identically(runs):
-    _, full, resumed = runs
+    _, full, resumed, _ = runs
     assert (resumed / "checkpoint-3" / "rollout_buffer_0.safetensors").is_file(), "the save at 3 is mid-rollout"
     assert adapter_file(resumed / "final-actor") == adapter_file(full / "final-actor")
     assert adapter_file(resumed / "checkpoint-6" / "actor") == adapter_file(full / "checkpoint-6" / "actor")
@@ -60,7 +72,7 @@ def test_sigkill_after_a_checkpoint_resumes_identically(runs):
 
 
 def test_checkpoint_holds_the_adapter_and_its_optimizer_state_only(runs):
-    backend, full, _ = runs
+    backend, full, _, _ = runs
     checkpoint = full / "checkpoint-3"
     actor = {p.name for p in (checkpoint / "actor").iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors"} <= actor and "model.safetensors" not in actor
@@ -76,7 +88,7 @@ def test_checkpoint_holds_the_adapter_and_its_optimizer_state_only(runs):
 def test_export_of_a_checkpoint_equals_the_live_model(runs, tmp_path):
     from peft import PeftModel
 
-    _, full, _ = runs
+    _, full, _, _ = runs
     live = load_file(full / "live-actor-3.safetensors")  # the PeftModel's parameters, gathered after step 3
     saved = load_file(full / "checkpoint-3" / "actor" / "adapter_model.safetensors")
     assert saved and len(saved) == sum("lora_" in name for name in live)
@@ -93,8 +105,22 @@ def test_export_of_a_checkpoint_equals_the_live_model(runs, tmp_path):
         assert torch.equal(exported[name], weights), name
 
 
+def test_merged_hub_pushes_equal_the_export_of_their_checkpoint(runs, tmp_path):
+    _, full, _, commits = runs
+    steps = ["Training in progress, step 3", "Training in progress, step 6"]
+    assert [c.message for c in commits] == [*steps, "Model save"]
+    for commit, step in zip(commits, (3, 6, 6)):
+        assert "adapter_config.json" not in commit.files
+        exported = export_actor(full / f"checkpoint-{step}", tmp_path / f"{len(list(tmp_path.iterdir()))}")
+        expected = load_file(exported / "model.safetensors")
+        weights = safetensors_load(commit.files["model.safetensors"])
+        assert weights.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(weights[name], tensor), (commit.message, name)
+
+
 def test_lora_trains_like_ddp(runs, ddp_lora):
-    _, full, _ = runs
+    _, full, _, _ = runs
     sharded, ddp = read_logs(full), read_logs(ddp_lora)
     for step in range(1, 7):  # same data, same seeds: only the order of floating-point sums may differ
         for key in COMPARED:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..checkpoint import CheckpointError, verify_checkpoint
+from ..distributed.zero import whole_at_load
 from ..generation.weights import plain_state_dict
 
 ACTOR = "actor"
@@ -71,7 +72,7 @@ def merge_adapter(actor: Path, output_dir: Path) -> None:
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoTokenizer
 
-    with rng_untouched():
+    with rng_untouched(), whole_at_load():  # under ZeRO-3 (zero3_init_flag) only this process loads it
         model = AutoPeftModelForCausalLM.from_pretrained(actor)
     model.merge_and_unload().save_pretrained(output_dir, safe_serialization=True)
     AutoTokenizer.from_pretrained(actor).save_pretrained(output_dir)
