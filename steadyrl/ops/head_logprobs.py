@@ -150,9 +150,9 @@ def warn_full_logits_once(model: nn.Module, reason: str) -> None:
 @contextlib.contextmanager
 def head_returns_logprobs(head: nn.Linear, completion_ids: torch.Tensor, temperature: float, with_entropy: bool,
                           rows: int) -> Iterator[list[int]]:  # fmt: skip
-    """While open, ``head(hidden_states)`` returns [B, C, 1] log-probs of ``completion_ids`` [B, C] from the positions
-    before each token (the last C + 1 of ``hidden_states`` [B, T, H]), and [..., 1] the entropy if asked, instead of
-    logits. Yields a list that holds one item per call of the head."""
+    """While open, ``head(hidden_states)`` returns, instead of logits, [B, C, 1]: the log-probs of ``completion_ids``
+    [B, C] from the positions before each token (the last C + 1 of ``hidden_states`` [B, T, H]), or [B, C, 2] with
+    the entropy second if asked. Yields a list that holds one item per call of the head."""
     calls: list[int] = []
     width = completion_ids.shape[1]
 
