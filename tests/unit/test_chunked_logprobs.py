@@ -136,3 +136,18 @@ def test_models_whose_head_output_is_not_the_logits_fall_back_and_say_so_once(ca
     warnings = [r.getMessage() for r in caplog.records if r.name == head_module.__name__]
     assert len(warnings) == 1 and why in warnings[0] and "full [B, C, V] logits" in warnings[0], warnings
     assert "forward" not in vars(model.get_output_embeddings())
+
+
+def test_chunked_head_through_ddp_equals_the_logits_path(small_chunks, tmp_path):
+    """Under DistributedDataParallel (one process, gloo) the head is found through ``.module`` and gradients reach
+    every parameter through DDP's reducer as they do on the logits path."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = DistributedDataParallel(tiny_qwen(tied=False))
+        assert head_module.chunkable_head(model)[0] is model.module.lm_head
+        assert_paths_equal(model, padded_tokens(), temperature=0.7)
+    finally:
+        dist.destroy_process_group()
