@@ -38,7 +38,7 @@ from ...data.sampling import PromptSampler
 from ...distributed.fsdp import enable as enable_fsdp
 from ...distributed.placement import place_frozen_models
 from ...distributed.zero import bind_scheduler
-from ...distributed.zero3_release import bound_gathered_weights
+from ...distributed.zero3_release import bound_zero3_buffers
 from ...generation import make_backend
 from ...models.loading import (
     check_deepspeed_support,
@@ -191,7 +191,7 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         )  # fmt: skip
         self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model) if self.deepspeed_config else None
         if self.zero_stage == 3:
-            bound_gathered_weights(self.deepspeed_config, self.model)
+            bound_zero3_buffers(self.deepspeed_config, self.model)
         self.fsdp_version = enable_fsdp(self.accelerator, self.model, self.args.fsdp_plugin_args)
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_version is not None
         check_master_weights(self.model, "model", args, self.deepspeed_config)
