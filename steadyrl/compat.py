@@ -166,6 +166,14 @@ def advance_cpu_adam_bias_correction(optimizer, step: int) -> None:
     )  # fmt: skip
 
 
+def zero3_partition(param: torch.nn.Parameter) -> tuple[torch.Tensor, int]:
+    """This process's partition of a ZeRO-3 parameter, a flat tensor to read or write in place, and the index of its
+    first element in the flattened parameter: DeepSpeed cuts each flattened parameter into equal slices, one per
+    process of its partition group in rank order (the last padded), and keeps them as ``ds_tensor``."""
+    require_tested("deepspeed")
+    return param.ds_tensor, param.ds_zero_partition_rank * param.ds_tensor.ds_numel
+
+
 @contextlib.contextmanager
 def zero3_hooks_lifted(engine) -> Iterator[torch.nn.Module | None]:
     """Under ZeRO-3, the engine's module (else None) with DeepSpeed's per-module gather and release hooks removed
@@ -218,6 +226,36 @@ def zero3_init_suspended() -> Iterator[None]:
         yield
     finally:
         hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+@contextlib.contextmanager
+def zero3_created_unfilled() -> Iterator[None]:
+    """Under ZeRO-3, models created in the block are partitioned (``deepspeed.zero.Init``, as transformers'
+    ``from_config`` does) but not initialised: transformers would gather every module once to draw weights that the
+    caller overwrites anyway. Its private flag ``set_zero3_state`` keeps ``from_config`` from opening a second
+    zero.Init and initialising."""
+    from transformers import initialization
+    from transformers import modeling_utils as hf_modeling
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    if not hf_deepspeed.is_deepspeed_zero3_enabled():
+        yield
+        return
+    require_tested("transformers")
+    require_tested("deepspeed")
+    import deepspeed
+
+    class UnfilledInit(deepspeed.zero.Init):
+        def _zero_init_param(self, param):
+            # zero.Init broadcasts each new parameter from the main process before partitioning it, so that every
+            # process holds the same random weights; weights not drawn need no broadcast, and receiving it would
+            # make each other process write a whole copy of every parameter in turn.
+            self._convert_to_deepspeed_param(param)
+            param.partition()
+
+    with initialization.no_init_weights(), UnfilledInit(config_dict_or_path=hf_deepspeed.deepspeed_config()):
+        with hf_modeling.set_zero3_state():
+            yield
 
 
 # ---- vLLM -----------------------------------------------------------------------------------------------------

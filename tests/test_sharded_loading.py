@@ -21,10 +21,10 @@ from steadyrl.toy import toy_model_path, toy_reward_model_path
 BUILD_CHECK = ROOT / "tests" / "support" / "build_check.py"
 
 
-def build_report(tmp_path, config: str, algorithm: str) -> dict:
+def build_report(tmp_path, config: str, algorithm: str, *options: str) -> dict:
     out = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-           str(BUILD_CHECK), str(out), algorithm, "reward_model"]  # fmt: skip
+           str(BUILD_CHECK), str(out), algorithm, *options]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(out.read_text())
@@ -32,7 +32,7 @@ def build_report(tmp_path, config: str, algorithm: str) -> dict:
 
 @pytest.mark.parametrize("config", ["zero3", "fsdp2"])
 def test_ppo_builds_every_model_split_over_the_processes(tmp_path, config):
-    report = build_report(tmp_path, config, "ppo")
+    report = build_report(tmp_path, config, "ppo", "reward_model")
     for name in ("actor", "reference", "reward_model", "critic"):
         model = report[name]
         if config == "fsdp2" and name in ("actor", "critic"):  # accelerate's prepare shards them from the main's
@@ -46,3 +46,11 @@ def test_ppo_builds_every_model_split_over_the_processes(tmp_path, config):
     assert identity["model.weights"] == weights_digest(policy)
     assert identity["ref_model"] == "model"  # a copy of the policy as it starts
     assert identity["reward_model.weights"] == identity["critic.weights"] == weights_digest(reward_model)
+
+
+def test_zero3_resume_loads_the_weights_into_the_partitions_a_module_at_a_time(tmp_path):
+    report = build_report(tmp_path, "zero3", "rloo", "reload")
+    policy = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.float32)
+    largest_layer = max(p.numel() for p in policy.parameters())
+    assert report["reload"]["weights"] == weights_digest(policy)
+    assert report["reload"]["largest_gathered"] <= largest_layer, "more than a module was gathered whole at once"

@@ -39,12 +39,10 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, TrainerState
 from transformers.utils import logging
 
-from ..distributed.fsdp import (
-    is_sharded,
-    sharded_like,
-)
+from ..distributed.fsdp import is_sharded
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
-from ..distributed.zero import modifiable
+from ..distributed.sharded_loading import load_split_weights
+from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
 from . import (
     CheckpointError,
@@ -281,11 +279,7 @@ class Checkpointer:
                 "meter": rank_state.get("meter")}  # fmt: skip
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
-        if is_peft(module.model):  # the adapter alone: under ZeRO-3 not the whole model gathered
-            load_model_weights(module.model, directory / module.name)
-        else:
-            with modifiable(module.model):
-                load_model_weights(module.model, directory / module.name)
+        load_model_weights(module.model, directory / module.name)
         load_optimizer_state(module.optimizer, torch.load(directory / self._optimizer_file(module), weights_only=True))
         module.scheduler.load_state_dict(torch.load(directory / module.scheduler_file, weights_only=True))
 
@@ -299,8 +293,7 @@ class Checkpointer:
             raise CheckpointError(
                 f"{directory} has no {weights.name}/ directory, which every checkpoint of this run holds"
             )
-        with modifiable(weights.model):
-            load_model_weights(weights.model, directory / weights.name)
+        load_model_weights(weights.model, directory / weights.name)
 
     def restore_rng(self, directory: Path) -> None:
         self._on_every_process(f"Restoring the random state of {directory}", lambda: self._restore_rng(directory))
@@ -354,12 +347,13 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
     files = sorted(weights_dir.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{weights_dir} holds no .safetensors weights")
-    state = {}
-    for file in files:
-        state.update(load_file(file))
-    if is_sharded(model):  # FSDP2: each process keeps its shard of every whole tensor
-        state = sharded_like(model, state)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if is_partitioned_model(model) or is_sharded(model):  # ZeRO-3 / FSDP2: no whole copy on any process
+        missing, unexpected = load_split_weights(model, files)
+    else:
+        state = {}
+        for file in files:
+            state.update(load_file(file))
+        missing, unexpected = model.load_state_dict(state, strict=False)
     missing = set(missing) - _tied_parameter_names(model)
     if missing or unexpected:
         raise CheckpointError(

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 from transformers.utils import logging
 
-from ..distributed.sharded_loading import broadcast_from_main, is_main_process, on_main_only
-from ..distributed.zero import whole_tensor
+from ..distributed.sharded_loading import broadcast_from_main, is_main_process, local_part, on_main_only
 from ..models.scalar_head import RewardModelFunction
 from ..trainers.config.trl_names import MAX_NEW_TOKENS, SYNONYMS
 from . import CheckpointError
@@ -100,16 +99,52 @@ def weights_digest(model: torch.nn.Module) -> str:
 def tensor_digest(model: torch.nn.Module) -> str:
     """A cheap digest of a model's weights: every tensor's name, shape, dtype and ``SAMPLED_VALUES`` evenly spaced
     values (an identity check, not an integrity check). The same for a ZeRO-3 partitioned or FSDP2 sharded model as
-    for the whole one: each tensor is gathered whole in turn (every process must call it then)."""
+    for the whole one: each process samples its own part of every tensor and the samples are exchanged once (every
+    process must call it then)."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    samples, split = [], False
+    for _, tensor in tensors:
+        shape = tensor.ds_shape if hasattr(tensor, "ds_shape") else tensor.shape
+        index = evenly_spaced(shape.numel(), SAMPLED_VALUES)
+        part = local_part(tensor)
+        if part is None:
+            samples.append(tensor.detach().reshape(-1)[index.to(tensor.device)].to("cpu", torch.float64))
+            continue
+        split = True
+        local, start = part
+        mine = (index >= start) & (index < start + local.numel())
+        values = torch.zeros(len(index), dtype=torch.float64)
+        values[mine] = local[(index[mine] - start).to(local.device)].to("cpu", torch.float64)
+        samples.append(torch.stack([mine.to(torch.float64), values]))
+    if split:
+        samples = combine_samples(samples)
     digest = hashlib.sha256()
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        with whole_tensor(tensor) as whole:
-            flat = whole.detach().reshape(-1)
-            index = evenly_spaced(flat.numel(), SAMPLED_VALUES)
-            sample = flat[index.to(flat.device)].to("cpu", torch.float64)
-            digest.update(f"{name}{tuple(whole.shape)}{whole.dtype}".encode())
+    for (name, tensor), sample in zip(tensors, samples, strict=True):
+        shape = tensor.ds_shape if hasattr(tensor, "ds_shape") else tensor.shape
+        digest.update(f"{name}{tuple(shape)}{tensor.dtype}".encode())
         digest.update(sample.numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def combine_samples(samples: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each split tensor's samples from the processes that hold them ([2, n]: a mask of this process's own and their
+    values); whole tensors' samples ([n]) as they are."""
+    import torch.distributed as dist
+
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, [s for s in samples if s.dim() == 2])
+    combined, split_index = [], 0
+    for sample in samples:
+        if sample.dim() == 1:
+            combined.append(sample)
+            continue
+        values = torch.zeros(sample.shape[1], dtype=torch.float64)
+        for parts in everyone:
+            mine = parts[split_index][0].bool()
+            values[mine] = parts[split_index][1][mine]
+        combined.append(values)
+        split_index += 1
+    return combined
 
 
 def model_identity(prefix: str, model: torch.nn.Module | None) -> dict:

@@ -96,20 +96,25 @@ def check_whole(model: torch.nn.Module, argument: str) -> None:
 
 
 def same_kind_of_model(model: torch.nn.Module) -> contextlib.AbstractContextManager:
-    """Models created in the block are partitioned if ``model`` is (transformers' zero.Init under ZeRO-3), whole
-    if it is whole."""
-    return contextlib.nullcontext() if is_partitioned(model) else whole_at_load()
+    """Models created in the block are partitioned and left unfilled if ``model`` is partitioned (their weights are
+    to be copied in), whole if it is whole."""
+    return compat.zero3_created_unfilled() if is_partitioned(model) else whole_at_load()
 
 
 @torch.no_grad()
 def copy_weights(source: torch.nn.Module, target: torch.nn.Module, source_name=lambda name: name) -> None:
-    """Copy each parameter of ``source`` into ``target``'s of the same name (``source_name`` maps source names),
-    one module of ``target`` at a time: under ZeRO-3 only that module's parameters are gathered whole, so no
-    process holds a whole model. Every process must call it."""
+    """Copy each parameter of ``source`` into ``target``'s of the same name (``source_name`` maps source names).
+    Between two ZeRO-3 partitioned parameters each process copies its own partition (the same elements on both
+    sides), so nothing is gathered; otherwise one module of ``target`` at a time is gathered whole. Every process
+    must call it."""
     sources = {source_name(name): param for name, param in source.named_parameters()}
     for prefix, module in target.named_modules():
         pairs = [(param, sources[key]) for name, param in module.named_parameters(recurse=False)
                  if (key := f"{prefix}.{name}" if prefix else name) in sources]  # fmt: skip
+        alike = [(t, s) for t, s in pairs if hasattr(t, "ds_tensor") and getattr(s, "ds_numel", -1) == t.ds_numel]
+        for into, value in alike:  # partitions of parameters of the same size hold the same elements
+            compat.zero3_partition(into)[0].copy_(compat.zero3_partition(value)[0])
+        pairs = [(t, s) for t, s in pairs if not (hasattr(t, "ds_tensor") and getattr(s, "ds_numel", -1) == t.ds_numel)]
         if not pairs:
             continue
         with gathered([s for _, s in pairs]), gathered([t for t, _ in pairs], modify=True):
@@ -122,23 +127,13 @@ def copy_model(model: torch.nn.Module) -> torch.nn.Module:
     module at a time (``copy_weights``), so that no process holds either whole; else ``copy.deepcopy``."""
     if not is_partitioned(model):
         return copy.deepcopy(model)
-    with torch.random.fork_rng():  # the throwaway initialisation must not move the run's random stream
+    with compat.zero3_created_unfilled():  # its weights are copied in: no initialisation
         twin = type(model)._from_config(copy.deepcopy(model.config), dtype=model.dtype)
+    twin.tie_weights()  # transformers ties them as it loads weights, which this model never does
     copy_weights(model, twin)
     if getattr(model, "generation_config", None) is not None:
         twin.generation_config = copy.deepcopy(model.generation_config)
     return twin
-
-
-@contextlib.contextmanager
-def whole_tensor(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
-    """``tensor`` whole on every process for the block: a ZeRO-3 partition gathered, an FSDP2 shard's
-    ``full_tensor()``; any other tensor as it is. Every process must call it for a partitioned one."""
-    if hasattr(tensor, "ds_id"):
-        with gathered([tensor]):
-            yield tensor
-        return
-    yield tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 @torch.no_grad()

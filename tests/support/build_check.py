@@ -2,7 +2,9 @@
 how each of its models is held (``partitioned`` under ZeRO-3, ``sharded`` under FSDP2, else ``whole``), the largest
 number of weight elements any one process holds of each, and the run's fingerprint.
 
-    accelerate launch --config_file <zero3|fsdp2>.yaml tests/support/build_check.py OUT.json ALGORITHM [reward_model]
+    accelerate launch --config_file <zero3|fsdp2>.yaml tests/support/build_check.py OUT ALGO [reward_model] [reload]
+
+With ``reload`` the toy model's weights are loaded again into the built actor as a resume loads a checkpoint's.
 """
 
 from __future__ import annotations
@@ -41,7 +43,31 @@ def held(model: torch.nn.Module) -> str:
     return "whole"
 
 
-def main(out: str, algorithm: str, with_reward_model: bool) -> None:
+def reload_actor(model: torch.nn.Module) -> dict:
+    """Load the toy model's weights again into the built actor as a resume does, and report the most parameter
+    elements gathered whole at once under ZeRO-3 and the weight digest afterwards."""
+    import deepspeed
+
+    from steadyrl.checkpoint.checkpointer import load_model_weights
+    from steadyrl.checkpoint.fingerprint import weights_digest
+
+    largest, original = [0], deepspeed.zero.GatheredParameters
+
+    class Recorded(original):
+        def __init__(self, params, *args, **kwargs):
+            params = [params] if isinstance(params, torch.nn.Parameter) else list(params)
+            largest[0] = max(largest[0], sum(getattr(p, "ds_numel", 0) for p in params))
+            super().__init__(params, *args, **kwargs)
+
+    deepspeed.zero.GatheredParameters = Recorded
+    try:
+        load_model_weights(model, Path(toy_model_path()))
+    finally:
+        deepspeed.zero.GatheredParameters = original
+    return {"largest_gathered": largest[0], "weights": weights_digest(model)}
+
+
+def main(out: str, algorithm: str, with_reward_model: bool, reload_weights: bool = False) -> None:
     config, trainer_class = (PPOConfig, PPOTrainer) if algorithm == "ppo" else (RLOOConfig, RLOOTrainer)
     args = config(
         output_dir=str(Path(out).parent / "run"), rollout_batch_size=4, n_samples_per_prompt=2,
@@ -58,6 +84,7 @@ def main(out: str, algorithm: str, with_reward_model: bool) -> None:
     models = {name: getattr(model, "module", model) for name, model in models.items()}
     sizes = torch.tensor([local_elements(model) for model in models.values()], dtype=torch.float64)
     largest = trainer.accelerator.reduce(sizes, "max").tolist()
+    reload = reload_actor(trainer.model) if reload_weights else None
     if trainer.accelerator.is_main_process:
         report = {
             name: {"held": held(model), "local_elements": int(size), "whole_elements": int(
@@ -65,9 +92,10 @@ def main(out: str, algorithm: str, with_reward_model: bool) -> None:
             for (name, model), size in zip(models.items(), largest)
         }  # fmt: skip
         report["identity"] = trainer.identity
+        report["reload"] = reload
         Path(out).write_text(json.dumps(report, default=str))
     trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "reward_model")
+    main(sys.argv[1], sys.argv[2], "reward_model" in sys.argv[3:], "reload" in sys.argv[3:])
