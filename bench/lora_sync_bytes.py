@@ -9,6 +9,8 @@ starts the engine and, for adapter-only, pushes the base weights once), ``--roun
 adapter's B moved between them, timed around ``backend.sync_weights``. Server: a ``steadyrl vllm-serve`` of the
 model with ``--max-lora-rank 16`` on a free local port, the same syncs through ``VLLMServerBackend`` ('file'
 transfer of the merged state dict, or the adapter over the authenticated ``/steadyrl/lora_adapter`` route).
+With the synced weights, the colocated engine's median generated tokens/s for 64 completions (16 prompts x 4
+samples, up to 64 new tokens): what serving the adapter (vLLM's LoRA kernels at every forward) costs generation.
 Bytes: merged, the state dict vLLM receives (every weight, each adapted one merged; a tied weight once, though the
 'file' transfer writes it twice: ``merged_file_bytes``); adapter-only, the adapter's tensors (and the safetensors
 body the server route receives, its header and config included).
@@ -106,12 +108,31 @@ def timed_syncs(backend, model, rounds: int) -> dict:
             "sync_s": [round(t, 4) for t in times]}  # fmt: skip
 
 
+def generation_speed(backend, model, tokenizer, rounds: int) -> float:
+    """Median generated tokens/s for 64 completions (16 prompts x 4, up to 64 new tokens, temperature 1)."""
+    from steadyrl.real import arithmetic_dataset
+
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+             for p in arithmetic_dataset(size=16)["prompt"]]  # fmt: skip
+    prompts = [tokenizer(text)["input_ids"] for text in texts for _ in range(4)]
+    speeds = []
+    for round_ in range(rounds + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        generation = backend.generate(model, prompts, seeds=[round_ * 1000 + i for i in range(len(prompts))])
+        if round_:
+            speeds.append(sum(map(len, generation.completion_ids)) / (time.perf_counter() - start))
+    return round(statistics.median(speeds), 1)
+
+
 def colocated(path: str, tokenizer, model, mode: str, rounds: int) -> dict:
     engine = EngineSettings(max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs",
                             lora_rank=engine_rank(RANK) if mode == "adapter" else None)  # fmt: skip
-    backend = VLLMGenerationBackend(tokenizer, SamplingSettings(max_new_tokens=8), engine, torch.device("cpu"))
+    settings = SamplingSettings(max_new_tokens=64, temperature=1.0)
+    backend = VLLMGenerationBackend(tokenizer, settings, engine, torch.device("cpu"))
     try:
-        return timed_syncs(backend, model, rounds)
+        result = timed_syncs(backend, model, rounds)
+        result["generated_tokens_per_s"] = generation_speed(backend, model, tokenizer, 3)
+        return result
     finally:
         backend.close()
 

@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from conftest import TWO_PROCESSES, ZERO, read_logs, run_toy
 from peft import LoraConfig, get_peft_model
 from support.toy_run import make_trainer
 from test_vllm import ONE_STEP_ROLLOUTS
@@ -21,7 +22,9 @@ from steadyrl.generation.vllm_server import ServerSettings, VLLMServerBackend
 from steadyrl.toy import toy_model_path
 
 # one optimizer step per rollout: every rollout follows an update, and the save at 2 falls between rollouts
-RUN = dict(use_vllm=True, vllm_dtype="float32", max_steps=4, save_steps=2, **ONE_STEP_ROLLOUTS)
+# 'adapter': on CPU, 'auto' pushes merged weights (vLLM's CPU LoRA kernels generate slower than that saves)
+RUN = dict(use_vllm=True, vllm_dtype="float32", vllm_lora_sync="adapter", max_steps=4, save_steps=2,
+           **ONE_STEP_ROLLOUTS)  # fmt: skip
 MAX_LOGPROB_DIFF = 1e-4  # as tests/test_vllm.py
 
 
@@ -105,7 +108,7 @@ def test_adapter_only_sync_generates_with_the_actors_adapter(adapter_run):
 
 
 def test_adapter_only_sync_trains_as_merged_sync(adapter_run, tmp_path):
-    merged = make_trainer(tmp_path, peft_config=lora_config(), vllm_lora_sync="merged", **RUN)
+    merged = make_trainer(tmp_path, peft_config=lora_config(), **{**RUN, "vllm_lora_sync": "merged"})
     watch = Watch(merged)
     merged.train()
     assert merged.backend.engine.lora_rank is None and watch.reloads == [True] * 4 and watch.loras == [[]] * 4
@@ -113,6 +116,16 @@ def test_adapter_only_sync_trains_as_merged_sync(adapter_run, tmp_path):
     assert logged(merged, "reward") == logged(adapter, "reward"), "the two syncs sampled other completions"
     theirs, ours = adapter_weights(merged), adapter_weights(adapter)
     assert all(torch.equal(theirs[name], ours[name]) for name in ours), "the two runs' adapters differ"
+
+
+def test_under_zero3_each_process_gathers_the_adapter_alone_for_its_engine(tmp_path):
+    # two processes, each with its engine; 'adapter' refuses rather than falls back: the adapter was what moved
+    flags = ["use_vllm=true", "vllm_dtype=float32", "vllm_lora_sync=adapter", "max_steps=5"]
+    run_toy(tmp_path, "--lora", *TWO_PROCESSES, *flags, accelerate_config=ZERO["zero3"])
+    logs = read_logs(tmp_path)
+    assert sorted(logs) == list(range(1, 6))
+    for step, entry in logs.items():  # step 5 samples from the second rollout: the adapter trained 4 steps
+        assert entry["generation_logprob_diff"] < MAX_LOGPROB_DIFF, step
 
 
 class StopAfterSave(TrainerCallback):
@@ -171,15 +184,22 @@ def test_an_adapter_vllm_cannot_serve_falls_back_to_merged_weights_and_says_why(
         model.unload()
 
 
-def test_a_servable_adapter_is_synced_alone_unless_merged_is_asked(toy_model, tmp_path):
+def test_a_servable_adapter_is_synced_alone_unless_merged_or_vllm_on_cpu(toy_model, tmp_path, caplog):
     model = get_peft_model(toy_model, lora_config(rank_pattern={"down_proj": 16}))
     try:
         assert adapter_problem(model) is None and choose_sync("auto", model) == "adapter"
+        assert choose_sync("adapter", model, on_cpu=True) == "adapter"
+        with caplog.at_level(logging.INFO, logger="steadyrl.generation.lora_sync"):
+            assert choose_sync("auto", model, on_cpu=True) == "merged"
+        [line] = [r.getMessage() for r in caplog.records if r.name == "steadyrl.generation.lora_sync"]
+        assert "vLLM runs on the CPU, where its LoRA kernels generated 5x slower" in line, line
     finally:
         model.unload()
-    unservable = make_trainer(tmp_path / "a", peft_config=lora_config(target_modules=["q_proj", "lm_head"]), **RUN)
+    auto = {**RUN, "vllm_lora_sync": "auto"}
+    unservable = make_trainer(tmp_path / "a", peft_config=lora_config(target_modules=["q_proj", "lm_head"]), **auto)
     assert unservable.backend.engine.lora_rank is None, "the engine would start with enable_lora"
-    servable = make_trainer(tmp_path / "b", peft_config=lora_config(r=12), **RUN)
+    assert make_trainer(tmp_path / "b", peft_config=lora_config(), **auto).backend.engine.lora_rank is None
+    servable = make_trainer(tmp_path / "c", peft_config=lora_config(r=12), **RUN)
     assert servable.backend.engine.lora_rank == 16
 
 

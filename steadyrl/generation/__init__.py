@@ -47,7 +47,9 @@ def make_backend(args, tokenizer, model, device: torch.device, logprob_temperatu
             "vLLM manages its own KV cache. Leave cache_implementation unset, or use_vllm=False."
         )
     check_mergeable(model)
-    adapter_only = choose_sync(args.vllm_lora_sync, model) == "adapter"
+    # server mode: the server's device is checked when it answers (served_adapter_rank)
+    on_cpu = device.type == "cpu" and args.vllm_mode != "server"
+    adapter_only = choose_sync(args.vllm_lora_sync, model, on_cpu) == "adapter"
     config = base_config(model)
     needed = args.max_prompt_length + args.max_completion_length
     max_model_len = args.vllm_max_model_len or min(needed, getattr(config, "max_position_embeddings", needed))

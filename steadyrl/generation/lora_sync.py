@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 # q/k/v and gate/up fused); anything else (embeddings, lm_head, other architectures' names) goes merged.
 SERVABLE_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (vLLM 0.32)
+# measured on SmolLM2-135M, r=16 on every projection: bench/lora_sync_bytes.py, in BENCHMARKS.md
+CPU_COST = ("vLLM runs on the CPU, where its LoRA kernels generated 5x slower than merged weights, which costs more "
+            "than the merged push saves; set vllm_lora_sync='adapter' to push the adapter only anyway")  # fmt: skip
 ADAPTER_CONFIG_KEY = "adapter_config"  # the safetensors metadata entry holding adapter_config.json
 
 
@@ -65,12 +68,16 @@ def adapter_problem(model: torch.nn.Module, max_rank: int | None = None) -> str 
     return None
 
 
-def choose_sync(mode: str, model: torch.nn.Module) -> str:
-    """``'adapter'`` or ``'merged'`` for ``vllm_lora_sync=mode`` and this actor; 'auto' logs why it falls back."""
+def choose_sync(mode: str, model: torch.nn.Module, on_cpu: bool = False) -> str:
+    """``'adapter'`` or ``'merged'`` for ``vllm_lora_sync=mode``, this actor and a vLLM on the CPU or not; 'auto'
+    logs why it falls back."""
     if mode == "merged" or not is_peft(model):
         return "merged"
     problem = adapter_problem(model)
     if problem is None:
+        if mode == "auto" and on_cpu:
+            logger.info("vllm_lora_sync='auto': pushing merged weights to vLLM, not the adapter only: %s.", CPU_COST)
+            return "merged"
         return "adapter"
     if mode == "adapter":
         raise ValueError(

@@ -28,7 +28,7 @@ from accelerate import PartialState
 from .. import compat
 from ..distributed.fsdp import is_sharded
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
-from .lora_sync import adapter_bytes, adapter_state
+from .lora_sync import CPU_COST, adapter_bytes, adapter_state
 from .server_adapters import ADAPTER_PREFIX
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
@@ -92,9 +92,10 @@ def same_model(served: str, wanted: str) -> bool:
     return served == wanted
 
 
-def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict | None]:
+def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict]:
     """Refuse a server that is down, refuses the key, serves something else than the run needs or another run; claim
-    it for the run; return its served model name and its LoRA settings (None: it serves no adapters)."""
+    it for the run; return its served model name and its ``vllm_config`` (its ``lora_config`` None where it serves no
+    adapters)."""
     client.health()
     version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
     # the development routes and reload_weights are vLLM internals, as in colocate mode
@@ -128,18 +129,23 @@ def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict | N
             f"uses {s.logprobs_mode}: restart it with --logprobs-mode {s.logprobs_mode}"
         )
     client.claim()
-    return name, settings.get("lora_config")
+    return name, settings
 
 
-def served_adapter_rank(lora_config: dict | None, s: ServerSettings, url: str) -> int | None:
-    """``s.adapter_rank`` if the server serves adapters of that rank, else None (merged sync: logged, or refused
-    where ``vllm_lora_sync='adapter'``)."""
-    rank = s.adapter_rank
+def served_adapter_rank(settings: dict, s: ServerSettings, url: str) -> int | None:
+    """``s.adapter_rank`` if the server (its ``vllm_config``) serves adapters of that rank, on a GPU or where
+    ``vllm_lora_sync='adapter'``; else None (merged sync: logged, or refused where ``vllm_lora_sync='adapter'``)."""
+    rank, lora_config = s.adapter_rank, settings.get("lora_config")
     if rank is None:
         return None
     limit = (lora_config or {}).get("max_lora_rank")
     if limit is not None and rank <= limit:
-        return rank
+        device = settings.get("device_config") or {}
+        if s.adapter_required or "cpu" not in (str(device.get("device_type", "")), str(device.get("device", ""))):
+            return rank
+        logger.info("vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: "
+                    "%s.", url, CPU_COST)  # fmt: skip
+        return None
     problem = (f"the server's max_lora_rank={limit} is below the adapter's rank {rank}" if lora_config
                else "the server serves no LoRA adapters")  # fmt: skip
     fix = f"restart it with 'steadyrl vllm-serve --model {s.model} --max-lora-rank {rank} ...'"
@@ -177,9 +183,9 @@ class VLLMServerBackend(GenerationBackend):
         self.server = server
         self.client = ServerClient(server.base_url, server.timeout, output_dir=server.output_dir)
         # every process checks and claims (the same run: idempotent), so that a refusal stops each of them here
-        self.base_name, lora_config = check_server(self.client, server)
+        self.base_name, vllm_config = check_server(self.client, server)
         self.served_name = self.base_name  # the base model's name, or the adapter's in adapter-only sync
-        self.adapter_rank = served_adapter_rank(lora_config, server, server.base_url)
+        self.adapter_rank = served_adapter_rank(vllm_config, server, server.base_url)
         self._base_synced = False  # adapter-only sync: the base weights are on the server
         self._adapter_tag = secrets.token_hex(4)  # the adapters' names: never another backend's, a killed run's
         self.claimed = True

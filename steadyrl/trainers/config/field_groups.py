@@ -234,7 +234,8 @@ class VLLMFields:
         metadata={"help": "With peft_config (LoRA): what reaches vLLM after each update. 'adapter': the adapter only "
                   "(vLLM serves it with enable_lora; the base weights are pushed once), refused where vLLM cannot "
                   "serve it; 'merged': W + scale x BA for every adapted weight, with all the others; 'auto': "
-                  "'adapter' where vLLM can serve it, else 'merged' (logged with the reason). See docs/vllm.md."},
+                  "'adapter' where vLLM can serve it on a GPU, else 'merged' (logged with the reason; on CPU vLLM's "
+                  "LoRA kernels generate 5x slower). See docs/vllm.md."},
     )  # fmt: skip
     vllm_server_base_url: str | None = field(
         default=None,
