@@ -22,6 +22,7 @@ import urllib.request
 import pytest
 import torch
 from conftest import ROOT, free_port, read_logs, run_toy
+from peft import LoraConfig, get_peft_model
 from support.toy_run import make_trainer
 from test_resume import assert_same_result
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -36,6 +37,7 @@ from steadyrl.reporting.quiet import VLLM_LOG_SETTINGS
 from steadyrl.toy import toy_dataset, toy_model_path
 
 MAX_MODEL_LEN = 256  # the toy model's max_position_embeddings: what a toy run asks for
+LORA_RANK = 8  # the server serves adapters up to this rank (the LoRA tests' adapters are of rank 4)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def server():
     port = free_port()
     # on 127.0.0.1 by default, with a new key in its port's key file, where the trainers find it
     cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", toy_model_path(), "--port", str(port),
-           "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
+           "--max-model-len", str(MAX_MODEL_LEN), "--max-lora-rank", str(LORA_RANK)]  # fmt: skip
     log = open(os.environ.get("STEADYRL_VLLM_SERVER_LOG", os.devnull), "w")  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -85,12 +87,12 @@ def perturbed_model(seed: int = 0):
     return model
 
 
-def server_backend(url, tokenizer, settings, tmp_path) -> VLLMServerBackend:
+def server_backend(url, tokenizer, settings, tmp_path, **changes) -> VLLMServerBackend:
     """A backend for the run of output_dir ``tmp_path`` (which claims the server until ``close()``)."""
     return VLLMServerBackend(tokenizer, settings, ServerSettings(
         base_url=url, timeout=60, weight_transfer="file", weights_dir=str(tmp_path / "weights"), group_host="",
         group_port=0, model=toy_model_path(), max_model_len=MAX_MODEL_LEN, dtype="float32",
-        logprobs_mode="processed_logprobs", output_dir=str(tmp_path),
+        logprobs_mode="processed_logprobs", output_dir=str(tmp_path), **changes,
     ))  # fmt: skip
 
 
@@ -146,6 +148,59 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
     assert sorted(os.listdir(tmp_path / "weights")) == ["notes.txt", "v2"], "older versions are removed, only they"
     remote.close()
     assert os.listdir(tmp_path / "weights") == ["notes.txt"], "close() removes the versions it wrote, only they"
+
+
+def lora_actor(seed: int):
+    """A LoRA adapter of rank 4 on perturbed base weights (which the server must get too), its B not zero."""
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
+                      init_lora_weights=False)  # fmt: skip
+    return get_peft_model(perturbed_model(seed), lora)
+
+
+def test_a_lora_actor_pushes_its_adapter_alone_over_the_keyed_api(server, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    greedy = SamplingSettings(max_new_tokens=10, temperature=0.0)
+    auto = server_backend(server, tokenizer, greedy, tmp_path, adapter_rank=4)  # 'auto': a CPU server gets merged
+    assert auto.adapter_rank is None
+    auto.close()
+    remote = server_backend(server, tokenizer, greedy, tmp_path, adapter_rank=4, adapter_required=True)
+    pushed = []
+    push = remote.transfer.push
+    remote.transfer.push = lambda weights, version: (pushed.append(version), push(weights, version))
+    prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:6]]
+    model = lora_actor(5)
+    names = []
+    for version in (1, 2):
+        with torch.no_grad():  # an update of the adapter
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(version)) * 0.3)
+        remote.sync_weights(model, version)
+        names.append(remote.served_name)
+        served = remote.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids
+        hf = [hf_greedy(model, ids, tokenizer.eos_token_id) for ids in prompts]
+        assert served == hf, f"after push {version} the server's greedy completions with the adapter differ"
+    assert pushed == [1], "the base weights are pushed once, then the adapter only"
+    served_models = [card["id"] for card in ServerClient(server, 30).request("GET", "/v1/models")["data"]]
+    assert served_models == [toy_model_path(), names[1]], "the server serves the latest adapter only"
+
+    # the adapter route: the key, then the claiming run only
+    blob = b"not read: the request is refused before"
+    assert unkeyed(server, "POST", f"/steadyrl/lora_adapter?name={names[1]}x", {}) == 401
+    with pytest.raises(VLLMServerError, match="serves another run"):
+        ServerClient(server, 30, output_dir=str(tmp_path / "other")).load_adapter(names[1] + "x", blob)
+    assert remote.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids == served
+    remote.close()
+
+
+def test_a_lora_run_samples_with_its_adapter_on_the_server(server, tmp_path):
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    trainer = make_trainer(tmp_path, peft_config=lora, max_steps=3, train_batch_size=8, micro_train_batch_size=4,
+                           num_ppo_epochs=1, vllm_lora_sync="adapter", **server_flags(server))  # fmt: skip
+    trainer.train()
+    assert trainer.backend.adapter_rank == 4 and trainer.backend.pushes == 3
+    diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history if "generation_logprob_diff" in log]
+    assert len(diffs) == 3 and max(diffs) < 1e-4, f"the server did not sample with the trainer's adapter: {diffs}"
 
 
 # ---- the key and the claim -------------------------------------------------------------------------------------------
