@@ -10,7 +10,7 @@ nn.Linear LM head (hidden 64): the head and its [C, V] logits are what grow with
 process: a warm-up pass at C = 64, then the measured pass (log-probs and entropy at temperature 0.7, backward of a
 weighted sum of the log-probs). The peak is the process's high-water RSS during the pass (reset through
 /proc/self/clear_refs) minus its RSS just before. The logits path and TRL run at C > 4096 only with more than 22 GB
-available (the logits path needs about 2 x C x V x 4 bytes: 18.6 GB at 16k).
+available (the logits path's peak is about 3.8 x C x V x 4 bytes: 9.5 GB at 4k, about 38 GB at 16k).
 """
 
 from __future__ import annotations
