@@ -150,13 +150,6 @@ def test_after_a_push_the_servers_greedy_completions_are_the_trainers(server, tm
     assert os.listdir(tmp_path / "weights") == ["notes.txt"], "close() removes the versions it wrote, only they"
 
 
-def lora_actor(seed: int):
-    """A LoRA adapter of rank 4 on perturbed base weights (which the server must get too), its B not zero."""
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
-                      init_lora_weights=False)  # fmt: skip
-    return get_peft_model(perturbed_model(seed), lora)
-
-
 def test_a_lora_actor_pushes_its_adapter_alone_over_the_keyed_api(server, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
     greedy = SamplingSettings(max_new_tokens=10, temperature=0.0)
@@ -168,7 +161,8 @@ def test_a_lora_actor_pushes_its_adapter_alone_over_the_keyed_api(server, tmp_pa
     push = remote.transfer.push
     remote.transfer.push = lambda weights, version: (pushed.append(version), push(weights, version))
     prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:6]]
-    model = lora_actor(5)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+    model = get_peft_model(perturbed_model(5), lora)  # base weights the server must get too; B set below
     names = []
     for version in (1, 2):
         with torch.no_grad():  # an update of the adapter
