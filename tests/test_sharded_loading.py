@@ -40,6 +40,9 @@ def test_ppo_builds_every_model_split_over_the_processes(tmp_path, config):
             continue
         assert model["held"] == ("partitioned" if config == "zero3" else "sharded"), (name, model)
         assert model["local_elements"] <= model["whole_elements"] // 2 + 1024, (name, model)
+    # transformers.Trainer moved the actor to args.device, cpu:0 under a launch, another device than cpu to torch:
+    # every weight was copied, and FSDP2's unwritten actor on the other process written in full
+    assert report["actor_copied_after_load"] is False
     identity = report["identity"]
     policy = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.float32)
     reward_model = AutoModelForSequenceClassification.from_pretrained(toy_reward_model_path(), num_labels=1)

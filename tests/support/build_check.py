@@ -43,6 +43,25 @@ def held(model: torch.nn.Module) -> str:
     return "whole"
 
 
+def addresses(model: torch.nn.Module) -> dict[str, int]:
+    return {name: p.data_ptr() for name, p in model.named_parameters()}
+
+
+def record_loaded_actor() -> dict:
+    """Record the addresses of the actor's weights as ``load_policy`` returns it (filled in as the trainer loads)."""
+    from steadyrl.trainers.loop import on_policy
+
+    loaded, load_policy = {}, on_policy.load_policy
+
+    def recorded(*args, **kwargs):
+        model, tokenizer = load_policy(*args, **kwargs)
+        loaded["addresses"] = addresses(model)
+        return model, tokenizer
+
+    on_policy.load_policy = recorded
+    return loaded
+
+
 def reload_actor(model: torch.nn.Module) -> dict:
     """Load the toy model's weights again into the built actor as a resume does, and report the most parameter
     elements gathered whole at once under ZeRO-3 and the weight digest afterwards."""
@@ -75,6 +94,7 @@ def main(out: str, algorithm: str, with_reward_model: bool, reload_weights: bool
         beta=0.05, seed=0, report_to="none", disable_tqdm=True, save_strategy="no", max_steps=1,
     )  # fmt: skip
     reward = {"reward_model": toy_reward_model_path()} if with_reward_model else {}
+    loaded = record_loaded_actor()
     trainer = trainer_class(toy_model_path(), [letters_reward], args, toy_dataset(), **reward)
     models = {"actor": trainer.model, "reference": trainer.ref_model}
     if trainer.reward_model is not None:
@@ -82,6 +102,8 @@ def main(out: str, algorithm: str, with_reward_model: bool, reload_weights: bool
     if algorithm == "ppo":
         models["critic"] = trainer.critic.model
     models = {name: getattr(model, "module", model) for name, model in models.items()}
+    moved = torch.tensor([float(loaded["addresses"] != addresses(trainer.model))])
+    moved = trainer.accelerator.reduce(moved, "max").item()
     sizes = torch.tensor([local_elements(model) for model in models.values()], dtype=torch.float64)
     largest = trainer.accelerator.reduce(sizes, "max").tolist()
     reload = reload_actor(trainer.model) if reload_weights else None
@@ -92,6 +114,7 @@ def main(out: str, algorithm: str, with_reward_model: bool, reload_weights: bool
             for (name, model), size in zip(models.items(), largest)
         }  # fmt: skip
         report["identity"] = trainer.identity
+        report["actor_copied_after_load"] = bool(moved)
         report["reload"] = reload
         Path(out).write_text(json.dumps(report, default=str))
     trainer.accelerator.end_training()

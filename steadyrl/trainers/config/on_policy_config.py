@@ -131,6 +131,12 @@ class OnPolicyConfig(
         check_sync_ref_settings(self)
 
     @property
+    def place_model_on_device(self) -> bool | None:
+        """On a CPU the model already is where it runs: ``Trainer``'s move to ``args.device`` (``cpu:0``, another
+        device than ``cpu`` to torch) would copy every weight, and write memory a sharded load left unwritten."""
+        return False if self.device.type == "cpu" else None
+
+    @property
     def samples_per_rollout(self) -> int:
         return self.rollout_batch_size * self.n_samples_per_prompt
 
