@@ -41,7 +41,7 @@ from transformers.utils import logging
 
 from ..distributed.fsdp import is_sharded
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
-from ..distributed.sharded_loading import load_split_weights
+from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
 from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
 from . import (
@@ -317,15 +317,6 @@ def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:
         )
 
 
-def _tied_parameter_names(model: torch.nn.Module) -> set[str]:
-    seen, tied = set(), set()
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
-            tied.add(name)
-        seen.add(id(param))
-    return tied
-
-
 def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
     """Load exactly the weights saved in ``weights_dir``; any missing or unexpected tensor is an error."""
     if is_peft(model):
@@ -354,7 +345,7 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
         for file in files:
             state.update(load_file(file))
         missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = set(missing) - _tied_parameter_names(model)
+    missing = set(missing) - tied_parameter_names(model)
     if missing or unexpected:
         raise CheckpointError(
             f"{weights_dir} does not match the model: missing {sorted(missing)[:5]}, unexpected "
