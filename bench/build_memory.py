@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-CONFIGS = {engine: ROOT / "examples" / "accelerate_configs" / f"{engine}.yaml" for engine in ("fsdp2", "zero3")}
+from launching import launch_worker  # noqa: E402
 
 
 def model_path(model: str) -> str:
@@ -66,19 +63,6 @@ def worker(model: str, algorithm: str, output_dir: str, result: str) -> None:
     trainer.accelerator.end_training()
 
 
-def launch(engine: str, model: str, algorithm: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS[engine]),
-               str(Path(__file__).resolve()), "--worker", "--models", model, "--algorithms", algorithm,
-               "--output_dir", str(Path(tmp) / "out"), "--result", str(result)]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{engine} {model} {algorithm} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        return json.loads(result.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="smollm2,qwen05b")
@@ -100,7 +84,7 @@ def main() -> None:
         for engine in opts.engines.split(","):
             for algorithm in opts.algorithms.split(","):
                 row = {"label": opts.label, "model": model, "engine": engine, "algorithm": algorithm,
-                       **launch(engine, model, algorithm)}  # fmt: skip
+                       **launch_worker(__file__, engine, "--models", model, "--algorithms", algorithm)}  # fmt: skip
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 results.write_text(json.dumps(rows, indent=1))

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-CONFIGS = {engine: ROOT / "examples" / "accelerate_configs" / f"{engine}.yaml" for engine in ("fsdp2", "zero3")}
+from launching import launch_worker  # noqa: E402
 
 
 def worker(model: str, steps: int, output_dir: str, result: str) -> None:
@@ -69,19 +66,6 @@ def worker(model: str, steps: int, output_dir: str, result: str) -> None:
     trainer.accelerator.end_training()
 
 
-def launch(engine: str, model: str, steps: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS[engine]),
-               str(Path(__file__).resolve()), "--worker", "--models", model, "--steps", str(steps),
-               "--output_dir", str(Path(tmp) / "out"), "--result", str(result)]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{engine} {model} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        return json.loads(result.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="toy,25m")
@@ -100,7 +84,7 @@ def main() -> None:
         runs = {"fsdp2": [], "zero3": []}
         for _ in range(opts.rounds):
             for engine in runs:
-                runs[engine].append(launch(engine, model, opts.steps))
+                runs[engine].append(launch_worker(__file__, engine, "--models", model, "--steps", str(opts.steps)))
         for engine, results in runs.items():
             pairs = [sum(r["step_s"][i : i + 2]) / 2 for r in results for i in range(opts.warmup, opts.steps - 1, 2)]
             row = {"model": model, "engine": engine, "step_s": statistics.median(pairs),

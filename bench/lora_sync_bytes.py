@@ -22,19 +22,18 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from launching import start_vllm_server  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
@@ -48,26 +47,6 @@ from steadyrl.real import smollm2_path  # noqa: E402
 RANK = 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MAX_MODEL_LEN = 256  # as bench/vllm_server_vs_colocated.py's server
-
-
-def start_server(model: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """``steadyrl vllm-serve`` of ``model`` serving adapters up to rank ``RANK``, on a free local port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", model, "--port", str(port),
-           "--max-model-len", str(MAX_MODEL_LEN), "--max-lora-rank", str(RANK)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return proc, url
-        except OSError:
-            assert proc.poll() is None, f"the server exited; see {log}"
-            time.sleep(0.5)
-    raise RuntimeError(f"the server did not start; see {log}")
 
 
 def lora_actor(path: str):
@@ -138,7 +117,9 @@ def colocated(path: str, tokenizer, model, mode: str, rounds: int) -> dict:
 
 
 def served(path: str, tokenizer, model, rounds: int, out: Path) -> dict:
-    proc, url = start_server(path, out / "server.log")
+    proc, url = start_vllm_server(
+        path, out / "server.log", "--max-model-len", str(MAX_MODEL_LEN), "--max-lora-rank", str(RANK)
+    )
     results = {}
     try:
         for mode in ("merged", "adapter"):

@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-CONFIGS = {engine: ROOT / "examples" / "accelerate_configs" / f"{engine}.yaml" for engine in ("fsdp2", "zero3")}
+from launching import WorkerFailed, launch_worker  # noqa: E402
+
 PHASES = ("build", "generate", "logprobs", "update")
 
 
@@ -110,20 +108,6 @@ def worker(model: str, steps: int, output_dir: str, result: str) -> None:
     trainer.accelerator.end_training()
 
 
-def launch(engine: str, model: str, steps: int) -> list[dict] | str:
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS[engine]),
-               str(Path(__file__).resolve()), "--worker", "--models", model, "--steps", str(steps),
-               "--output_dir", str(Path(tmp) / "out"), "--result", str(result)]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            tail = (proc.stdout + proc.stderr)[-2000:]
-            return "killed (out of memory)" if "Signal 9" in tail or "SIGKILL" in tail else f"failed: {tail}"
-        return json.loads(result.read_text())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="smollm2,qwen05b")
@@ -139,7 +123,11 @@ def main() -> None:
     rows = []
     for model in opts.models.split(","):
         for engine in opts.engines.split(","):
-            row = {"model": model, "engine": engine, "peak_gb": launch(engine, model, opts.steps)}
+            try:
+                peaks = launch_worker(__file__, engine, "--models", model, "--steps", str(opts.steps))
+            except WorkerFailed as failure:
+                peaks = "killed (out of memory)" if failure.killed else str(failure)
+            row = {"model": model, "engine": engine, "peak_gb": peaks}
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = ROOT / "bench-output"

@@ -15,12 +15,9 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from launching import start_vllm_server  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from vllm_vs_hf import model_25m_path  # noqa: E402
 
@@ -37,25 +35,6 @@ from steadyrl.generation.vllm_server import ServerSettings, VLLMServerBackend  #
 from steadyrl.toy import toy_dataset, toy_model_path  # noqa: E402
 
 MAX_MODEL_LEN = 256
-
-
-def start_server(model: str, log: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", model, "--host", "127.0.0.1", "--port",
-           str(port), "--max-model-len", str(MAX_MODEL_LEN)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return proc, url
-        except OSError:
-            assert proc.poll() is None, f"the server exited; see {log}"
-            time.sleep(0.5)
-    raise RuntimeError(f"the server did not start; see {log}")
 
 
 def noisy(model, version: int):
@@ -72,7 +51,7 @@ def bench_model(name: str, path: str, rounds: int, completion_length: int, out: 
     prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:16] for _ in range(4)]
     settings = SamplingSettings(max_new_tokens=completion_length, temperature=1.0)
     out.mkdir(parents=True, exist_ok=True)
-    proc, url = start_server(path, out / f"{name}-server.log")
+    proc, url = start_vllm_server(path, out / f"{name}-server.log", "--max-model-len", str(MAX_MODEL_LEN))
     try:
         backends = {
             "server": VLLMServerBackend(tokenizer, settings, ServerSettings(

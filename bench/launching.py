@@ -1,0 +1,63 @@
+"""Processes the benchmarks start: a script of their own as a worker under ``accelerate launch``, and a local
+``steadyrl vllm-serve``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE_CONFIGS = {name: ROOT / "examples" / "accelerate_configs" / f"{name}.yaml" for name in ("fsdp2", "zero3")}
+
+
+class WorkerFailed(RuntimeError):
+    """A launched worker exited with an error; ``killed`` when it was killed (out of memory, on this machine)."""
+
+    def __init__(self, message: str, killed: bool) -> None:
+        super().__init__(message)
+        self.killed = killed
+
+
+def launch_worker(script: str, engine: str, *worker_args: str):
+    """Run ``script --worker *worker_args --output_dir D --result R`` under ``accelerate launch`` with the engine's
+    config (examples/accelerate_configs/<engine>.yaml), one torch thread per process; return the JSON it wrote to R."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS[engine]),
+               str(Path(script).resolve()), "--worker", *worker_args, "--output_dir", str(Path(tmp) / "out"),
+               "--result", str(result)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            killed = "Signal 9" in tail or "SIGKILL" in tail
+            raise WorkerFailed(f"{engine} {' '.join(worker_args)} failed:\n{tail}", killed)
+        return json.loads(result.read_text())
+
+
+def start_vllm_server(model: str, log: Path, *server_args: str) -> tuple[subprocess.Popen, str]:
+    """``steadyrl vllm-serve --model model *server_args`` on a free local port, once it answers ``/health``: the
+    process (its own session, to be killed as a group) and its URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", model, "--host", "127.0.0.1", "--port",
+           str(port), *server_args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).close()
+            return proc, url
+        except OSError:
+            assert proc.poll() is None, f"the server exited; see {log}"
+            time.sleep(0.5)
+    raise RuntimeError(f"the server did not start; see {log}")
