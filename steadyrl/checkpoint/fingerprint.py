@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import torch
 from transformers.utils import logging
 
+from ..data.stream import first_rows, is_stream
 from ..distributed.sharded_loading import broadcast_from_main, is_main_process, local_part, on_main_only
 from ..models.scalar_head import RewardModelFunction
 from ..trainers.config.trl_names import MAX_NEW_TOKENS, SYNONYMS
@@ -62,6 +64,7 @@ MIRRORS = frozenset({synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)
                     {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"})  # fmt: skip
 SAMPLED_VALUES = 64  # per tensor, in the weight digest
 SAMPLED_ROWS = 256  # in the dataset digest
+SAMPLED_STREAM_ROWS = 16  # the first rows of a stream, in its digest
 PEFT_CONFIG_IGNORED = {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"}
 MODEL_CONFIG_IGNORED = {"_name_or_path", "transformers_version", "use_cache", "output_attentions",
                         "output_hidden_states", "return_dict"}  # fmt: skip
@@ -176,6 +179,29 @@ def dataset_digest(dataset) -> str:
     return _sha([rows, list(getattr(dataset, "column_names", []) or []), sample])
 
 
+def dataset_identity(dataset) -> dict:
+    """``{"dataset": digest, "num_prompts": rows}`` of a map-style dataset. A stream (``datasets.IterableDataset``)
+    cannot be digested without reading it through: its columns, a digest of its first ``SAMPLED_STREAM_ROWS`` rows,
+    its number of shards and the names of its data files (without their directories: the data may move)."""
+    if not is_stream(dataset):
+        return {"dataset": dataset_digest(dataset), "num_prompts": len(dataset)}
+    head = first_rows(dataset, SAMPLED_STREAM_ROWS)
+    columns = dataset.column_names or (list(head[0]) if head else [])
+    return {"dataset": "datasets.IterableDataset", "num_prompts": None, "dataset.columns": columns,
+            "dataset.first_rows": _sha(head), "dataset.num_shards": dataset.num_shards,
+            "dataset.files": stream_file_names(dataset)}  # fmt: skip
+
+
+def stream_file_names(dataset) -> list[str] | None:
+    """The names of the files a stream reads (``load_dataset(..., streaming=True)``), or None (a generator, an
+    in-memory dataset). ``datasets`` keeps them in its innermost examples iterable's arguments."""
+    iterable = dataset._ex_iterable
+    while getattr(iterable, "ex_iterable", None) is not None:
+        iterable = iterable.ex_iterable
+    files = (getattr(iterable, "kwargs", None) or {}).get("original_files")
+    return [os.path.basename(str(path)) for path in files] if isinstance(files, list) else None
+
+
 def callable_identity(func) -> str:
     """What identifies a reward function or judge in every process and run (``CallableIdentifier``); models,
     tensors and tokenizers it holds count by their digests."""
@@ -256,8 +282,8 @@ def run_identity(model, reward_funcs: list, tokenizer, dataset, reference, uses_
     policy = model_identity("model", model)
     identity = {
         **policy, **reward_models_identity(reward_funcs), **reference_identity(reference, uses_reference, policy),
-        **peft_identity(model), "tokenizer": tokenizer_digest(tokenizer), "dataset": dataset_digest(dataset),
-        "num_prompts": len(dataset), "reward_funcs": [callable_name(func) for func in reward_funcs],
+        **peft_identity(model), "tokenizer": tokenizer_digest(tokenizer), **dataset_identity(dataset),
+        "reward_funcs": [callable_name(func) for func in reward_funcs],
         "mixed_precision": mixed_precision, **deepspeed_identity(deepspeed_config),
     }  # fmt: skip
     identifier = CallableIdentifier(_value_digest)

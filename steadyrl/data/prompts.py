@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import datasets
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -37,17 +38,26 @@ def _prompt_problem(prompt) -> str | None:
     return None
 
 
-def prompt_kind(dataset, argument: str) -> bool:
-    """Check every row's prompt before any work (a non-empty string or a non-empty list of messages; a dataset
-    holds one kind); return whether they are conversations."""
-    for row, prompt in enumerate(dataset["prompt"]):
-        problem = _prompt_problem(prompt)
-        if problem is not None:
-            raise ValueError(
-                f"{argument}['prompt'][{row}] {problem}: every prompt must be a non-empty string or a list of "
-                "{'role', 'content'} messages. Remove or fix that row."
-            )
-    return is_conversation(dataset[0]["prompt"])
+def check_prompt(prompt, where: str) -> None:
+    """Refuse a prompt that is neither a non-empty string nor a non-empty list of messages."""
+    problem = _prompt_problem(prompt)
+    if problem is not None:
+        raise ValueError(
+            f"{where} {problem}: every prompt must be a non-empty string or a list of {{'role', 'content'}} messages. "
+            "Remove or fix that row."
+        )
+
+
+def prompt_kind(dataset, argument: str, stream_rows: int = 8) -> bool:
+    """Check every row's prompt before any work (of a ``datasets.IterableDataset``: its first ``stream_rows``, read
+    through a copy, the rest as they are drawn); return whether they are conversations."""
+    if isinstance(dataset, datasets.IterableDataset):
+        prompts = [row.get("prompt") for row in dataset.take(stream_rows)]
+    else:
+        prompts = dataset["prompt"]
+    for row, prompt in enumerate(prompts):
+        check_prompt(prompt, f"{argument}['prompt'][{row}]")
+    return is_conversation(prompts[0])
 
 
 def check_prompts(dataset, argument: str, tokenizer) -> bool:

@@ -1,8 +1,10 @@
-"""The resumable prompt sampler: which prompts each rollout draws, in an order a checkpoint restores exactly."""
+"""The resumable prompt samplers: which prompts each rollout draws, in an order a checkpoint restores exactly."""
 
 from __future__ import annotations
 
 import torch
+
+from .stream import StreamSampler, is_stream
 
 
 class PromptSampler:
@@ -44,9 +46,32 @@ class PromptSampler:
         return {"consumed": self.consumed, "num_prompts": self.num_prompts, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
+        if "num_prompts" not in state:
+            raise ValueError(
+                "the checkpoint's prompt sampler read a streaming datasets.IterableDataset, but train_dataset is now "
+                "a map-style datasets.Dataset: resume with the dataset the run started with."
+            )
         if state["num_prompts"] != self.num_prompts:
             raise ValueError(
                 f"the checkpoint's prompt sampler covered {state['num_prompts']} prompts, "
                 f"but train_dataset has {self.num_prompts}."
             )
         self.consumed, self.seed = state["consumed"], state["seed"]
+
+
+def make_sampler(dataset, seed: int, shuffle: bool,
+                 conversational: bool | None = None) -> PromptSampler | StreamSampler:  # fmt: skip
+    """A ``StreamSampler`` for a ``datasets.IterableDataset`` (read in its own order: ``shuffle`` does not apply),
+    else a ``PromptSampler`` over the dataset's rows."""
+    if is_stream(dataset):
+        return StreamSampler(dataset, conversational)
+    return PromptSampler(len(dataset), seed=seed, shuffle=shuffle)
+
+
+def next_rows(sampler: PromptSampler | StreamSampler, dataset, count: int, part: slice) -> dict[str, list]:
+    """Draw the next ``count`` prompts of the rollout (every process draws all of them, so that the position is the
+    same everywhere) and return the rows of ``part`` of them as ``{column: values}``."""
+    if isinstance(sampler, StreamSampler):
+        rows = sampler.next(count)[part]
+        return {column: [row[column] for row in rows] for column in (rows[0] if rows else {})}
+    return dataset[sampler.next(count)[part]]

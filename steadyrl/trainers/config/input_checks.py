@@ -8,6 +8,8 @@ import tempfile
 
 from transformers import PreTrainedModel
 
+from ...data.stream import first_rows, is_stream
+
 
 def check_model_path(value, argument: str) -> None:
     """A string that can only be a local path must be a directory; transformers would call it a bad Hub id."""
@@ -26,19 +28,49 @@ def check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
         )
 
 
-def check_dataset(dataset, argument: str = "train_dataset") -> None:
+def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | None = None) -> None:
     """A ``datasets.Dataset`` with at least one row and a ``prompt`` column (its rows are checked by
-    ``prompts.check_prompts``)."""
+    ``prompts.check_prompts``); for training (``max_steps`` given) with ``max_steps`` > 0, a
+    ``datasets.IterableDataset`` (a stream) too, unsplit: every process reads all of it."""
     if dataset is None:
         raise ValueError(f"{argument} is required: a datasets.Dataset with a 'prompt' column.")
+    if is_stream(dataset):
+        check_stream(dataset, argument, max_steps)
+        return
     if not hasattr(dataset, "select"):
         kind = type(dataset).__name__
-        raise TypeError(f"{argument} must be a datasets.Dataset with a 'prompt' column; got {kind}.")
+        streams = " or datasets.IterableDataset" if max_steps is not None else ""
+        raise TypeError(f"{argument} must be a datasets.Dataset{streams} with a 'prompt' column; got {kind}.")
     columns = getattr(dataset, "column_names", None)
     if columns is None or "prompt" not in columns:
         raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{argument} is empty: it needs at least one prompt.")
+
+
+def check_stream(dataset, argument: str, max_steps: int | None) -> None:
+    if max_steps is None:
+        raise TypeError(
+            f"{argument} is a datasets.IterableDataset (a stream): evaluation reads every prompt, so {argument} must "
+            "be a map-style datasets.Dataset (load it without streaming=True, or Dataset.from_list(list(stream)))."
+        )
+    if max_steps <= 0:
+        raise ValueError(
+            f"{argument} is a datasets.IterableDataset (a stream), whose length is unknown, and max_steps={max_steps}: "
+            "set max_steps to the number of optimizer steps to train (num_train_epochs cannot size a run on a stream)."
+        )
+    if getattr(dataset, "_distributed", None) is not None:  # split_dataset_by_node's mark
+        raise ValueError(
+            f"{argument} was split by datasets.distributed.split_dataset_by_node: every process reads the whole stream "
+            "and trains on its own slice of each rollout, so that the prompts do not depend on the number of "
+            "processes. Pass the stream before the split."
+        )
+    rows = first_rows(dataset, 1)
+    if not rows:
+        raise ValueError(f"{argument} is empty: it needs at least one prompt.")
+    if "prompt" not in rows[0]:
+        raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are "
+                         f"{list(rows[0])}.")  # fmt: skip
 
 
 def check_output_dir(path: str, argument: str = "output_dir") -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...data.sampling import PromptSampler
+from ...data.stream import StreamSampler
 from ...rollout import RolloutBuffer
 
 
@@ -29,7 +30,7 @@ class LoopState:
     and the algorithm's own state (PPO: its KL coefficient and score moments). A checkpoint saves
     ``state_dict()`` and a resume hands it back to ``load_state_dict``, so the run continues exactly."""
 
-    def __init__(self, sampler: PromptSampler, algorithm: Stateful) -> None:
+    def __init__(self, sampler: PromptSampler | StreamSampler, algorithm: Stateful) -> None:
         self.sampler = sampler
         self.algorithm = algorithm
         self.rollouts = 0  # rollouts made so far: part of every completion's sampling seed

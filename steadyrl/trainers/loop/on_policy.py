@@ -34,7 +34,7 @@ from ...checkpoint.output_dir import on_main_process, take_output_dir
 from ...checkpoint.ownership import supersede_newer
 from ...checkpoint.schedule_change import resume_schedules
 from ...data.prompts import PromptTruncation, UserTurns, check_prompts
-from ...data.sampling import PromptSampler
+from ...data.sampling import make_sampler
 from ...distributed.fsdp import enable as enable_fsdp
 from ...distributed.placement import place_frozen_models
 from ...distributed.zero import bind_scheduler
@@ -143,7 +143,7 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
             args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
         if not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
-        check_dataset(train_dataset)
+        check_dataset(train_dataset, max_steps=args.max_steps)
         check_output_dir(args.output_dir)
         if eval_dataset is None and args.eval_strategy != "no":
             raise ValueError(
@@ -207,7 +207,7 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         self.ref_model = place_frozen_models(self.ref_model, scorers, self.accelerator.device, zero3_config,
                                              args.ref_reward_offload)  # fmt: skip
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
-        sampler = PromptSampler(len(train_dataset), seed=args.seed, shuffle=args.shuffle_dataset)
+        sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
         self.loop = LoopState(sampler, self.initial_algorithm_state())
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
         main = self.accelerator.is_main_process
@@ -300,7 +300,7 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
     def run_loop(self, checkpoint: Path | None) -> TrainOutput:
         """Train from ``checkpoint`` (or from the start) to ``max_steps``, with ``output_dir`` locked."""
         args = self.args
-        max_steps = args.total_steps(len(self.train_dataset))
+        max_steps = args.total_steps(self.loop.sampler.num_prompts)  # a stream's: None, with max_steps set
         self.is_in_train = True
         self.prepare_for_training(max_steps)
         for module in self.trained_modules():

@@ -21,6 +21,7 @@ import torch
 from accelerate.utils import gather_object
 
 from ...data.prompts import as_completions, prompt_texts, tokenize_prompts
+from ...data.sampling import next_rows
 from ...distributed.fsdp import unsharded
 from ...distributed.placement import offloaded
 from ...distributed.zero import gathered_for_generation
@@ -83,10 +84,10 @@ class RolloutMixin:
         """This process's share of the next rollout's prompts, each repeated ``n_samples_per_prompt`` times, the
         dataset's other columns alike, and the index of its first prompt in the whole rollout."""
         args, world = self.args, self.accelerator.num_processes
-        indices = self.loop.sampler.next(args.rollout_batch_size)
         per_process = args.rollout_batch_size // world
         first = self.accelerator.process_index * per_process
-        rows = self.train_dataset[indices[first : first + per_process]]  # {column: values}
+        part = slice(first, first + per_process)
+        rows = next_rows(self.loop.sampler, self.train_dataset, args.rollout_batch_size, part)  # {column: values}
         k = args.n_samples_per_prompt
         return *self.repeated_rows(rows, k), first
 
