@@ -60,6 +60,7 @@ from ...rollout import Advantages, Rollout
 from ..config.input_checks import check_dataset, check_model_path, check_output_dir
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
+from ..config.trl_config import as_own_config
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
@@ -141,8 +142,7 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
-        if not isinstance(args, self.config_class):
-            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}.")
+        args = as_own_config(args, self.config_class)  # a TRL config is converted field by field
         check_dataset(train_dataset, max_steps=args.max_steps)
         check_output_dir(args.output_dir)
         if eval_dataset is None and args.eval_strategy != "no":
