@@ -1,14 +1,29 @@
-"""Reward functions with TRL's calling convention, checked so a bad one fails loudly and early."""
+"""Reward functions with TRL's calling convention: what they receive (``RewardInputs``), how they are called (plain
+functions one after the other, ``async def`` ones concurrently on one event loop within ``reward_timeout``, ``None``
+for a sample a function does not apply to), and how their scores combine. Every result is checked and a failure
+names its function; the checks made when the trainer is built are in reward_checks.py."""
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import functools
+import inspect
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-RewardFunc = Callable[..., Sequence[float]]
+from .reward_checks import (  # noqa: F401 (the trainers import these from here)
+    ALWAYS_PASSED,
+    RewardFunc,
+    as_list,
+    check_reward_funcs,
+    check_reward_timeout,
+    reward_func_name,
+)
 
 
 @dataclass
@@ -22,76 +37,191 @@ class RewardInputs:
     prompt_ids: list[list[int]]  # the prompt token ids the policy saw (chat template applied, truncated)
     prompt_texts: list[str]  # the prompts as text, chat template applied
     completion_texts: list[str]
+    extra: dict[str, list] = field(default_factory=dict)  # more keyword arguments for the functions, as the columns
+    logged_metrics: dict[str, list[float]] = field(default_factory=dict)  # what the functions gave ``log_metric``
+
+    def metric_means(self) -> dict[str, float]:
+        """Each metric the reward functions logged, averaged over its values (summed in sorted order, so that the
+        order in which concurrent async functions logged does not change the result)."""
+        return {name: sum(sorted(values)) / len(values) for name, values in self.logged_metrics.items() if values}
 
 
 class RewardFunctionError(ValueError):
-    """A reward function raised, returned the wrong number of values, or returned a non-finite value."""
+    """A reward function raised, timed out, returned the wrong number of values or a non-finite value, or no reward
+    function applied to a sample (every one returned ``None``)."""
 
 
-def reward_func_name(func: RewardFunc) -> str:
-    return getattr(func, "__name__", type(func).__name__)
+def is_async_reward(func: RewardFunc) -> bool:
+    """Whether calling ``func`` returns a coroutine: an ``async def`` function, a partial of one, or an object whose
+    ``__call__`` is ``async def`` (TRL's ``is_async_callable``)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
-def as_list(reward_funcs) -> list:
-    """``None``, one reward function, or a sequence of them, as a new list."""
-    if reward_funcs is None:
-        return []
-    return list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+def weighted_total(scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[N] the weighted sum over reward functions of scores [N, R], leaving out the functions that returned
+    ``None`` (NaN) for a sample, as TRL's ``nansum``."""
+    return (scores * weights.to(scores.device)).nansum(1)
 
 
-def check_reward_funcs(funcs: list, reward_weights: Sequence[float] | None) -> tuple[list[RewardFunc], torch.Tensor]:
-    """Check the reward functions (a ``reward_model`` comes last) and return them with one weight each."""
-    if not funcs:
-        raise ValueError(
-            "No reward: pass reward_funcs (callables returning one float per completion) and/or reward_model."
-        )
-    for i, func in enumerate(funcs):
-        if not callable(func) and not hasattr(func, "score_inputs"):
-            raise TypeError(
-                f"reward_funcs[{i}]={func!r} is not callable; reward functions are called as "
-                "func(prompts=..., completions=..., completion_ids=..., **dataset_columns)."
-            )
-    if reward_weights is None:
-        weights = [1.0] * len(funcs)
-    else:
-        weights = [float(w) for w in reward_weights]
-        if len(weights) != len(funcs):
-            names = [reward_func_name(f) for f in funcs]
-            raise ValueError(
-                f"reward_weights has {len(weights)} values but there are {len(funcs)} rewards {names} "
-                "(reward_funcs, then reward_model if given): give one weight each."
-            )
-    return funcs, torch.tensor(weights, dtype=torch.float32)
+def group_normalized_total(scores: torch.Tensor, weights: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[N] GRPO's ``normalize_then_sum`` (GDPO) of scores [N, R]: each reward centred and scaled within its group
+    of ``group_size`` consecutive samples, then weighted and summed. As TRL's: the mean and (unbiased) std of a
+    group leave out the samples a function returned None (NaN) for, and the sum leaves out what stays NaN (a None,
+    or a function that applied to one sample of the group only, whose std is undefined)."""
+    grouped = scores.view(-1, group_size, scores.shape[1])  # [P, k, R]
+    mean = grouped.nanmean(1, keepdim=True)
+    count = (~grouped.isnan()).sum(1, keepdim=True)
+    variance = ((grouped - mean) ** 2).nansum(1, keepdim=True) / (count - 1).clamp(min=1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, math.nan))
+    return weighted_total(((grouped - mean) / (std + 1e-4)).flatten(0, 1), weights)
 
 
-def score_completions(funcs: list[RewardFunc], inputs: RewardInputs) -> torch.Tensor:
-    """Call every reward function; return scores of shape [num_completions, num_funcs]. A reward model (an object
-    with ``score_inputs``) reads the token ids or texts itself; any other callable gets TRL's keyword arguments."""
-    n = len(inputs.completions)
-    scores = torch.empty(n, len(funcs), dtype=torch.float32)
+def score_completions(funcs: list[RewardFunc], inputs: RewardInputs, trainer_state=None,
+                      timeout: float | None = None) -> torch.Tensor:  # fmt: skip
+    """Call every reward function; return scores [num_completions, num_funcs], NaN where a function returned
+    ``None``. A reward model (an object with ``score_inputs``) reads the token ids or texts itself; any other callable
+    gets TRL's keyword arguments (``reward_kwargs``). Async functions run concurrently, after the others, each
+    within ``timeout`` seconds; the results keep the functions' order whichever finishes first."""
+    kwargs = reward_kwargs(inputs, trainer_state)
+    columns: list[list[float] | None] = [None] * len(funcs)
+    waiting = []
     for j, func in enumerate(funcs):
-        name = reward_func_name(func)
-        try:
-            if hasattr(func, "score_inputs"):
-                values = func.score_inputs(inputs)
-            else:
-                values = func(prompts=inputs.prompts, completions=inputs.completions,
-                              completion_ids=inputs.completion_ids, **inputs.columns)  # fmt: skip
-        except Exception as err:
-            raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}") from err
-        try:
-            values = [float(v) for v in values]
-        except (TypeError, ValueError) as err:
-            raise RewardFunctionError(
-                f"reward function {name!r} must return a list of {n} floats, got {type(values).__name__}: {err}"
-            ) from err
-        if len(values) != n:
-            raise RewardFunctionError(f"reward function {name!r} returned {len(values)} values for {n} completions.")
-        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
-        if bad:
-            raise RewardFunctionError(
-                f"reward function {name!r} returned a non-finite value ({values[bad[0]]}) for completion {bad[0]} "
-                f"({inputs.completion_texts[bad[0]]!r}); {len(bad)} of {n} values are not finite."
-            )
-        scores[:, j] = torch.tensor(values, dtype=torch.float32)
+        if hasattr(func, "score_inputs"):
+            columns[j] = checked_values(func, named_call(func, lambda f=func: f.score_inputs(inputs)), inputs)
+        elif is_async_reward(func):
+            waiting.append(j)
+        else:
+            columns[j] = checked_values(func, named_call(func, lambda f=func: f(**kwargs)), inputs)
+    if waiting:
+        results = run_async([funcs[j] for j in waiting], kwargs, timeout)
+        for j, values in zip(waiting, results):
+            columns[j] = checked_values(funcs[j], values, inputs)
+    scores = torch.tensor(columns, dtype=torch.float32).reshape(len(funcs), len(inputs.completions)).T.contiguous()
+    refuse_unscored(scores, funcs, inputs)
     return scores
+
+
+def reward_kwargs(inputs: RewardInputs, trainer_state) -> dict:
+    """TRL's keyword arguments: the completions, the dataset's columns and ``extra``, the trainer's state, and
+    ``log_metric`` (into ``inputs.logged_metrics``) and ``log_extra`` (accepted; steadyrl's completion log does not
+    show extra columns)."""
+
+    def log_metric(name: str, value: float) -> None:
+        inputs.logged_metrics.setdefault(name, []).append(float(value))
+
+    def log_extra(column: str, values: list) -> None:
+        """Accepted for TRL's reward functions; the values are not logged."""
+
+    return {"prompts": inputs.prompts, "completions": inputs.completions, "completion_ids": inputs.completion_ids,
+            **inputs.columns, **inputs.extra, "trainer_state": trainer_state, "log_extra": log_extra,
+            "log_metric": log_metric}  # fmt: skip
+
+
+def named_call(func: RewardFunc, call):
+    try:
+        return call()
+    except Exception as err:
+        raise raised(func, err) from err
+
+
+def raised(func: RewardFunc, err: Exception) -> RewardFunctionError:
+    return RewardFunctionError(f"reward function {reward_func_name(func)!r} raised {type(err).__name__}: {err}")
+
+
+def checked_values(func: RewardFunc, values, inputs: RewardInputs) -> list[float]:
+    """``values`` as floats, NaN for ``None``; refused unless one per completion, each ``None`` or finite (a NaN
+    the function returned is a bug, not "does not apply")."""
+    name, n = reward_func_name(func), len(inputs.completions)
+    try:
+        values = list(values)
+        numbers = [None if v is None else float(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise RewardFunctionError(
+            f"reward function {name!r} must return a list of {n} floats (or None where it does not apply), got "
+            f"{type(values).__name__}: {err}"
+        ) from err
+    if len(numbers) != n:
+        raise RewardFunctionError(f"reward function {name!r} returned {len(numbers)} values for {n} completions.")
+    bad = [i for i, v in enumerate(numbers) if v is not None and not math.isfinite(v)]
+    if bad:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned a non-finite value ({numbers[bad[0]]}) for completion {bad[0]} "
+            f"({inputs.completion_texts[bad[0]]!r}); {len(bad)} of {n} values are not finite. Return None for a "
+            "completion the function does not apply to."
+        )
+    return [math.nan if v is None else v for v in numbers]
+
+
+def refuse_unscored(scores: torch.Tensor, funcs: Sequence[RewardFunc], inputs: RewardInputs) -> None:
+    """Refuse a sample for which every reward function returned ``None``: it has no reward at all. (TRL warns and
+    trains it with advantage 0; steadyrl refuses, as a dataset row no function applies to is a bug to fix.)"""
+    unscored = torch.isnan(scores).all(1).nonzero().flatten().tolist()
+    if unscored:
+        i = unscored[0]
+        names = [reward_func_name(f) for f in funcs]
+        raise RewardFunctionError(
+            f"every reward function {names} returned None for sample {i} (prompt {inputs.prompts[i]!r}, completion "
+            f"{inputs.completion_texts[i]!r}); {len(unscored)} of {len(scores)} samples have no reward. Make at "
+            "least one function apply to every sample (return a number where it applies)."
+        )
+
+
+# ---- async reward functions ----------------------------------------------------------------------------------------
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop for async reward functions, running on a daemon thread (started on first use): one
+    loop for the whole run, so that clients an async function keeps (an HTTP session) stay on their loop, and usable
+    where the caller's thread already runs a loop (a notebook)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop, ready = asyncio.new_event_loop(), threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            thread = threading.Thread(target=run, name="steadyrl-reward-loop", daemon=True)
+            thread.start()
+            ready.wait()
+            atexit.register(loop.call_soon_threadsafe, loop.stop)
+            _loop = loop
+    return _loop
+
+
+def run_async(funcs: list[RewardFunc], kwargs: dict, timeout: float | None) -> list:
+    """Await every function concurrently, each within ``timeout`` seconds; their results in the functions' order.
+    The first failure in that order is raised, naming its function."""
+
+    async def call(func):
+        try:
+            task = asyncio.ensure_future(func(**kwargs))
+        except Exception as err:
+            raise raised(func, err) from err
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            raise RewardFunctionError(
+                f"async reward function {reward_func_name(func)!r} did not return within reward_timeout={timeout} "
+                "seconds: raise reward_timeout, or make the function faster."
+            )
+        try:
+            return task.result()
+        except Exception as err:
+            raise raised(func, err) from err
+
+    async def gather():
+        return await asyncio.gather(*(call(func) for func in funcs), return_exceptions=True)
+
+    results = asyncio.run_coroutine_threadsafe(gather(), event_loop()).result()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results

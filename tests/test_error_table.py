@@ -8,6 +8,7 @@ line row reads ``exit N: <the last line the command wrote to stderr>``.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import shutil
@@ -550,6 +551,38 @@ def _(ctx):
 @trigger("reward-nan")
 def _(ctx):
     make_trainer(ctx.tmp_path, reward_funcs=[nan]).train()
+
+
+def never(prompts, completions, **kwargs):
+    return [None] * len(completions)
+
+
+async def hangs(prompts, completions, **kwargs):
+    await asyncio.sleep(30)
+
+
+def needs_answer(completions, answer):
+    return [0.0] * len(completions)
+
+
+@trigger("reward-all-none")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[never]).train()
+
+
+@trigger("reward-async-timeout")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[hangs], reward_timeout=0.1).train()
+
+
+@trigger("reward-timeout")
+def _(ctx):
+    make_config(ctx.tmp_path, reward_timeout=0)
+
+
+@trigger("reward-column")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[needs_answer])
 
 
 @trigger("judge-answer")

@@ -25,6 +25,7 @@ from ..ops import (
     masked_moments,
     zero_std_groups,
 )
+from ..rewards import group_normalized_total
 from ..rollout import Advantages, Rollout
 from .config.on_policy_config import OnPolicyConfig
 from .config.trl_names import UNSUPPORTED, Unsupported
@@ -157,9 +158,7 @@ class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):
         args, k, total = self.args, self.args.n_samples_per_prompt, self.sum_over_processes()
         ones = torch.ones_like(rollout.scores)
         if args.multi_objective_aggregation == "normalize_then_sum":
-            scores = rollout.reward_scores.view(-1, k, rollout.reward_scores.shape[1])  # [P, k, R]
-            scores = (scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-4)
-            rewards = (scores.flatten(0, 1) * self.reward_weights.to(scores.device)).sum(1)  # [N]
+            rewards = group_normalized_total(rollout.reward_scores, self.reward_weights, k)  # [N]
             mean, var = masked_moments(rewards, ones, total)  # over every process's rewards
             advantages = (rewards - mean) / (var.sqrt() + 1e-4)
         else:

@@ -237,10 +237,10 @@ class OnlineDPOTrainer(OnPolicyTrainer):
 
     # ---- who wins each pair ----------------------------------------------------------------------
 
-    def checked_rewards(self, reward_funcs: list, reward_weights) -> tuple[list, torch.Tensor]:
+    def checked_rewards(self, reward_funcs: list, args, dataset) -> tuple[list, torch.Tensor]:
         if self.judge is None:
-            return super().checked_rewards(reward_funcs, reward_weights)
-        if reward_funcs or reward_weights is not None:
+            return super().checked_rewards(reward_funcs, args, dataset)
+        if reward_funcs or args.reward_weights is not None:
             raise ValueError(
                 "Both judge and reward_funcs/reward_model/reward_weights were given: online DPO ranks each pair "
                 "with one of them. Pass either judge, or reward_funcs and/or reward_model."

@@ -124,6 +124,11 @@ class LossFields:
         default=None,
         metadata={"help": "One weight per reward function (then the reward model); all 1.0 if unset."},
     )
+    reward_timeout: float | None = field(
+        default=None,
+        metadata={"help": "Seconds each async reward function may take per rollout (they run concurrently); None: "
+                  "no limit."},
+    )  # fmt: skip
     missing_eos_penalty: float | None = field(
         default=None, metadata={"help": "Subtracted from the score of a completion that ends without EOS."}
     )

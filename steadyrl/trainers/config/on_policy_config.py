@@ -12,6 +12,7 @@ from transformers import TrainingArguments
 from transformers.utils import logging
 
 from ...checkpoint.callable_identity import is_secret
+from ...reward_checks import check_reward_timeout
 from .batch_hierarchy import BatchHierarchy, BatchSettings, resolve_batch_hierarchy
 from .field_groups import (
     BatchFields,
@@ -123,6 +124,7 @@ class OnPolicyConfig(
         if self.world_size != world:
             self._apply(hierarchy(self.world_size))
         check_ranges(self)
+        check_reward_timeout(self.reward_timeout)
         self._check_beta()
         check_generation_and_logging(self)
         check_saving(self)

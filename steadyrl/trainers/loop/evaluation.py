@@ -17,7 +17,7 @@ from ...checkpoint.rng import rng_untouched
 from ...data.prompts import prompt_kind
 from ...generation import sampling_seed
 from ...ops import ends_without_eos, pad_prompts_and_completions
-from ...rewards import reward_func_name
+from ...rewards import reward_func_name, weighted_total
 from ..config.input_checks import check_dataset
 
 EVAL_ROLLOUT = -1  # the rollout index in evaluation's sampling seeds, which no training rollout has
@@ -46,6 +46,7 @@ def summary(prefix: str, totals: list[float], per_function: dict[str, list[float
 
     metrics = {f"{prefix}_reward": mean(totals), f"{prefix}_reward_std": std(totals)}
     for name, values in per_function.items():
+        values = [v for v in values if not math.isnan(v)] or [math.nan]  # None (NaN): the function did not apply
         metrics[f"{prefix}_rewards/{name}/mean"] = mean(values)
         metrics[f"{prefix}_rewards/{name}/std"] = std(values)
     metrics[f"{prefix}_completions/mean_length"] = mean(lengths)
@@ -96,7 +97,7 @@ class EvaluationMixin:
         tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
         no_eos = ends_without_eos(tokens["completion_ids"], tokens["completion_mask"],
                                   self.processing_class.eos_token_id)  # fmt: skip
-        total = (scores * self.reward_weights).sum(1)
+        total = weighted_total(scores, self.reward_weights)
         if args.missing_eos_penalty is not None:
             total -= args.missing_eos_penalty * no_eos.float()
 

@@ -169,7 +169,7 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
                                              self.conversational)  # fmt: skip
             self.reward_model = scorer.model if self.reward_model is None else self.reward_model
             reward_funcs[index] = scorer
-        self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args.reward_weights)
+        self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
         self.uses_reference = self.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
             raise ValueError(
@@ -242,13 +242,13 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         """What the algorithm carries from one rollout to the next (checkpointed with the loop state)."""
         return NoAlgorithmState()
 
-    def checked_rewards(self, reward_funcs: list, reward_weights) -> tuple[list, torch.Tensor]:
-        """The reward functions (a reward model last) and one weight each, checked."""
-        return check_reward_funcs(reward_funcs, reward_weights)
+    def checked_rewards(self, reward_funcs: list, args, dataset) -> tuple[list, torch.Tensor]:
+        """The reward functions (a reward model last), checked against the dataset's columns, and one weight each."""
+        return check_reward_funcs(reward_funcs, args.reward_weights, dataset, args.remove_unused_columns)
 
     def score(self, inputs: RewardInputs) -> torch.Tensor:
         """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them."""
-        return score_completions(self.reward_funcs, inputs)
+        return score_completions(self.reward_funcs, inputs, self.state, self.args.reward_timeout)
 
     @abc.abstractmethod
     def compute_advantages(self, rollout: Rollout) -> Advantages:

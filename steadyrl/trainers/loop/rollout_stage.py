@@ -34,7 +34,7 @@ from ...ops import (
     pad_prompts_and_completions,
 )
 from ...ops.masked import SumOverProcesses
-from ...rewards import RewardInputs, reward_func_name
+from ...rewards import RewardInputs, reward_func_name, weighted_total
 from ...rollout import (
     Rollout,
     RolloutBuffer,
@@ -65,7 +65,7 @@ class RolloutMixin:
         scores = self.score(inputs)  # [N, num_rewards]
         rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None)
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
-        metrics = rollout_metrics(rollout, scores, reward_names, generation_time)
+        metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **inputs.metric_means()}
         metrics["prompts_truncated"] = truncated / len(prompts)
         if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
             diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.completion_mask)
@@ -136,7 +136,7 @@ class RolloutMixin:
         """The padded rollout with its weighted scores and the log-probs of the scoring passes."""
         args, tok, device = self.args, self.processing_class, self.accelerator.device
         tokens = TokenBatch(**pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device))
-        total = (scores * self.reward_weights).sum(1).to(device)  # [N]
+        total = weighted_total(scores, self.reward_weights).to(device)  # [N]: a None (NaN) score left out
         if args.missing_eos_penalty is not None:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
             total = self.penalise_missing_eos(total, no_eos)
