@@ -9,6 +9,7 @@ line row reads ``exit N: <the last line the command wrote to stderr>``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import re
 import shutil
@@ -30,7 +31,7 @@ from transformers import (
     Qwen2ForSequenceClassification,
 )
 
-from steadyrl import GRPOConfig, RLOOTrainer
+from steadyrl import GRPOConfig, GRPOTrainer, RLOOTrainer
 from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
@@ -596,6 +597,23 @@ def _(ctx):
 @trigger("args-type")
 def _(ctx):
     rloo(ctx, args=make_config(ctx.tmp_path, "ppo"))
+
+
+@trigger("args-trl-algorithm")
+def _(ctx):
+    import trl
+
+    GRPOTrainer(model=toy_model_path(), reward_funcs=[letters_reward], train_dataset=toy_dataset(),
+                args=trl.RLOOConfig(output_dir=str(ctx.tmp_path), bf16=False, report_to="none"))  # fmt: skip
+
+
+@trigger("args-trl-field")
+def _(ctx):
+    import trl
+
+    flagged = dataclasses.make_dataclass("GRPOConfigWithAFlag", [("my_flag", bool, False)], bases=(trl.GRPOConfig,))
+    GRPOTrainer(model=toy_model_path(), reward_funcs=[letters_reward], train_dataset=toy_dataset(),
+                args=flagged(output_dir=str(ctx.tmp_path), bf16=False, report_to="none", my_flag=True))  # fmt: skip
 
 
 @trigger("reward-model-vocab")
