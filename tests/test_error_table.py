@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from support.toy_run import make_config, make_trainer
 from transformers import (
     AutoModelForCausalLM,
@@ -33,6 +33,7 @@ from transformers import (
 
 from steadyrl import GRPOConfig, GRPOTrainer, RLOOTrainer
 from steadyrl.cli.main import main as steadyrl_main
+from steadyrl.data.stream import StreamSampler
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 TABLE_PAGE = "docs/errors.md"
@@ -450,6 +451,52 @@ def _(ctx):
 @trigger("dataset-type")
 def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=[{"prompt": "abc:"}])
+
+
+def prompt_stream(prompts: list) -> IterableDataset:
+    def rows():
+        yield from ({"prompt": prompt} for prompt in prompts)
+
+    return IterableDataset.from_generator(rows)
+
+
+@trigger("stream-max-steps")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=toy_dataset(num_prompts=4).to_iterable_dataset(), max_steps=-1)
+
+
+@trigger("stream-eval")
+def _(ctx):
+    make_trainer(ctx.tmp_path, eval_dataset=toy_dataset(num_prompts=4).to_iterable_dataset())
+
+
+@trigger("stream-split")
+def _(ctx):
+    from datasets.distributed import split_dataset_by_node
+
+    stream = split_dataset_by_node(toy_dataset(num_prompts=4).to_iterable_dataset(), rank=0, world_size=2)
+    make_trainer(ctx.tmp_path, train_dataset=stream)
+
+
+@trigger("stream-bad-row")
+def _(ctx):
+    StreamSampler(prompt_stream(["ab:"] * 9 + [""]), conversational=False).next(10)
+
+
+@trigger("stream-mixed-kind")
+def _(ctx):
+    StreamSampler(prompt_stream(["ab:"] * 9 + [[{"role": "user", "content": "ab:"}]]), conversational=False).next(10)
+
+
+@trigger("stream-no-rows")
+def _(ctx):
+    passes = []
+
+    def first_pass_only():  # a generator over a source that is used up after one pass
+        passes.append(1)
+        yield from ({"prompt": "ab:"} for _ in range(3 if len(passes) == 1 else 0))
+
+    StreamSampler(IterableDataset.from_generator(first_pass_only)).next(4)
 
 
 def chat_tokenizer():
