@@ -21,7 +21,7 @@ import torch
 from .ops import masked_mean, sequence_kl, trim_padding
 
 PER_TOKEN_FIELDS = ("completion_ids", "completion_mask", "ref_logprobs", "old_logprobs", "advantages", "values",
-                    "returns", "engine_weights")  # fmt: skip
+                    "returns", "engine_weights", "env_mask")  # fmt: skip
 
 
 @dataclass
@@ -56,6 +56,13 @@ class Rollout(TokenBatch):
     pair_weight: torch.Tensor | None = None  # [N] online DPO: weight of the row's pair in the loss (0: a tie)
     engine_weights: torch.Tensor | None = None  # [N, C] or [N, 1]: pi_trainer / pi_vLLM, truncated or masked
     tokens_per_micro_batch: torch.Tensor | None = None  # [N] the dapo loss's normaliser, the same in every row
+    env_mask: torch.Tensor | None = None  # [N, C] long: 1 where the policy sampled the token, 0 where a tool or the
+    #                                       environment wrote it (multi-turn); None: the policy sampled every token
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """[N, C] the completion tokens the policy sampled: what the loss, the KL and the entropy average over."""
+        return self.completion_mask if self.env_mask is None else self.completion_mask * self.env_mask
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The fields that are set, by name (what a checkpoint stores)."""
@@ -159,7 +166,7 @@ def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[s
         "tokens_per_second": mask.sum().item() / max(generation_time, 1e-9),
     }
     if rollout.old_logprobs is not None and rollout.ref_logprobs is not None:  # else the loss reports it
-        metrics["kl"] = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, mask).mean().item()
+        metrics["kl"] = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.policy_mask).mean().item()
     if len(reward_names) > 1:  # the mean where the function applied (not None), as TRL: NaN if it applied nowhere
         for j, name in enumerate(reward_names):
             metrics[f"rewards/{name}"] = scores[:, j].nanmean().item()

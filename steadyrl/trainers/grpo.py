@@ -43,7 +43,6 @@ GRPO_UNSUPPORTED = {
     "cast_lm_head_to_fp32": Unsupported(
         False, "steadyrl computes log-probs in float32 from the LM head's logits", "Leave it False."
     ),
-    "max_tool_calling_iterations": Unsupported(None, "steadyrl has no tool calling", "Leave it unset."),
     "log_completions_hub_repo": Unsupported(
         None, "steadyrl writes completions to output_dir/completions.jsonl", "Leave it unset."
     ),
@@ -66,7 +65,6 @@ class GRPODefaultOnlyFields:
     entropy_target: float = field(default=0.2, metadata={"help": "No effect (use_adaptive_entropy)."})
     off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Only None."})
     cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Only False."})
-    max_tool_calling_iterations: int | None = field(default=None, metadata={"help": "Only None."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Only None."})
     sapo_temperature_neg: float = field(default=1.05, metadata={"help": "No effect (loss_type='sapo')."})
     sapo_temperature_pos: float = field(default=1.0, metadata={"help": "No effect (loss_type='sapo')."})

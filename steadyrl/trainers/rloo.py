@@ -117,7 +117,7 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
         if rollout.ref_logprobs is None or rollout.old_logprobs is None:  # beta is 0: no KL penalty to compute
             kl = torch.zeros_like(rollout.scores)
         else:
-            kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.completion_mask)  # [N]
+            kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.policy_mask)  # [N]
         scores, clip = rollout.scores, self.args.reward_clip_range  # [N]; clip: TRL's (min, max) or None
         if clip is not None:
             scores = scores.clamp(*clip)
@@ -138,7 +138,7 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
         )
         extra = {}
         if batch.old_logprobs is None and batch.ref_logprobs is not None:  # the KL the rollout could not compute
-            extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.completion_mask).mean().item()
+            extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.policy_mask).mean().item()
         if args.loss_type == "rloo":
             sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
             loss, bound = sequence_ratio_loss(logprobs, sampled, batch.advantages, mask, args.cliprange,

@@ -7,7 +7,7 @@ As a script::
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
-                            [--real] [--set key=value ...]
+                            [--real] [--tools tools|environment] [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
@@ -88,6 +88,38 @@ def real_task() -> dict:
                 reward_funcs=[correct_answer, answer_format, shorter_is_better])  # fmt: skip
 
 
+class SumEnvironment:
+    """A calculator environment for the tool fixture: ``add`` is its tool; it remembers the sums it computed, and
+    ``get_reward`` scores the rollout: 1 if the model's call added the question's numbers."""
+
+    def reset(self, prompt, answer, **kwargs) -> str:
+        self.answer, self.sums = int(answer), []
+        return " Use the tool."
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.sums.append(a + b)
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(self.answer in self.sums)
+
+
+def tool_task(kind: str) -> dict:
+    """The trainer arguments of a multi-turn run on the tool fixture: ``tools=[add]``, or ``SumEnvironment``."""
+    from steadyrl.toy.tools import add, correct_sum, sum_dataset, tool_model_path, tool_tokenizer
+
+    task = dict(model=tool_model_path(), processing_class=tool_tokenizer(), train_dataset=sum_dataset(16),
+                reward_funcs=[correct_sum, shorter_is_better], max_completion_length=128,
+                max_tool_calling_iterations=2)  # fmt: skip
+    return {**task, "tools": [add]} if kind == "tools" else {**task, "environment_factory": SumEnvironment}
+
+
 def make_config(output_dir, algorithm="rloo", **overrides):
     settings = {**DEFAULTS, **ALGORITHM_DEFAULTS.get(algorithm, {}), **overrides}
     return ALGORITHMS[algorithm].config_class(output_dir=str(output_dir), **settings)
@@ -96,11 +128,13 @@ def make_config(output_dir, algorithm="rloo", **overrides):
 def make_trainer(
     output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
     peft_config=None, model=None, eval_dataset=None, reward_model=None, reward_processing_class=None, ref_model=None,
-    **overrides,
+    processing_class=None, tools=None, environment_factory=None, rollout_func=None, **overrides,
 ):  # fmt: skip
     trainer_cls = trainer_cls or ALGORITHMS[algorithm].trainer_class
     extra = {"judge": judge, "peft_config": peft_config, "eval_dataset": eval_dataset, "reward_model": reward_model,
-             "reward_processing_class": reward_processing_class, "ref_model": ref_model}  # fmt: skip
+             "reward_processing_class": reward_processing_class, "ref_model": ref_model,
+             "processing_class": processing_class, "tools": tools, "environment_factory": environment_factory,
+             "rollout_func": rollout_func}  # fmt: skip
     extra = {key: value for key, value in extra.items() if value is not None}
     return trainer_cls(
         model=model or toy_model_path(),
@@ -259,11 +293,14 @@ def main() -> None:
     parser.add_argument("--fail-push", type=int, help="STEP: the main process's push of checkpoint-STEP fails (a bug)")
     parser.add_argument("--eval-prompts", type=int, help="evaluate on this many held-out toy prompts every 2 steps")
     parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct on the arithmetic task")
+    parser.add_argument("--tools", choices=["tools", "environment"], help="multi-turn, on the tool fixture")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
     if opts.real:
         overrides = {**REAL_DEFAULTS, **real_task(), **overrides}
+    if opts.tools:
+        overrides = {**tool_task(opts.tools), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
     if opts.save_live_actor:
         callbacks += [SaveLiveActor(opts.save_live_actor), GatheredPeak(opts.save_live_actor)]

@@ -103,6 +103,12 @@ class GenerationFields:
     cache_implementation: str | None = field(
         default=None, metadata={"help": "transformers' KV cache implementation for generation without vLLM."}
     )
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata={"help": "With tools / environment_factory: most rounds of tool calls per rollout (each round runs "
+                  "the calls of the last turn and samples the next turn); None: until no tool is called or "
+                  "max_completion_length is reached."},
+    )  # fmt: skip
 
 
 @dataclass

@@ -39,6 +39,8 @@ def check_ranges(config) -> None:
     check_run_length(config)
     for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
         check_positive_int(name, getattr(config, name))
+    if config.max_tool_calling_iterations is not None:
+        check_positive_int("max_tool_calling_iterations", config.max_tool_calling_iterations)
     if not config.temperature > 0:
         raise ValueError(f"temperature={config.temperature} is invalid: it must be > 0.")
     if not 0 < config.top_p <= 1:

@@ -61,6 +61,7 @@ from ..config.input_checks import check_dataset, check_model_path, check_output_
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
+from .agent_stage import AgentMixin
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
@@ -72,7 +73,7 @@ from .update import UpdateMixin
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin, PublishMixin, Trainer,
+class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin, PublishMixin, Trainer,
                       metaclass=abc.ABCMeta):  # fmt: skip
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
@@ -126,6 +127,9 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         optimizers=(None, None),
         quantization_config=None,
         peft_config=None,
+        tools: list | None = None,
+        rollout_func=None,
+        environment_factory=None,
         *,
         reward_model: str | PreTrainedModel | None = None,
         reward_processing_class=None,
@@ -158,6 +162,8 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
+        environment_rewards = self.setup_agents(tools, environment_factory, rollout_func, processing_class,
+                                                self.conversational, args.chat_template_kwargs)  # fmt: skip
         entries = reward_model_entries(reward_funcs, reward_processing_classes)
         if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
@@ -169,6 +175,10 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
                                              self.conversational)  # fmt: skip
             self.reward_model = scorer.model if self.reward_model is None else self.reward_model
             reward_funcs[index] = scorer
+        if environment_rewards:  # get_reward: one more reward each, weight 1 (TRL's)
+            if args.reward_weights is not None and len(args.reward_weights) == len(reward_funcs):
+                args.reward_weights = [*args.reward_weights, *[1.0] * len(environment_rewards)]
+            reward_funcs = reward_funcs + environment_rewards
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
         self.uses_reference = self.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
@@ -263,9 +273,9 @@ class OnPolicyTrainer(RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixi
         """[B, C] the completion tokens the loss averages over: all of them, or with
         ``mask_truncated_completions`` only those of completions that ended with EOS."""
         if not self.args.mask_truncated_completions:
-            return batch.completion_mask
+            return batch.policy_mask
         cut = ends_without_eos(batch.completion_ids, batch.completion_mask, self.processing_class.eos_token_id)
-        return batch.completion_mask * (~cut).unsqueeze(1)
+        return batch.policy_mask * (~cut).unsqueeze(1)
 
     def trained_modules(self) -> list[TrainedModule]:
         """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""

@@ -55,20 +55,22 @@ class RolloutMixin:
         """Generate, score and turn one rollout into a buffer with a fixed mini-batch schedule."""
         args = self.args
         prompts, columns, first_prompt = self.next_prompts()
-        prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
         k, rollout = args.n_samples_per_prompt, self.loop.rollouts
-        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompt_ids))]
+        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompts))]
         start = time.time()
-        generation = self.generate(prompt_ids, seeds, chunk=args.micro_generation_batch_size)
+        prompts, prompt_ids, truncated, generation = self.sample_completions(prompts, columns, seeds)
         generation_time = time.time() - start
         inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
+        inputs = dataclasses.replace(inputs, **self.trajectory_fields(generation))
         scores = self.score(inputs)  # [N, num_rewards]
-        rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None)
+        rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None,
+                                      getattr(generation, "env_mask", None))  # fmt: skip
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
         metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **inputs.metric_means()}
+        metrics.update(getattr(generation, "metrics", {}))
         metrics["prompts_truncated"] = truncated / len(prompts)
         if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
-            diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.completion_mask)
+            diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.policy_mask)
             metrics["generation_logprob_diff"] = diff
             if getattr(args, "vllm_importance_sampling_correction", False):
                 rollout, corrected = self.with_engine_weights(rollout, generation.logprobs)
@@ -132,10 +134,14 @@ class RolloutMixin:
                 parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
         return Generation.concatenate(parts)
 
-    def scored_rollout(self, prompt_ids, completion_ids, scores: torch.Tensor, engine_logprobs: bool) -> Rollout:
-        """The padded rollout with its weighted scores and the log-probs of the scoring passes."""
+    def scored_rollout(self, prompt_ids, completion_ids, scores: torch.Tensor, engine_logprobs: bool,
+                       env_mask: list[list[int]] | None = None) -> Rollout:  # fmt: skip
+        """The padded rollout with its weighted scores and the log-probs of the scoring passes; ``env_mask``
+        (multi-turn) marks the completion tokens the policy sampled."""
         args, tok, device = self.args, self.processing_class, self.accelerator.device
         tokens = TokenBatch(**pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device))
+        if env_mask is not None:
+            env_mask = pad_prompts_and_completions(prompt_ids, env_mask, 0, device)["completion_ids"]
         total = weighted_total(scores, self.reward_weights).to(device)  # [N]: a None (NaN) score left out
         if args.missing_eos_penalty is not None:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
@@ -144,12 +150,12 @@ class RolloutMixin:
         old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
         return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
-                       old_logprobs=old_logprobs)
+                       old_logprobs=old_logprobs, env_mask=env_mask)  # fmt: skip
 
     def with_engine_weights(self, rollout: Rollout, engine_logprobs: list[list[float]]) -> tuple[Rollout, dict]:
         """The rollout with the truncated importance weights pi_trainer / pi_vLLM of its sampled tokens, and their
         min / mean / max over the loss tokens (TRL's ``sampling/importance_sampling_ratio/*``)."""
-        args, mask = self.args, rollout.completion_mask
+        args, mask = self.args, rollout.policy_mask
         engine = engine_logprob_tensor(engine_logprobs, rollout.old_logprobs)
         weights = engine_importance_weights(rollout.old_logprobs, engine, mask, args.vllm_importance_sampling_mode,
                                             args.vllm_importance_sampling_clip_max,
@@ -195,7 +201,7 @@ class RolloutMixin:
             return None
         if rollout.advantages.dim() == 1:
             return rollout.advantages
-        return masked_mean(rollout.advantages, rollout.completion_mask, dim=1)
+        return masked_mean(rollout.advantages, rollout.policy_mask, dim=1)
 
     def log_completions(self) -> None:
         """Write the latest rollout's completions (every process's) to the completion log, once per rollout."""

@@ -1,0 +1,95 @@
+"""The tools a rollout may call, and one turn's tool calls run: TRL's conventions (a tool is a function with type
+hints and a Google-style docstring; the model calls it by ``__name__``; a failure becomes ``{"error": ...}``)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..rewards import is_async_reward as is_async
+
+
+@dataclass
+class ToolBox:
+    """The tools one rollout row may call, by name: the standalone ``tools`` and its environment's methods."""
+
+    tools: list[Callable] = field(default_factory=list)
+
+    @property
+    def by_name(self) -> dict[str, Callable]:
+        return {tool.__name__: tool for tool in self.tools}
+
+
+@dataclass
+class ToolResults:
+    """One turn's tool messages (``{"role": "tool", "name", "content"}``) and how many calls failed."""
+
+    messages: list[dict]
+    failures: int
+
+
+class EventLoop:
+    """One asyncio loop on a daemon thread, so async tools (and what they hold, e.g. HTTP sessions) live on one loop
+    for the whole run, as in TRL."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="steadyrl-tools", daemon=True)
+        self.thread.start()
+
+    def gather(self, coroutines: list, timeout: float | None = None) -> list:
+        """The results of ``coroutines`` run concurrently, in order; an exception is returned in its place."""
+
+        async def run_all():
+            return await asyncio.gather(*coroutines, return_exceptions=True)
+
+        return asyncio.run_coroutine_threadsafe(run_all(), self.loop).result(timeout)
+
+
+_LOOP: EventLoop | None = None
+
+
+def event_loop() -> EventLoop:
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = EventLoop()
+    return _LOOP
+
+
+def tool_message(name: str, result) -> dict:
+    content = result if isinstance(result, list) else str(result)  # a list: multimodal content blocks, as TRL
+    return {"role": "tool", "name": name, "content": content}
+
+
+def run_tool_calls(tool_calls: list[dict], box: ToolBox) -> ToolResults:
+    """Call each of one assistant turn's ``tool_calls`` (sync ones in order, async ones concurrently), and return one
+    tool message per call, in the order the model made the calls. A call of an unknown tool, with bad arguments, or
+    one that raises, answers ``{"error": "..."}`` and counts as a failure."""
+    tools = box.by_name
+    results: list = [None] * len(tool_calls)
+    names = [call.get("function", {}).get("name", call.get("name", "unknown")) for call in tool_calls]
+    failures, pending = 0, []
+    for i, call in enumerate(tool_calls):
+        if call.get("type", "function") != "function":
+            results[i], failures = {"error": f"Unsupported tool call type: {call.get('type')}"}, failures + 1
+            continue
+        tool, arguments = tools.get(names[i]), call["function"].get("arguments") or {}
+        try:
+            if tool is None:
+                raise ValueError(f"Tool {names[i]} not found.")
+            if not isinstance(arguments, dict):
+                raise ValueError(f"Tool {names[i]} got arguments {arguments!r}, not a JSON object.")
+            if is_async(tool):
+                pending.append((i, tool(**arguments)))
+            else:
+                results[i] = tool(**arguments)
+        except Exception as err:  # the model's mistake: it sees the error, as in TRL
+            results[i], failures = {"error": str(err)}, failures + 1
+    if pending:
+        for (i, _), result in zip(pending, event_loop().gather([coro for _, coro in pending])):
+            if isinstance(result, Exception):
+                result, failures = {"error": str(result)}, failures + 1
+            results[i] = result
+    return ToolResults([tool_message(name, result) for name, result in zip(names, results)], failures)

@@ -1,0 +1,157 @@
+"""The embedded tool-calling fixture: the chat fixture's tiny model and tokenizer, taught a calculator's call format.
+
+The task: the user asks for the sum of two numbers; the model may call ``add(a, b)`` as
+``<tool_call>\\n{"name": "add", "arguments": {"a": 3, "b": 4}}\\n</tool_call><|im_end|>``, reads the tool's reply and
+answers. The model is taught the format for ``FORMAT_TRAINING['steps']`` steps on conversations whose arguments and
+answers are random digits, so its calls parse (and run) while their numbers are mostly wrong: RL has the task to
+learn. The chat template is a compact ChatML with tools (one system line naming them), so a prompt stays within the
+model's 512 positions at one token per character.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from .cache import build_cached
+from .chat import MODEL_CONFIG, build_chat_tokenizer
+
+TOOLS_VERSION = 1
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\ntools: ' }}"
+    "{% for tool in tools %}{{ (tool.function or tool).name }}{% if not loop.last %}{{ ', ' }}{% endif %}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + message.content }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{{ '<tool_call>\\n' + (call.function | tojson) + '\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+RESPONSE_TEMPLATE = {  # transformers' response parsing (tokenizer.parse_response) for TOOL_CHAT_TEMPLATE
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },  # fmt: skip
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+FORMAT_TRAINING = dict(steps=500, batch_size=16, learning_rate=2e-3, seed=0)
+QUESTIONS = ["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} plus {b}."]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    return a + b
+
+
+def tool_tokenizer():
+    """The chat fixture's tokenizer with ``TOOL_CHAT_TEMPLATE`` and its ``response_template``."""
+    tokenizer = build_chat_tokenizer()
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.response_template = RESPONSE_TEMPLATE
+    return tokenizer
+
+
+def sum_rows(count: int, seed: int) -> list[dict]:
+    """``count`` conversational prompts asking for a sum, with the ``answer`` column (as text)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(0, 49), rng.randint(0, 49)
+        rows.append({"prompt": [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b)}],
+                     "answer": str(a + b)})  # fmt: skip
+    return rows
+
+
+def sum_dataset(count: int = 32, seed: int = 0):
+    from datasets import Dataset
+
+    return Dataset.from_list(sum_rows(count, seed))
+
+
+def correct_sum(completions: list, answer: list[str], **kwargs) -> list[float]:
+    """1.0 where the last assistant message's text is the sum."""
+    return [float(c[-1]["content"].strip() == a) if c[-1]["role"] == "assistant" else 0.0
+            for c, a in zip(completions, answer)]  # fmt: skip
+
+
+def _conversation(rng: random.Random) -> list[dict]:
+    a, b = rng.randint(0, 49), rng.randint(0, 49)
+    x, y = rng.randint(0, 49), rng.randint(0, 49)  # the call's arguments: random, like the answer
+    call = [{"type": "function", "function": {"name": "add", "arguments": {"a": x, "b": y}}}]
+    return [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b)},
+            {"role": "assistant", "content": "", "tool_calls": call},
+            {"role": "tool", "name": "add", "content": str(x + y)},
+            {"role": "assistant", "content": str(rng.randint(0, 98))}]  # fmt: skip
+
+
+def teach_tool_format(model, tokenizer, steps: int, batch_size: int, learning_rate: float, seed: int) -> None:
+    """Fine-tune ``model`` on tool conversations; the loss covers the assistant turns only."""
+    import torch
+
+    rng = random.Random(seed + 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+
+    def ids(messages, opening):
+        return tokenizer.apply_chat_template(messages, tools=[add], add_generation_prompt=opening, return_dict=False)
+
+    for _ in range(steps):
+        rows = []
+        for _ in range(batch_size):
+            messages = _conversation(rng)
+            full, labels = ids(messages, False), None
+            labels = [-100] * len(full)
+            for turn in (1, 3):  # the assistant turns: from after their opening to their <|im_end|>
+                start, end = len(ids(messages[:turn], True)), len(ids(messages[: turn + 1], False)) - 1
+                labels[start:end] = full[start:end]
+            rows.append((full, labels))
+        width = max(len(full) for full, _ in rows)
+        input_ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+        mask = torch.zeros((batch_size, width), dtype=torch.long)
+        targets = torch.full((batch_size, width), -100)
+        for i, (full, labels) in enumerate(rows):
+            input_ids[i, : len(full)], mask[i, : len(full)] = torch.tensor(full), 1
+            targets[i, : len(full)] = torch.tensor(labels)
+        model(input_ids=input_ids, attention_mask=mask, labels=targets).loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+
+def tool_model_path() -> str:
+    """Build the tool-calling model and tokenizer once and cache them; return the directory."""
+
+    def build(directory: Path) -> None:
+        import torch
+        from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+        tokenizer = tool_tokenizer()
+        special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, **special, **MODEL_CONFIG)
+        with torch.random.fork_rng():
+            torch.manual_seed(FORMAT_TRAINING["seed"])
+            model = Qwen2ForCausalLM(config)
+            teach_tool_format(model, tokenizer, **FORMAT_TRAINING)
+        model.generation_config = GenerationConfig(**special)
+        model.eval().save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    spec = [TOOLS_VERSION, TOOL_CHAT_TEMPLATE, RESPONSE_TEMPLATE, MODEL_CONFIG, FORMAT_TRAINING, QUESTIONS]
+    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return build_cached(f"tool-model-{fingerprint}", build)
