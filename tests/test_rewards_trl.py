@@ -261,3 +261,35 @@ def test_grpo_normalize_then_sum_trains_with_none_rewards(tmp_path):
     trainer.train()
     assert torch.isfinite(trainer.loop.buffer.rollout.advantages).all()
     assert all(math.isfinite(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry)
+
+
+def half_length(completions, task, **kwargs):
+    return [None if t == "letters" else len(c) / 8 for c, t in zip(completions, task)]
+
+
+def half_letters(completions, task, letters, **kwargs):
+    return [s if t == "letters" else None for s, t in zip(letters_reward(completions, letters), task)]
+
+
+def test_a_checkpoint_holding_none_rewards_resumes_identically(tmp_path):
+    """checkpoint-3 falls mid-rollout: its buffer's reward_scores hold NaN (the None rewards); the resumed run ends
+    with the uninterrupted run's weights, byte for byte."""
+    import shutil
+
+    def run(output_dir, resume: bool):
+        trainer = make_trainer(output_dir, algorithm="grpo", reward_funcs=[half_length, half_letters],
+                               train_dataset=multi_task_dataset(), num_ppo_epochs=1, max_steps=4,
+                               save_steps=3)  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume or None)
+        trainer.save_model(str(output_dir / "final-actor"))
+        return trainer
+
+    run(tmp_path / "whole", resume=False)
+    from safetensors.torch import load_file
+
+    buffer = load_file(tmp_path / "whole" / "checkpoint-3" / "rollout_buffer_0.safetensors")
+    assert buffer["reward_scores"].isnan().any(), "the checkpointed buffer must hold a None reward"
+    shutil.copytree(tmp_path / "whole" / "checkpoint-3", tmp_path / "resumed" / "checkpoint-3")
+    run(tmp_path / "resumed", resume=True)
+    expected = (tmp_path / "whole" / "final-actor" / "model.safetensors").read_bytes()
+    assert (tmp_path / "resumed" / "final-actor" / "model.safetensors").read_bytes() == expected
