@@ -293,3 +293,13 @@ def test_a_checkpoint_holding_none_rewards_resumes_identically(tmp_path):
     run(tmp_path / "resumed", resume=True)
     expected = (tmp_path / "whole" / "final-actor" / "model.safetensors").read_bytes()
     assert (tmp_path / "resumed" / "final-actor" / "model.safetensors").read_bytes() == expected
+
+
+def test_evaluation_means_leave_out_none(tmp_path):
+    """eval_rewards/<name>/mean is the mean over the samples the function applied to; eval_reward sums the others."""
+    dataset = multi_task_dataset()
+    trainer = make_trainer(tmp_path, reward_funcs=[half_length, half_letters], train_dataset=dataset,
+                           eval_dataset=dataset.select(range(4)), num_generations_eval=2)  # fmt: skip
+    metrics = trainer.evaluate()
+    assert all(math.isfinite(value) for value in metrics.values()), metrics
+    assert 0 <= metrics["eval_rewards/half_letters/mean"] <= 1 and metrics["eval_rewards/half_length/mean"] > 0
