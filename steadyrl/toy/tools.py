@@ -47,6 +47,7 @@ RESPONSE_TEMPLATE = {  # transformers' response parsing (tokenizer.parse_respons
 }
 FORMAT_TRAINING = dict(steps=500, batch_size=16, learning_rate=2e-3, seed=0)
 QUESTIONS = ["What is {a} + {b}?", "Add {a} and {b}.", "Compute {a} plus {b}."]
+HINTS = ["", " Use the tool."]  # taught after a question: what an environment's reset() may append
 
 
 def add(a: int, b: int) -> int:
@@ -94,7 +95,7 @@ def _conversation(rng: random.Random) -> list[dict]:
     a, b = rng.randint(0, 49), rng.randint(0, 49)
     x, y = rng.randint(0, 49), rng.randint(0, 49)  # the call's arguments: random, like the answer
     call = [{"type": "function", "function": {"name": "add", "arguments": {"a": x, "b": y}}}]
-    return [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b)},
+    return [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b) + rng.choice(HINTS)},
             {"role": "assistant", "content": "", "tool_calls": call},
             {"role": "tool", "name": "add", "content": str(x + y)},
             {"role": "assistant", "content": str(rng.randint(0, 98))}]  # fmt: skip
@@ -152,6 +153,6 @@ def tool_model_path() -> str:
         model.eval().save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
-    spec = [TOOLS_VERSION, TOOL_CHAT_TEMPLATE, RESPONSE_TEMPLATE, MODEL_CONFIG, FORMAT_TRAINING, QUESTIONS]
+    spec = [TOOLS_VERSION, TOOL_CHAT_TEMPLATE, RESPONSE_TEMPLATE, MODEL_CONFIG, FORMAT_TRAINING, QUESTIONS, HINTS]
     fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return build_cached(f"tool-model-{fingerprint}", build)
