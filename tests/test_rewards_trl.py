@@ -303,3 +303,13 @@ def test_evaluation_means_leave_out_none(tmp_path):
     metrics = trainer.evaluate()
     assert all(math.isfinite(value) for value in metrics.values()), metrics
     assert 0 <= metrics["eval_rewards/half_letters/mean"] <= 1 and metrics["eval_rewards/half_length/mean"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo", "online-dpo"])
+def test_every_algorithm_trains_on_none_rewards(tmp_path, algorithm):
+    trainer = make_trainer(tmp_path, algorithm=algorithm, reward_funcs=[half_length, half_letters],
+                           train_dataset=multi_task_dataset(), max_steps=2, save_steps=100)  # fmt: skip
+    trainer.train()
+    rollout = trainer.loop.buffer.rollout
+    assert rollout.reward_scores.isnan().any() and torch.isfinite(rollout.scores).all()
+    assert all(math.isfinite(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry)
