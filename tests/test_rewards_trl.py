@@ -124,24 +124,22 @@ def test_a_nan_returned_is_refused_but_none_is_not():
 
 
 def test_async_functions_run_concurrently_in_function_order():
-    started = []
+    events = []
 
-    async def slow(completions, **kwargs):
-        started.append("slow")
-        await asyncio.sleep(0.3)
-        return [1.0] * len(completions)
+    def slow_then_fast(name: str, value: float, delay: float):
+        async def reward(completions, **kwargs):
+            events.append(f"start {name}")
+            await asyncio.sleep(delay)
+            events.append(f"end {name}")
+            return [value] * len(completions)
 
-    async def fast(completions, **kwargs):
-        started.append("fast")
-        await asyncio.sleep(0.3)
-        return [2.0] * len(completions)
+        reward.__name__ = name
+        return reward
 
-    import time
-
-    start = time.perf_counter()
-    scores = score_completions([slow, fast], reward_inputs())
-    assert time.perf_counter() - start < 0.55, "the two sleeps must overlap"
-    assert scores[0].tolist() == [1.0, 2.0] and sorted(started) == ["fast", "slow"]
+    scores = score_completions([slow_then_fast("slow", 1.0, 0.2), slow_then_fast("fast", 2.0, 0.05)], reward_inputs())
+    assert events[:2] == ["start slow", "start fast"], f"both must start before either ends: {events}"
+    assert events[2:] == ["end fast", "end slow"]
+    assert scores[0].tolist() == [1.0, 2.0], "the scores keep the functions' order, not the order they finished in"
 
 
 def test_an_async_timeout_names_the_function():
