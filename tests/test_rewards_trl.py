@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 
 import pytest
@@ -233,8 +234,10 @@ def test_grpo_trains_with_an_async_and_a_multi_task_reward(tmp_path):
 
     trainer = make_trainer(tmp_path, algorithm="grpo", reward_funcs=[length_only, letters_only],
                            train_dataset=multi_task_dataset(), num_ppo_epochs=1, max_steps=4, save_steps=100,
-                           reward_timeout=60, reward_weights=[1.0, 2.0])  # fmt: skip
+                           reward_timeout=60, reward_weights=[1.0, 2.0], log_completions=True)  # fmt: skip
     trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert lines and all(list(line["rewards"].values()).count(None) == 1 for line in lines), "None shows as null"
     assert steps_seen == [0, 2]
     scores = trainer.loop.buffer.rollout.reward_scores  # the last rollout's [N, 2]: one of the two None per sample
     assert (scores.isnan().sum(1) == 1).all()
