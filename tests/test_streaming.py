@@ -122,6 +122,24 @@ def test_sampler_state_is_json_and_resumes_at_the_exact_row():
     assert drawn(restored, 6) == drawn(sampler, 6) == ["p2:", "p3:", "p4:", "p0:", "p1:", "p2:"]
 
 
+def generated_numbers():
+    yield from ({"prompt": f"p{i}:"} for i in range(16))
+
+
+@pytest.mark.parametrize("kind", ["arrow", "generator"])
+@pytest.mark.parametrize("drawn_before", [2, 13, 21])  # in the first buffer, past its first refill, in epoch 1
+def test_shuffled_stream_resumes_at_the_exact_row(kind, drawn_before):
+    def shuffled():  # datasets restores a shuffle buffer empty: the sampler reads the epoch again instead
+        stream = numbers(16, shards=4) if kind == "arrow" else IterableDataset.from_generator(generated_numbers)
+        return stream.shuffle(seed=0, buffer_size=8)
+
+    sampler = StreamSampler(shuffled())
+    drawn(sampler, drawn_before)
+    restored = StreamSampler(shuffled())
+    restored.load_state_dict(json.loads(json.dumps(sampler.state_dict())))
+    assert drawn(restored, 20) == drawn(sampler, 20)
+
+
 def test_sampler_reshuffles_a_shuffled_stream_each_epoch():
     sampler = StreamSampler(numbers(16, shards=4).shuffle(seed=0, buffer_size=4))
     first, second = drawn(sampler, 16), drawn(sampler, 16)

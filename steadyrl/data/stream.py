@@ -8,18 +8,35 @@ and with them its results, would depend on the number of processes.
 
 The position is ``IterableDataset.state_dict()`` (a JSON-able dict of shard and row indices) taken after the last
 row drawn, with the epoch and the rows drawn. ``datasets`` restores it exactly, except that the rows a
-``.shuffle(seed, buffer_size)`` buffer held are lost on resume and the buffer refills from the rows after them.
+``.shuffle(seed, buffer_size)`` buffer held are lost on resume and the buffer refills from the rows after them: a
+shuffled stream is therefore resumed by reading its current epoch again up to the position (same rows, same order;
+the cost is reading those rows once more).
 """
 
 from __future__ import annotations
 
 import datasets
+from transformers.utils import logging
 
 from .prompts import check_prompt, is_conversation
+
+logger = logging.get_logger(__name__)
 
 
 def is_stream(dataset) -> bool:
     return isinstance(dataset, datasets.IterableDataset)
+
+
+def has_shuffle_buffer(dataset: datasets.IterableDataset) -> bool:
+    """Whether ``dataset`` went through ``.shuffle(seed, buffer_size)`` (or wraps streams that did)."""
+    pending = [dataset._ex_iterable]
+    while pending:
+        iterable = pending.pop()
+        if type(iterable).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        pending += [getattr(iterable, "ex_iterable", None), *getattr(iterable, "ex_iterables", [])]
+        pending = [item for item in pending if item is not None]
+    return False
 
 
 def first_rows(dataset: datasets.IterableDataset, count: int) -> list[dict]:
@@ -43,11 +60,13 @@ class StreamSampler:
         self.epoch_rows: int | None = None  # the length of an epoch, once one has ended
         self._position = dataset.state_dict()  # the stream's state after the last row drawn
         self._iterator = None
+        self._replay = 0  # rows of the current epoch to read again before drawing (a resumed shuffled stream)
 
     def _next_row(self) -> dict:
         if self._iterator is None:
             self.dataset.set_epoch(self.epoch_index)
             self._iterator = iter(self.dataset)
+            self._read_again()
         try:
             row = next(self._iterator)
         except StopIteration:
@@ -63,6 +82,16 @@ class StreamSampler:
         self.rows_in_epoch += 1
         self.consumed += 1
         return row
+
+    def _read_again(self) -> None:
+        """Read the current epoch's rows drawn before the checkpoint again, without drawing them."""
+        for read in range(self._replay):
+            if next(self._iterator, None) is None:
+                raise ValueError(
+                    f"train_dataset yields {read} rows in epoch {self.epoch_index}, but the checkpoint had drawn "
+                    f"{self._replay}: resume with the data the run started with."
+                )
+        self._replay = 0
 
     def _check(self, row: dict) -> None:
         where = f"train_dataset's row {self.rows_in_epoch} of epoch {self.epoch_index}"
@@ -97,5 +126,12 @@ class StreamSampler:
         self.epoch_index, self.rows_in_epoch = state["epoch"], state["rows_in_epoch"]
         self.consumed, self.epoch_rows = state["consumed"], state["epoch_rows"]
         self._position, self._iterator = state["stream"], None
+        if has_shuffle_buffer(self.dataset):
+            # datasets restores a shuffle buffer empty and refills it from the rows after it, so the stream would go
+            # on with other rows; reading the epoch again up to the position gives the very rows a run would draw.
+            logger.info(f"Resuming a shuffled stream: re-reading the {self.rows_in_epoch} rows of epoch "
+                        f"{self.epoch_index} drawn before the checkpoint to restore its shuffle buffer.")  # fmt: skip
+            self._replay = self.rows_in_epoch
+            return
         self.dataset.set_epoch(self.epoch_index)
         self.dataset.load_state_dict(state["stream"])  # applies when the next iteration of this epoch starts
