@@ -35,16 +35,10 @@ def turn_seed(seed: int, turn: int) -> int:
 class AgentMixin:
     """``tools``, ``environment_factory`` and ``rollout_func`` for ``OnPolicyTrainer``."""
 
-    def setup_agents(
-        self,
-        tools,
-        environment_factory,
-        rollout_func,
-        tokenizer,
-        conversational: bool,
-        chat_template_kwargs: dict | None,
-    ) -> list:
-        """Check the multi-turn arguments; return the reward functions the environments add (``get_reward``)."""
+    def setup_agents(self, tools, environment_factory, rollout_func, tokenizer, conversational: bool, args,
+                     reward_funcs: list) -> list:  # fmt: skip
+        """Check the multi-turn arguments; return ``reward_funcs`` with a reward function for each environment class
+        that defines ``get_reward`` (weight 1, appended to ``reward_weights`` as in TRL)."""
         tools = list(tools or [])
         for i, tool in enumerate(tools):
             if not callable(tool) or not hasattr(tool, "__name__"):
@@ -63,19 +57,22 @@ class AgentMixin:
         self.tools = tools
         self.multi_turn = bool(tools) or self.environments is not None
         if not self.multi_turn:
-            return []
+            return reward_funcs
         if not conversational:
             raise ValueError(
                 "tools / environment_factory need conversational prompts (a 'prompt' column of {'role', 'content'} "
                 "message lists): tool calls and results are turns of a conversation rendered by the chat template."
             )
-        kwargs = chat_template_kwargs or {}
+        kwargs = args.chat_template_kwargs or {}
         check_tool_template(tokenizer, kwargs)
         enable_tool_parsing(tokenizer)
         if self.environments is not None:
             tools = [tool for name in self.environments.factories for tool in self.environments.tools_of(name)]
         check_append_only(tokenizer, tools, kwargs)
-        return [] if self.environments is None else self.environments.reward_functions()
+        added = [] if self.environments is None else self.environments.reward_functions()
+        if added and args.reward_weights is not None and len(args.reward_weights) == len(reward_funcs):
+            args.reward_weights = [*args.reward_weights, *[1.0] * len(added)]
+        return reward_funcs + added
 
     def sample_completions(self, prompts: list, columns: dict, seeds: list[int]):
         """``(prompts, prompt_ids, prompts truncated, generation)`` for the rollout's prompt rows; ``prompts`` as

@@ -67,18 +67,20 @@ from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
 from .preemption import StopSignals
 from .reference_sync import check_reference_sync
+from .reporting import ReportingMixin
 from .rollout_stage import RolloutMixin
 from .update import UpdateMixin
 
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin, PublishMixin, Trainer,
-                      metaclass=abc.ABCMeta):  # fmt: skip
+class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin, ReportingMixin,
+                      PublishMixin, Trainer, metaclass=abc.ABCMeta):  # fmt: skip
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-    reward_processing_classes, callbacks, optimizers, quantization_config, peft_config):
+    reward_processing_classes, callbacks, optimizers, quantization_config, peft_config, tools, rollout_func,
+    environment_factory):
         model: the policy (actor) to train: a ``PreTrainedModel`` or a local path or Hub id of a causal LM.
         reward_funcs: a callable or a list of them, called as ``func(prompts=..., completions=...,
             completion_ids=..., **columns)`` and returning one float per completion; with conversations,
@@ -101,6 +103,12 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
         quantization_config: TRL's; refused (steadyrl trains the model as loaded).
         peft_config: a ``peft`` config to train adapters; the base model with adapters disabled is then the
             reference.
+        tools: functions (sync or async, type-hinted, Google-style docstrings) the model may call: multi-turn
+            rollouts whose tool results are in the trajectory but out of the loss (docs/multi-turn.md).
+        rollout_func: TRL's ``rollout_func(prompts, trainer)`` -> dict of ``prompt_ids``, ``completion_ids``,
+            ``logprobs``, optional ``env_mask``; other fields reach the reward functions.
+        environment_factory: a class or function making one environment per rollout row (``reset``, its methods
+            as tools, ``get_reward``), or a dict of them picked by each row's ``environment`` column.
         reward_model (keyword): a reward model scored after ``reward_funcs``, its score the last entry of
             ``reward_weights``; reward_processing_class (keyword): its tokenizer.
         ref_model (keyword): the reference model (path, Hub id or model) instead of a copy of ``model``.
@@ -162,8 +170,8 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
-        environment_rewards = self.setup_agents(tools, environment_factory, rollout_func, processing_class,
-                                                self.conversational, args.chat_template_kwargs)  # fmt: skip
+        reward_funcs = self.setup_agents(tools, environment_factory, rollout_func, processing_class,
+                                         self.conversational, args, reward_funcs)  # fmt: skip
         entries = reward_model_entries(reward_funcs, reward_processing_classes)
         if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
@@ -175,10 +183,6 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
                                              self.conversational)  # fmt: skip
             self.reward_model = scorer.model if self.reward_model is None else self.reward_model
             reward_funcs[index] = scorer
-        if environment_rewards:  # get_reward: one more reward each, weight 1 (TRL's)
-            if args.reward_weights is not None and len(args.reward_weights) == len(reward_funcs):
-                args.reward_weights = [*args.reward_weights, *[1.0] * len(environment_rewards)]
-            reward_funcs = reward_funcs + environment_rewards
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
         self.uses_reference = self.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
@@ -366,45 +370,3 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         self.is_in_train = False
         return TrainOutput(self.state.global_step, summary.get("train_loss", 0.0), summary)
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """``Trainer.log`` (report_to, the printed line, ``log_history``), and the entry appended to
-        ``metrics.jsonl``."""
-        super().log(logs, start_time)
-        if self.metrics_log is not None:
-            self.metrics_log.append(self.state.log_history[-1])
-
-    def report_summary(self) -> dict[str, float]:
-        """The end-of-training summary, printed and sent to report_to and metrics.jsonl (not to ``log_history``,
-        which a checkpoint holds and a resumed run must reproduce)."""
-        tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
-        if self.accelerator.num_processes > 1:
-            tokens = self.accelerator.reduce(tokens, "sum")
-        summary = self.meter.summary(self.state.global_step, self.args.train_batch_size, int(tokens.item()),
-                                     self.state.log_history)  # fmt: skip
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control, {**summary})
-        if self.metrics_log is not None:
-            self.metrics_log.append({**summary, "step": self.state.global_step})
-        return summary
-
-    def log_and_save(self) -> bool:
-        """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this
-        step's evaluation); return whether a checkpoint was written."""
-        if self.control.should_log:
-            logs = self.loop.take_means()
-            if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
-                means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
-                logs = dict(zip(logs, means.tolist()))
-            self.log(logs)
-            if self.args.log_completions:
-                self.log_completions()
-            self.control.should_log = False
-        if self.control.should_evaluate:
-            self.evaluate()
-            self.control.should_evaluate = False
-        if self.control.should_save:
-            self.save_checkpoint()
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-            self.control.should_save = False
-            return True
-        return False

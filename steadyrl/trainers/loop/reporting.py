@@ -1,0 +1,52 @@
+"""What the on-policy loop reports: the logged means of each logging step (every process's share averaged), the
+completion log, and the end-of-training summary; and the evaluation and checkpoint the callbacks asked for."""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReportingMixin:
+    """Logging, and the logging step's evaluation and checkpoint, for ``OnPolicyTrainer``."""
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """``Trainer.log`` (report_to, the printed line, ``log_history``), and the entry appended to
+        ``metrics.jsonl``."""
+        super().log(logs, start_time)
+        if self.metrics_log is not None:
+            self.metrics_log.append(self.state.log_history[-1])
+
+    def report_summary(self) -> dict[str, float]:
+        """The end-of-training summary, printed and sent to report_to and metrics.jsonl (not to ``log_history``,
+        which a checkpoint holds and a resumed run must reproduce)."""
+        tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.reduce(tokens, "sum")
+        summary = self.meter.summary(self.state.global_step, self.args.train_batch_size, int(tokens.item()),
+                                     self.state.log_history)  # fmt: skip
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, {**summary})
+        if self.metrics_log is not None:
+            self.metrics_log.append({**summary, "step": self.state.global_step})
+        return summary
+
+    def log_and_save(self) -> bool:
+        """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this
+        step's evaluation); return whether a checkpoint was written."""
+        if self.control.should_log:
+            logs = self.loop.take_means()
+            if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
+                means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
+                logs = dict(zip(logs, means.tolist()))
+            self.log(logs)
+            if self.args.log_completions:
+                self.log_completions()
+            self.control.should_log = False
+        if self.control.should_evaluate:
+            self.evaluate()
+            self.control.should_evaluate = False
+        if self.control.should_save:
+            self.save_checkpoint()
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            self.control.should_save = False
+            return True
+        return False
