@@ -46,6 +46,15 @@ class Environments:
                 self.reward_types.append(type(instance))
         self.standalone = list(tools)
 
+    def check_dataset(self, dataset) -> None:
+        """With the dict form, every example must name one of the environments (checked when the trainer is built
+        where the column can be read at once; a streaming dataset is checked as its rows are drawn)."""
+        if not self.multi or not hasattr(dataset, "__len__"):
+            return
+        columns = dataset.column_names
+        names = dataset[ENVIRONMENT_COLUMN] if ENVIRONMENT_COLUMN in columns else None
+        self.names_for({ENVIRONMENT_COLUMN: names} if names is not None else dict.fromkeys(columns), len(dataset))
+
     def names_for(self, columns: dict[str, list], rows: int) -> list:
         """Each row's environment name: from the ``environment`` column with the dict form, else None."""
         if not self.multi:

@@ -36,7 +36,7 @@ class AgentMixin:
     """``tools``, ``environment_factory`` and ``rollout_func`` for ``OnPolicyTrainer``."""
 
     def setup_agents(self, tools, environment_factory, rollout_func, tokenizer, conversational: bool, args,
-                     reward_funcs: list) -> list:  # fmt: skip
+                     reward_funcs: list, dataset) -> list:  # fmt: skip
         """Check the multi-turn arguments; return ``reward_funcs`` with a reward function for each environment class
         that defines ``get_reward`` (weight 1, appended to ``reward_weights`` as in TRL)."""
         tools = list(tools or [])
@@ -67,6 +67,7 @@ class AgentMixin:
         check_tool_template(tokenizer, kwargs)
         enable_tool_parsing(tokenizer)
         if self.environments is not None:
+            self.environments.check_dataset(dataset)
             tools = [tool for name in self.environments.factories for tool in self.environments.tools_of(name)]
         check_append_only(tokenizer, tools, kwargs)
         added = [] if self.environments is None else self.environments.reward_functions()

@@ -171,7 +171,7 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
         reward_funcs = self.setup_agents(tools, environment_factory, rollout_func, processing_class,
-                                         self.conversational, args, reward_funcs)  # fmt: skip
+                                         self.conversational, args, reward_funcs, train_dataset)  # fmt: skip
         entries = reward_model_entries(reward_funcs, reward_processing_classes)
         if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
