@@ -133,5 +133,4 @@ class StreamSampler:
                         f"{self.epoch_index} drawn before the checkpoint to restore its shuffle buffer.")  # fmt: skip
             self._replay = self.rows_in_epoch
             return
-        self.dataset.set_epoch(self.epoch_index)
-        self.dataset.load_state_dict(state["stream"])  # applies when the next iteration of this epoch starts
+        self.dataset.load_state_dict(state["stream"])  # applies when this epoch's next iteration starts (_next_row)
