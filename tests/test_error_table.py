@@ -1130,6 +1130,12 @@ def _(ctx):
 ROWS = table_rows()
 
 
+@trigger("online-dpo-beta-stream")
+def _(ctx):
+    stream = toy_dataset(num_prompts=8).to_iterable_dataset()
+    make_trainer(ctx.tmp_path, algorithm="online-dpo", train_dataset=stream, beta=[0.1, 0.2])
+
+
 # multi-turn
 
 

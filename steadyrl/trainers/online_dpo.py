@@ -206,6 +206,13 @@ class OnlineDPOTrainer(OnPolicyTrainer):
                     "reward_model, and a pairwise judge gives no score. Pass reward_funcs / reward_model, or no "
                     "eval_dataset."
                 )
+        if isinstance(getattr(args, "beta", None), list) and train_dataset is not None and not hasattr(
+            train_dataset, "__len__"
+        ):
+            raise ValueError(
+                f"beta={args.beta} (one value per epoch) needs a train_dataset whose length is known, and a "
+                f"streaming {type(train_dataset).__name__} has none: give one beta, or a map-style datasets.Dataset."
+            )
         self.judge = judge
         path = getattr(args, "reward_model_path", None)
         if path is not None and reward_model is not None:

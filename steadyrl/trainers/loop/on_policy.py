@@ -89,9 +89,9 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
             reward model, scored in its place, as in TRL.
         args: the algorithm's config (``RLOOConfig``, ``PPOConfig``, ...); default: its defaults with
             ``output_dir`` named after the model.
-        train_dataset: a ``datasets.Dataset`` with a ``prompt`` column of strings or of conversations (lists of
-            ``{"role", "content"}`` messages, rendered with the tokenizer's chat template); its other columns reach
-            the reward functions as keyword arguments.
+        train_dataset: a ``datasets.Dataset`` (or, with ``max_steps``, a streaming ``IterableDataset``) with a
+            ``prompt`` column of strings or of conversations (lists of ``{"role", "content"}`` messages, rendered
+            with the tokenizer's chat template); its other columns reach the reward functions as keyword arguments.
         eval_dataset: held-out prompts, like ``train_dataset``, for ``evaluate()`` (``eval_strategy="steps"``
             evaluates every ``eval_steps``).
         processing_class: the policy's tokenizer; default: loaded from the model's directory.
