@@ -162,3 +162,19 @@ def test_multi_turn_sigkill_after_a_mid_rollout_checkpoint_resumes_byte_identica
         for key in set(ref_logs[step]) - {"tokens_per_second", "learning_rate_ignored"}:
             if "time" not in key and "per_second" not in key:
                 assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
+
+
+@pytest.mark.slow
+def test_tools_with_a_vllm_server(tmp_path):
+    from support.vllm_serving import serving
+
+    from steadyrl.toy.tools import tool_model_path
+
+    with serving(tool_model_path(), 512) as url:
+        flags = dict(use_vllm=True, vllm_dtype="float32", vllm_mode="server", vllm_server_base_url=url)
+        trainer, buffers = train(tmp_path, "tools", max_steps=2, **flags)
+    steps = [entry for entry in trainer.state.log_history if "tools/call_frequency" in entry]
+    assert any(entry["tools/call_frequency"] > 0 for entry in steps), "no tool was called"
+    # the server's log-probs of the sampled tokens equal the trainer's: the env tokens are left out of the check
+    assert all(entry["generation_logprob_diff"] < 1e-4 for entry in steps)
+    assert any((buffer.rollout.env_mask == 0).any() for buffer in buffers)

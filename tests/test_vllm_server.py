@@ -10,20 +10,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 import torch
-from conftest import ROOT, free_port, read_logs, run_toy
+from conftest import read_logs, run_toy
 from peft import LoraConfig, get_peft_model
 from support.toy_run import make_trainer
+from support.vllm_serving import serving
 from test_resume import assert_same_result
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -43,34 +40,8 @@ LORA_RANK = 8  # the server serves adapters up to this rank (the LoRA tests' ada
 @pytest.fixture(scope="module")
 def server():
     """The URL of a vLLM server of the toy model on a free local port, started with `steadyrl vllm-serve`."""
-    port = free_port()
-    # on 127.0.0.1 by default, with a new key in its port's key file, where the trainers find it
-    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", toy_model_path(), "--port", str(port),
-           "--max-model-len", str(MAX_MODEL_LEN), "--max-lora-rank", str(LORA_RANK)]  # fmt: skip
-    log = open(os.environ.get("STEADYRL_VLLM_SERVER_LOG", os.devnull), "w")  # noqa: SIM115 - closed below
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, f"the vLLM server exited with {proc.returncode}"
-            assert time.monotonic() < deadline, "the vLLM server did not start within 240 s"
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).close()
-                break
-            except OSError:
-                time.sleep(0.5)
+    with serving(toy_model_path(), MAX_MODEL_LEN, "--max-lora-rank", str(LORA_RANK)) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
-        default_key_file(port).unlink(missing_ok=True)
 
 
 def server_flags(url: str) -> dict:
