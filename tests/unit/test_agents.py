@@ -1,0 +1,130 @@
+"""The multi-turn pieces on their own: tool calls run as TRL runs them (failures answered, not raised), and the
+turn loop's bookkeeping on token ids (env_mask, log-probs, the completion budget, max_tool_calling_iterations)."""
+
+import asyncio
+
+from steadyrl.agents.environments import Environments
+from steadyrl.agents.tools import ToolBox, run_tool_calls
+from steadyrl.agents.turns import run_turns
+from steadyrl.generation import Generation
+
+
+def add(a: int, b: int) -> int:
+    """Add.
+
+    Args:
+        a: a.
+        b: b.
+    """
+    return a + b
+
+
+async def slow_double(x: int) -> int:
+    """Double, later.
+
+    Args:
+        x: x.
+    """
+    await asyncio.sleep(0.01)
+    return 2 * x
+
+
+def broken(x: int) -> int:
+    """Raise.
+
+    Args:
+        x: x.
+    """
+    raise RuntimeError("no luck")
+
+
+def call(name, **arguments):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_tool_calls_answer_in_call_order_and_failures_become_errors():
+    box = ToolBox([add, slow_double, broken])
+    results = run_tool_calls([call("slow_double", x=4), call("add", a=1, b=2), call("broken", x=1), call("nope"),
+                              call("add", a=1), {"type": "code", "name": "x"}], box)  # fmt: skip
+    contents = [message["content"] for message in results.messages]
+    assert [m["name"] for m in results.messages] == ["slow_double", "add", "broken", "nope", "add", "x"]
+    assert contents[:2] == ["8", "3"]
+    assert contents[2] == "{'error': 'no luck'}" and contents[3] == "{'error': 'Tool nope not found.'}"
+    assert "missing 1 required positional argument" in contents[4] and "Unsupported tool call type" in contents[5]
+    assert results.failures == 4
+
+
+# Token ids of a pretend chat: 9 ends a turn; a turn "calls" when it contains 7. The tool's reply is [50, 51].
+REPLY = [50, 51]
+
+
+def parse(row, ids, before):
+    return {"role": "assistant", "content": "", **({"tool_calls": [call("add", a=1, b=1)]} if 7 in ids else {})}
+
+
+def scripted(turns: dict[int, list[list[int]]]):
+    """A generate that answers turn t of each row with the next of its scripted turns, log-prob -0.5 per token."""
+
+    def generate(contexts, rows, turn):
+        ids = [turns[row][turn] for row in rows]
+        return Generation(ids, [[-0.5] * len(i) for i in ids])
+
+    return generate
+
+
+def test_the_turn_loop_appends_replies_masks_them_and_keeps_the_sampled_ids():
+    turns = {0: [[1, 7, 9], [2, 7, 9], [3, 9]], 1: [[4, 9]]}  # row 0 calls twice, row 1 never
+    first = Generation([turns[0][0], turns[1][0]], [[-0.5] * 3, [-0.5] * 2])
+    out = run_turns(scripted(turns), parse, lambda messages: REPLY, [[100], [101]], first, [ToolBox([add])] * 2,
+                    max_completion_length=64, max_iterations=None, context_length=512)  # fmt: skip
+    assert out.completion_ids[0] == [1, 7, 9, 50, 51, 2, 7, 9, 50, 51, 3, 9]
+    assert out.env_mask[0] == [1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+    assert out.logprobs[0] == [-0.5, -0.5, -0.5, 0.0, 0.0, -0.5, -0.5, -0.5, 0.0, 0.0, -0.5, -0.5]
+    assert out.completion_ids[1] == [4, 9] and out.env_mask[1] == [1, 1]
+    assert [m["role"] for m in out.completions[0]] == ["assistant", "tool", "assistant", "tool", "assistant"]
+    assert out.metrics["tools/call_frequency"] == 1.0 and out.metrics["turns_per_rollout"] == 2.0
+
+
+def test_the_budget_and_the_iteration_limit_end_a_trajectory():
+    turns = {0: [[1, 7, 9], [2, 2, 2, 2, 7, 9], [3, 9]]}
+    first = Generation([turns[0][0]], None)
+    common = dict(prompt_ids=[[100]], first=first, boxes=[ToolBox([add])], context_length=512)
+    # 3 sampled + 2 reply leaves 3 of the 6 sampled ids of turn 2; no room for the second reply
+    out = run_turns(scripted(turns), parse, lambda m: REPLY, max_completion_length=8, max_iterations=None, **common)
+    assert out.completion_ids[0] == [1, 7, 9, 50, 51, 2, 2, 2] and out.logprobs is None
+    out = run_turns(scripted(turns), parse, lambda m: REPLY, max_completion_length=64, max_iterations=1, **common)
+    assert out.completion_ids[0] == [1, 7, 9, 50, 51, 2, 2, 2, 2, 7, 9], "one round of tool calls only"
+    out = run_turns(scripted(turns), parse, lambda m: REPLY, max_completion_length=4, max_iterations=None, **common)
+    assert out.completion_ids[0] == [1, 7, 9] and out.completions[0][-1]["tool_calls"], "no room: the call stands"
+
+
+class Game:
+    def reset(self, **row):
+        return None
+
+    def move(self, square: int) -> str:
+        """Move.
+
+        Args:
+            square: where.
+        """
+        return "ok"
+
+    async def get_reward(self) -> float:
+        return 1.0
+
+
+class Quiz(Game):
+    def get_reward(self) -> float:
+        return 0.5
+
+
+def test_environments_are_one_per_row_and_score_only_their_own_rows():
+    environments = Environments({"game": Game, "quiz": Quiz}, tools=[add])
+    names = environments.names_for({"environment": ["game", "quiz", "game"]}, 3)
+    chosen = environments.instances(names)
+    assert len({id(e) for e in chosen}) == 3 and [type(e) for e in chosen] == [Game, Quiz, Game]
+    assert [t.__name__ for t in environments.tool_boxes(chosen)[1].tools] == ["add", "move"]
+    game_reward, quiz_reward = environments.reward_functions()
+    assert asyncio.run(game_reward(environments=chosen)) == [1.0, None, 1.0]
+    assert quiz_reward(environments=chosen) == [None, 0.5, None] and quiz_reward.__name__ == "Quiz"
