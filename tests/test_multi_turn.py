@@ -11,7 +11,7 @@ from support.toy_run import make_trainer, tool_task
 from transformers import TrainerCallback
 
 from steadyrl.toy import letters_reward
-from steadyrl.toy.tools import add, tool_tokenizer
+from steadyrl.toy.tools import add, sum_dataset, tool_tokenizer
 
 TOOL_REPLY = re.compile(r"^\n<\|im_start\|>tool\n(-?\d+)<\|im_end\|>\n<\|im_start\|>assistant\n$")
 CALL = re.compile(r'\{"name": "add", "arguments": \{"a": (-?\d+), "b": (-?\d+)\}\}\n</tool_call><\|im_end\|>$')
@@ -85,6 +85,8 @@ def test_environment_factory_resets_scores_and_exposes_its_methods(tmp_path):
     assert entries, "get_reward is a reward source named after the environment class"
     assert trainer.reward_weights.tolist() == [1.0, 1.0, 1.0]
     assert [type(e).__name__ for e in trainer.environments.pool[None]] == ["SumEnvironment"] * 8
+    metrics = trainer.evaluate(sum_dataset(4, seed=1))  # evaluation runs the same multi-turn rollouts
+    assert {"eval_rewards/SumEnvironment/mean", "eval_rewards/correct_sum/mean"} <= set(metrics)
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_turn(tmp_path):

@@ -75,17 +75,19 @@ class AgentMixin:
             args.reward_weights = [*args.reward_weights, *[1.0] * len(added)]
         return reward_funcs + added
 
-    def sample_completions(self, prompts: list, columns: dict, seeds: list[int]):
+    def sample_completions(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
         """``(prompts, prompt_ids, prompts truncated, generation)`` for the rollout's prompt rows; ``prompts`` as
-        the reward functions see them (with an environment's ``reset()`` text appended)."""
+        the reward functions see them (with an environment's ``reset()`` text appended). HF generate runs in calls of
+        ``chunk`` rows (default ``micro_generation_batch_size``)."""
         args = self.args
+        chunk = chunk or args.micro_generation_batch_size
         if self.rollout_func is not None:
             self.backend.sync_weights(self.model, version=self.state.global_step)
             prompt_ids, generation = trajectories_from(self.rollout_func(prompts, self), len(prompts))
             return prompts, prompt_ids, 0, generation
         if not self.multi_turn:
             prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
-            generation = self.generate(prompt_ids, seeds, chunk=args.micro_generation_batch_size)
+            generation = self.generate(prompt_ids, seeds, chunk=chunk)
             return prompts, prompt_ids, truncated, generation
         kwargs, tok = args.chat_template_kwargs or {}, self.processing_class
         environments, boxes, tools_per_row = None, [ToolBox(self.tools)] * len(prompts), [self.tools] * len(prompts)
@@ -96,11 +98,11 @@ class AgentMixin:
             boxes = self.environments.tool_boxes(environments)
             tools_per_row = [self.environments.tools_of(name) for name in names]
         prompt_ids, truncated = self.truncate_prompts(tokenize_with_tools(prompts, tok, tools_per_row, kwargs))
-        first = self.generate(prompt_ids, seeds, chunk=args.micro_generation_batch_size)
+        first = self.generate(prompt_ids, seeds, chunk=chunk)
 
         def next_turn(contexts: list[list[int]], rows: list[int], turn: int) -> Generation:
             row_seeds = [turn_seed(seeds[i], turn) for i in rows]
-            return self.generate(contexts, row_seeds, chunk=args.micro_generation_batch_size)
+            return self.generate(contexts, row_seeds, chunk=chunk)
 
         trajectories = run_turns(
             next_turn,

@@ -8,6 +8,7 @@ sampler and the rollout buffer are left exactly as they were.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -90,10 +91,12 @@ class EvaluationMixin:
         rows = dataset[[i % len(dataset) for i in indices]]  # {column: values}
         counted = [i < len(dataset) for i in indices for _ in range(k)]
         prompts, columns = self.repeated_rows(rows, k)
-        prompt_ids, _ = self.truncate_prompts(self.tokenize(prompts))
         seeds = [sampling_seed(args.seed, EVAL_ROLLOUT, indices[i // k], i % k) for i in range(len(prompts))]
-        completion_ids = self.generate(prompt_ids, seeds, chunk=args.per_device_eval_batch_size).completion_ids
-        scores = self.score(self.reward_inputs(prompts, prompt_ids, completion_ids, columns))  # [M, R]
+        prompts, prompt_ids, _, generation = self.sample_completions(prompts, columns, seeds,
+                                                                     chunk=args.per_device_eval_batch_size)  # fmt: skip
+        completion_ids = generation.completion_ids
+        inputs = self.reward_inputs(prompts, prompt_ids, completion_ids, columns)
+        scores = self.score(dataclasses.replace(inputs, **self.trajectory_fields(generation)))  # [M, R]
         tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
         no_eos = ends_without_eos(tokens["completion_ids"], tokens["completion_mask"],
                                   self.processing_class.eos_token_id)  # fmt: skip
