@@ -81,12 +81,12 @@ def test_environment_factory_resets_scores_and_exposes_its_methods(tmp_path):
     prompts = tok.batch_decode(buffers[0].rollout.prompt_ids, skip_special_tokens=False)
     assert all("tools: add<|im_end|>" in p and "Use the tool.<|im_end|>" in p for p in prompts), "reset() appends"
     assert any(e.get("tools/call_frequency", 0) > 0 for e in trainer.state.log_history), "no environment tool call"
-    entries = [e for e in trainer.state.log_history if "rewards/SumEnvironment" in e]
+    entries = [e for e in trainer.state.log_history if "rewards/Calculator" in e]
     assert entries, "get_reward is a reward source named after the environment class"
     assert trainer.reward_weights.tolist() == [1.0, 1.0, 1.0]
-    assert [type(e).__name__ for e in trainer.environments.pool[None]] == ["SumEnvironment"] * 8
+    assert [type(e).__name__ for e in trainer.environments.pool[None]] == ["Calculator"] * 8
     metrics = trainer.evaluate(sum_dataset(4, seed=1))  # evaluation runs the same multi-turn rollouts
-    assert {"eval_rewards/SumEnvironment/mean", "eval_rewards/correct_sum/mean"} <= set(metrics)
+    assert {"eval_rewards/Calculator/mean", "eval_rewards/correct_sum/mean"} <= set(metrics)
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_turn(tmp_path):

@@ -178,17 +178,19 @@ def teach_reply_format(model, tokenizer, steps: int, batch_size: int, learning_r
         optimizer.zero_grad()
 
 
-def build_chat_model(tokenizer):
-    """The tiny Qwen2 chat model: seeded initialisation, then ``teach_reply_format``; in eval mode."""
+def build_chat_model(tokenizer, teach=None, training: dict | None = None):
+    """The tiny Qwen2 chat model: seeded initialisation, then ``teach(model, tokenizer, **training)`` (default
+    ``teach_reply_format`` with ``FORMAT_TRAINING``); in eval mode."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, **special, **MODEL_CONFIG)
     with torch.random.fork_rng():
-        torch.manual_seed(FORMAT_TRAINING["seed"])
+        training = training or FORMAT_TRAINING
+        torch.manual_seed(training["seed"])
         model = Qwen2ForCausalLM(config)
-        teach_reply_format(model, tokenizer, **FORMAT_TRAINING)
+        (teach or teach_reply_format)(model, tokenizer, **training)
     model.generation_config = GenerationConfig(**special)
     return model.eval()
 

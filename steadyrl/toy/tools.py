@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 
 from .cache import build_cached
-from .chat import MODEL_CONFIG, build_chat_tokenizer
+from .chat import MODEL_CONFIG, build_chat_model, build_chat_tokenizer
 
 TOOLS_VERSION = 1
 TOOL_CHAT_TEMPLATE = (
@@ -58,6 +58,28 @@ def add(a: int, b: int) -> int:
         b: The second number.
     """
     return a + b
+
+
+class Calculator:
+    """A calculator environment (``environment_factory=Calculator``): ``add`` is its tool; ``get_reward`` pays 1
+    when one of the model's calls added the question's numbers (the row's ``answer``)."""
+
+    def reset(self, prompt, answer, **row) -> str:
+        self.answer, self.results = int(answer), []
+        return HINTS[1]
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        self.results.append(a + b)
+        return a + b
+
+    def get_reward(self) -> float:
+        return float(self.answer in self.results)
 
 
 def tool_tokenizer():
@@ -139,18 +161,8 @@ def tool_model_path() -> str:
     """Build the tool-calling model and tokenizer once and cache them; return the directory."""
 
     def build(directory: Path) -> None:
-        import torch
-        from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
         tokenizer = tool_tokenizer()
-        special = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, **special, **MODEL_CONFIG)
-        with torch.random.fork_rng():
-            torch.manual_seed(FORMAT_TRAINING["seed"])
-            model = Qwen2ForCausalLM(config)
-            teach_tool_format(model, tokenizer, **FORMAT_TRAINING)
-        model.generation_config = GenerationConfig(**special)
-        model.eval().save_pretrained(directory)
+        build_chat_model(tokenizer, teach_tool_format, FORMAT_TRAINING).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
     spec = [TOOLS_VERSION, TOOL_CHAT_TEMPLATE, RESPONSE_TEMPLATE, MODEL_CONFIG, FORMAT_TRAINING, QUESTIONS, HINTS]

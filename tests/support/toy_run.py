@@ -88,36 +88,14 @@ def real_task() -> dict:
                 reward_funcs=[correct_answer, answer_format, shorter_is_better])  # fmt: skip
 
 
-class SumEnvironment:
-    """A calculator environment for the tool fixture: ``add`` is its tool; it remembers the sums it computed, and
-    ``get_reward`` scores the rollout: 1 if the model's call added the question's numbers."""
-
-    def reset(self, prompt, answer, **kwargs) -> str:
-        self.answer, self.sums = int(answer), []
-        return " Use the tool."
-
-    def add(self, a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        self.sums.append(a + b)
-        return a + b
-
-    def get_reward(self) -> float:
-        return float(self.answer in self.sums)
-
-
 def tool_task(kind: str) -> dict:
-    """The trainer arguments of a multi-turn run on the tool fixture: ``tools=[add]``, or ``SumEnvironment``."""
-    from steadyrl.toy.tools import add, correct_sum, sum_dataset, tool_model_path, tool_tokenizer
+    """The trainer arguments of a multi-turn run on the tool fixture: ``tools=[add]``, or ``Calculator``."""
+    from steadyrl.toy.tools import Calculator, add, correct_sum, sum_dataset, tool_model_path, tool_tokenizer
 
     task = dict(model=tool_model_path(), processing_class=tool_tokenizer(), train_dataset=sum_dataset(16),
                 reward_funcs=[correct_sum, shorter_is_better], max_completion_length=128,
                 max_tool_calling_iterations=2)  # fmt: skip
-    return {**task, "tools": [add]} if kind == "tools" else {**task, "environment_factory": SumEnvironment}
+    return {**task, "tools": [add]} if kind == "tools" else {**task, "environment_factory": Calculator}
 
 
 def make_config(output_dir, algorithm="rloo", **overrides):
