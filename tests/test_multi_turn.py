@@ -29,10 +29,10 @@ class KeepBuffer(TrainerCallback):
             self.buffers.append(buffer)
 
 
-def train(tmp_path, kind, **overrides):
+def train(tmp_path, kind, algorithm="grpo", **overrides):
     keep = KeepBuffer()
     settings = {**tool_task(kind), "max_steps": 4, "save_steps": 100, **overrides}
-    trainer = make_trainer(tmp_path, algorithm="grpo", callbacks=[keep], **settings)
+    trainer = make_trainer(tmp_path, algorithm=algorithm, callbacks=[keep], **settings)
     keep.trainer = trainer
     trainer.train()
     return trainer, keep.buffers
@@ -48,8 +48,9 @@ def runs(mask: list[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def test_tools_trajectories_are_the_sampled_ids_plus_the_tool_replies(tmp_path):
-    trainer, buffers = train(tmp_path, "tools")
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_tools_trajectories_are_the_sampled_ids_plus_the_tool_replies(tmp_path, algorithm):
+    trainer, buffers = train(tmp_path, "tools", algorithm)
     tok = trainer.processing_class
     calls = 0
     for buffer in buffers:
