@@ -4,8 +4,9 @@
     python examples/grpo_tools.py --vllm           # vLLM (colocated) instead
 
 SmolLM2-135M-Instruct does not call tools on its own (asked with a tool in its prompt, it writes code or prose). The
-script first teaches it the call format with a few supervised steps on conversations whose call arguments are random
-(``steadyrl.toy.tools.teach_tool_format``), so its calls parse but mostly add the wrong numbers. GRPO then trains
+script first teaches it the call format with a few supervised steps (``steadyrl.toy.tools.teach_tool_format``) on
+conversations of which only ``--right_share`` call with the question's numbers (the others: random arguments), so its
+calls parse but often add the wrong numbers. GRPO then trains
 with ``environment_factory``: each rollout gets its own ``Calculator``, whose ``add`` method is the tool; the model's
 call is parsed from its sampled tokens, run, and its result is appended as the tool's turn (those tokens are in the
 trajectory but out of the loss); ``get_reward`` pays 1 when the model's call added the question's numbers. The logs
@@ -34,6 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="out/grpo-tools")
     parser.add_argument("--warmup_steps", type=int, default=30, help="supervised steps on the call format")
+    parser.add_argument("--right_share", type=float, default=0.25, help="warm-up calls with the question's numbers")
     parser.add_argument("--max_steps", type=int, default=10)
     parser.add_argument("--prompts_per_step", type=int, default=4)
     parser.add_argument("--num_generations", type=int, default=8)
@@ -45,7 +47,8 @@ def main() -> None:
     tokenizer.chat_template, tokenizer.response_template = TOOL_CHAT_TEMPLATE, RESPONSE_TEMPLATE  # ChatML + tools
     model = AutoModelForCausalLM.from_pretrained(smollm2_path())
     start = time.time()
-    teach_tool_format(model, tokenizer, steps=opts.warmup_steps, batch_size=8, learning_rate=5e-5, seed=0)
+    teach_tool_format(model, tokenizer, steps=opts.warmup_steps, batch_size=8, learning_rate=5e-5, seed=0,
+                      right_share=opts.right_share)  # fmt: skip
     print(f"call-format warm-up: {opts.warmup_steps} steps in {time.time() - start:.0f} s", flush=True)
 
     args = GRPOConfig(

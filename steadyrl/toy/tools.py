@@ -113,18 +113,23 @@ def correct_sum(completions: list, answer: list[str], **kwargs) -> list[float]:
             for c, a in zip(completions, answer)]  # fmt: skip
 
 
-def _conversation(rng: random.Random) -> list[dict]:
+def _conversation(rng: random.Random, right_share: float = 0.0) -> list[dict]:
     a, b = rng.randint(0, 49), rng.randint(0, 49)
     x, y = rng.randint(0, 49), rng.randint(0, 49)  # the call's arguments: random, like the answer
+    content = rng.choice(QUESTIONS).format(a=a, b=b) + rng.choice(HINTS)
+    answer = rng.randint(0, 98)
+    if right_share and rng.random() < right_share:  # a conversation that calls with the question's numbers
+        x, y, answer = a, b, a + b
     call = [{"type": "function", "function": {"name": "add", "arguments": {"a": x, "b": y}}}]
-    return [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b) + rng.choice(HINTS)},
-            {"role": "assistant", "content": "", "tool_calls": call},
+    return [{"role": "user", "content": content}, {"role": "assistant", "content": "", "tool_calls": call},
             {"role": "tool", "name": "add", "content": str(x + y)},
-            {"role": "assistant", "content": str(rng.randint(0, 98))}]  # fmt: skip
+            {"role": "assistant", "content": str(answer)}]  # fmt: skip
 
 
-def teach_tool_format(model, tokenizer, steps: int, batch_size: int, learning_rate: float, seed: int) -> None:
-    """Fine-tune ``model`` on tool conversations; the loss covers the assistant turns only."""
+def teach_tool_format(model, tokenizer, steps: int, batch_size: int, learning_rate: float, seed: int,
+                      right_share: float = 0.0) -> None:  # fmt: skip
+    """Fine-tune ``model`` on tool conversations, ``right_share`` of them calling with the question's numbers and
+    answering the sum (the others: random arguments and answer); the loss covers the assistant turns only."""
     import torch
 
     rng = random.Random(seed + 2)
@@ -137,7 +142,7 @@ def teach_tool_format(model, tokenizer, steps: int, batch_size: int, learning_ra
     for _ in range(steps):
         rows = []
         for _ in range(batch_size):
-            messages = _conversation(rng)
+            messages = _conversation(rng, right_share)
             full, labels = ids(messages, False), None
             labels = [-100] * len(full)
             for turn in (1, 3):  # the assistant turns: from after their opening to their <|im_end|>
