@@ -4,10 +4,10 @@ hints and a Google-style docstring; the model calls it by ``__name__``; a failur
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..rewards import event_loop
 from ..rewards import is_async_reward as is_async
 
 
@@ -28,34 +28,6 @@ class ToolResults:
 
     messages: list[dict]
     failures: int
-
-
-class EventLoop:
-    """One asyncio loop on a daemon thread, so async tools (and what they hold, e.g. HTTP sessions) live on one loop
-    for the whole run, as in TRL."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="steadyrl-tools", daemon=True)
-        self.thread.start()
-
-    def gather(self, coroutines: list, timeout: float | None = None) -> list:
-        """The results of ``coroutines`` run concurrently, in order; an exception is returned in its place."""
-
-        async def run_all():
-            return await asyncio.gather(*coroutines, return_exceptions=True)
-
-        return asyncio.run_coroutine_threadsafe(run_all(), self.loop).result(timeout)
-
-
-_LOOP: EventLoop | None = None
-
-
-def event_loop() -> EventLoop:
-    global _LOOP
-    if _LOOP is None:
-        _LOOP = EventLoop()
-    return _LOOP
 
 
 def tool_message(name: str, result) -> dict:
@@ -87,8 +59,12 @@ def run_tool_calls(tool_calls: list[dict], box: ToolBox) -> ToolResults:
                 results[i] = tool(**arguments)
         except Exception as err:  # the model's mistake: it sees the error, as in TRL
             results[i], failures = {"error": str(err)}, failures + 1
-    if pending:
-        for (i, _), result in zip(pending, event_loop().gather([coro for _, coro in pending])):
+    if pending:  # on the loop async reward functions use: one loop for the run, as TRL's
+
+        async def run_all():
+            return await asyncio.gather(*(coro for _, coro in pending), return_exceptions=True)
+
+        for (i, _), result in zip(pending, asyncio.run_coroutine_threadsafe(run_all(), event_loop()).result()):
             if isinstance(result, Exception):
                 result, failures = {"error": str(result)}, failures + 1
             results[i] = result
