@@ -11,7 +11,7 @@ from support.toy_run import make_trainer, tool_task
 from transformers import TrainerCallback
 
 from steadyrl.toy import letters_reward
-from steadyrl.toy.tools import add, sum_dataset, tool_tokenizer
+from steadyrl.toy.tools import Calculator, add, sum_dataset, tool_tokenizer
 
 TOOL_REPLY = re.compile(r"^\n<\|im_start\|>tool\n(-?\d+)<\|im_end\|>\n<\|im_start\|>assistant\n$")
 CALL = re.compile(r'\{"name": "add", "arguments": \{"a": (-?\d+), "b": (-?\d+)\}\}\n</tool_call><\|im_end\|>$')
@@ -181,3 +181,21 @@ def test_tools_with_a_vllm_server(tmp_path):
     # the server's log-probs of the sampled tokens equal the trainer's: the env tokens are left out of the check
     assert all(entry["generation_logprob_diff"] < 1e-4 for entry in steps)
     assert any((buffer.rollout.env_mask == 0).any() for buffer in buffers)
+
+
+class SecondCalculator(Calculator):
+    """Another environment kind, with the same tool."""
+
+
+def test_the_dict_form_picks_each_rows_environment_and_scores_it_with_its_own_reward(tmp_path):
+    dataset = sum_dataset(16)
+    dataset = dataset.add_column("environment", ["first", "second"] * 8)
+    trainer, buffers = train(tmp_path, "environment", train_dataset=dataset, max_steps=2, shuffle_dataset=False,
+                             environment_factory={"first": Calculator, "second": SecondCalculator})  # fmt: skip
+    assert trainer.reward_weights.tolist() == [1.0, 1.0, 1.0, 1.0]
+    names = [func.__name__ for func in trainer.reward_funcs]
+    assert names[-2:] == ["Calculator", "SecondCalculator"]
+    scores = buffers[0].rollout.reward_scores  # [N, R]: each environment's reward applies to its own rows only
+    first = torch.tensor([True, True, False, False] * 2)  # 4 prompts x 2 samples, alternating environments
+    assert not scores[first, 2].isnan().any() and scores[first, 3].isnan().all()
+    assert scores[~first, 2].isnan().all() and not scores[~first, 3].isnan().any()
