@@ -42,16 +42,19 @@ def launch_worker(script: str, engine: str, *worker_args: str):
         return json.loads(result.read_text())
 
 
-def start_vllm_server(model: str, log: Path, *server_args: str) -> tuple[subprocess.Popen, str]:
-    """``steadyrl vllm-serve --model model *server_args`` on a free local port, once it answers ``/health``: the
-    process (its own session, to be killed as a group) and its URL."""
+def start_vllm_server(model: str, log: Path, *server_args: str, cores: str | None = None,
+                      env: dict | None = None) -> tuple[subprocess.Popen, str]:  # fmt: skip
+    """``steadyrl vllm-serve --model model *server_args`` on a free local port (on the CPU ``cores`` only, e.g. "1",
+    if given), once it answers ``/health``: the process (its own session, to be killed as a group) and its URL."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", model, "--host", "127.0.0.1", "--port",
            str(port), *server_args]  # fmt: skip
+    if cores is not None:
+        cmd = ["taskset", "-c", cores, *cmd]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

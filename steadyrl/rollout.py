@@ -14,7 +14,8 @@ prompt consecutive), P prompt tokens, C completion tokens. Who fills what::
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -203,3 +204,35 @@ def completion_rows(rollout: Rollout, tokenizer, reward_names: list[str], advant
         rows.append({"prompt": prompt, "completion": completion, "rewards": rewards,
                      "reward": rollout.scores[i].item(), "advantage": advantage})  # fmt: skip
     return rows
+
+
+@dataclass
+class SampledRollout:
+    """One rollout generated (and, without reward models, scored) ahead of training. Shapes: N samples."""
+
+    version: int  # the global step of the weights it was sampled with
+    prompts: list  # [N] as the reward functions see them
+    columns: dict[str, list]  # the dataset's other columns, [N] each
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]  # the server's log-prob of each sampled token: the sampling policy's
+    scores: list[list[float | None]] | None  # [N, R], None where a function does not apply; None: not scored yet
+    metrics: dict[str, float]
+    generation_time: float
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> SampledRollout:
+        return cls(**state)
+
+
+def scores_to_rows(scores: torch.Tensor) -> list[list[float | None]]:
+    """Scores [N, R] as JSON rows, NaN (a function that does not apply) as None."""
+    return [[None if math.isnan(v) else v for v in row] for row in scores.tolist()]
+
+
+def scores_from_rows(rows: list[list[float | None]]) -> torch.Tensor:
+    """``scores_to_rows``' inverse: [N, R] float32, None as NaN."""
+    return torch.tensor([[math.nan if v is None else v for v in row] for row in rows], dtype=torch.float32)

@@ -216,6 +216,42 @@ def _(ctx):
     make_config(ctx.tmp_path, "grpo", vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.5)
 
 
+SERVER = dict(use_vllm=True, vllm_mode="server", vllm_importance_sampling_correction=True)
+
+
+@trigger("staleness-invalid")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", max_staleness=-1)
+
+
+@trigger("staleness-server")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", use_vllm=True, max_staleness=1)
+
+
+@trigger("staleness-correction")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", **{**SERVER, "vllm_importance_sampling_correction": False}, max_staleness=1)
+
+
+@trigger("staleness-algorithm")
+def _(ctx):
+    make_config(ctx.tmp_path, "ppo", use_vllm=True, vllm_mode="server", max_staleness=1)
+
+
+@trigger("staleness-processes")
+def _(ctx):
+    ctx.monkeypatch.setenv("WORLD_SIZE", "2")
+    make_config(ctx.tmp_path, "grpo", **SERVER, max_staleness=1, use_cpu=True)
+
+
+@trigger("staleness-agents")
+def _(ctx):
+    from support.toy_run import tool_task
+
+    make_trainer(ctx.tmp_path, algorithm="grpo", **{**tool_task("tools"), **SERVER}, max_staleness=1)
+
+
 @trigger("sync-ref-no-reference")
 def _(ctx):
     make_trainer(ctx.tmp_path, algorithm="grpo", beta=0.0, sync_ref_model=True)

@@ -227,7 +227,7 @@ class Checkpointer:
         # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
         buffer = loop["buffer"]
         rank_state = {"pending_metrics": loop["pending_metrics"], "has_buffer": buffer is not None,
-                      "meter": loop.get("meter")}  # fmt: skip
+                      "meter": loop.get("meter"), "queue": loop.get("queue", [])}  # fmt: skip
         (tmp / rank_file("rank_state.json", self.rank)).write_text(json.dumps(rank_state))
         if buffer is not None:
             tensors = {name: value.contiguous() for name, value in buffer["rollout"].items()}
@@ -276,7 +276,7 @@ class Checkpointer:
             buffer["rollout"] = load_file(directory / self._buffer_file(".safetensors"))
         loop = {key: shared[key] for key in ("sampler", "rollouts", "algorithm")}
         return {**loop, "pending_metrics": rank_state["pending_metrics"], "buffer": buffer,
-                "meter": rank_state.get("meter")}  # fmt: skip
+                "meter": rank_state.get("meter"), "queue": rank_state.get("queue", [])}  # fmt: skip
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         load_model_weights(module.model, directory / module.name)

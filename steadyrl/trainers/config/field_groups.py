@@ -274,6 +274,13 @@ class VLLMFields:
         metadata={"help": "vllm_mode='server' with vllm_server_weight_transfer='nccl': the port of the NCCL "
                   "rendezvous between the trainer and the server's workers."},
     )  # fmt: skip
+    max_staleness: int = field(
+        default=0,
+        metadata={"help": "Asynchronous generation (GRPO, RLOO; vllm_mode='server', one process): the server "
+                  "generates and the reward functions score up to this many rollouts ahead while the trainer trains, "
+                  "each sampled with weights at most this many rollouts old, corrected by "
+                  "vllm_importance_sampling_correction. 0: generate, then train (synchronous)."},
+    )  # fmt: skip
 
 
 @dataclass

@@ -39,6 +39,7 @@ def check_ranges(config) -> None:
     check_run_length(config)
     for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
         check_positive_int(name, getattr(config, name))
+    check_staleness(config)
     if config.max_tool_calling_iterations is not None:
         check_positive_int("max_tool_calling_iterations", config.max_tool_calling_iterations)
     if not config.temperature > 0:
@@ -224,4 +225,31 @@ def check_sync_ref_settings(config) -> None:
         raise ValueError(
             f"ref_model_sync_steps={steps!r} is invalid: the reference is updated every ref_model_sync_steps global "
             "steps, so it must be an integer >= 1."
+        )
+
+
+def check_staleness(config) -> None:
+    """``max_staleness`` > 0 overlaps generation on a vLLM server with training, in one process, for GRPO and RLOO."""
+    staleness = config.max_staleness
+    if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
+        raise ValueError(f"max_staleness={staleness!r} is invalid: use 0 (synchronous) or a positive integer.")
+    if not staleness:
+        return
+    if not (config.use_vllm and config.vllm_mode == "server"):
+        raise ValueError(
+            f"max_staleness={staleness} generates on a vLLM server while the trainer trains: set use_vllm=True and "
+            f"vllm_mode='server' (got use_vllm={config.use_vllm}, vllm_mode={config.vllm_mode!r}), or "
+            "max_staleness=0."
+        )
+    if not hasattr(config, "vllm_importance_sampling_correction"):
+        raise ValueError(
+            f"max_staleness={staleness} is for GRPO and RLOO, whose losses correct for the lag "
+            f"(vllm_importance_sampling_correction); {type(config).__name__} has no such correction: use "
+            "max_staleness=0."
+        )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        raise ValueError(
+            f"max_staleness={staleness} runs in one process for now, and {world} were launched (WORLD_SIZE): "
+            "use max_staleness=0, or one process."
         )

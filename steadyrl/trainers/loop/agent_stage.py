@@ -52,6 +52,11 @@ class AgentMixin:
                 "rollout_func was given with tools / environment_factory: rollout_func generates the whole rollout "
                 "itself (run the tools inside it and return env_mask), so pass one or the other."
             )
+        if args.max_staleness and (rollout_func is not None or tools or environment_factory is not None):
+            raise ValueError(
+                f"max_staleness={args.max_staleness} generates single-turn rollouts ahead on the vLLM server; "
+                "tools, environment_factory and rollout_func run synchronously: use max_staleness=0 with them."
+            )
         self.rollout_func = rollout_func
         self.environments = Environments(environment_factory, tools) if environment_factory is not None else None
         self.tools = tools

@@ -73,6 +73,7 @@ class EvaluationMixin:
             raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate().")
         if not self.reward_funcs:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
+        self.drain_ahead()  # max_staleness: the server is free before evaluation pushes the current weights
         with rng_untouched():  # HF generate draws from the global RNG, which belongs to training
             torch.manual_seed(self.args.seed)
             metrics = self.evaluation_metrics(eval_dataset, metric_key_prefix)

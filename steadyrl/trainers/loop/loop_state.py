@@ -6,7 +6,7 @@ from typing import Protocol
 
 from ...data.sampling import PromptSampler
 from ...data.stream import StreamSampler
-from ...rollout import RolloutBuffer
+from ...rollout import RolloutBuffer, SampledRollout
 
 
 class Stateful(Protocol):
@@ -36,6 +36,7 @@ class LoopState:
         self.rollouts = 0  # rollouts made so far: part of every completion's sampling seed
         self.buffer: RolloutBuffer | None = None
         self.pending_metrics: dict[str, list[float]] = {}  # one value per step since the last log
+        self.queue: list[SampledRollout] = []  # max_staleness: rollouts generated ahead, oldest first
 
     @property
     def needs_rollout(self) -> bool:
@@ -60,6 +61,7 @@ class LoopState:
             "algorithm": self.algorithm.state_dict(),
             "pending_metrics": {key: list(values) for key, values in self.pending_metrics.items()},
             "buffer": None if self.needs_rollout else self.buffer.state_dict(),
+            "queue": [sampled.state_dict() for sampled in self.queue],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -68,3 +70,4 @@ class LoopState:
         self.algorithm.load_state_dict(state["algorithm"])
         self.pending_metrics = {key: list(values) for key, values in state["pending_metrics"].items()}
         self.buffer = None if state["buffer"] is None else RolloutBuffer.from_state_dict(state["buffer"])
+        self.queue = [SampledRollout.from_state_dict(sampled) for sampled in state.get("queue") or []]

@@ -111,6 +111,12 @@ class PolicyLossOptions:
             raise ValueError(
                 f"vllm_importance_sampling_clip_min={low} must be below vllm_importance_sampling_clip_max={high}."
             )
+        if self.max_staleness and not self.vllm_importance_sampling_correction:
+            raise ValueError(
+                f"max_staleness={self.max_staleness} trains on rollouts sampled with weights up to "
+                f"{self.max_staleness} rollout(s) old: set vllm_importance_sampling_correction=True, which weighs "
+                "each token's loss by pi_trainer / pi_sampling (truncated) to correct for the lag."
+            )
         if self.vllm_importance_sampling_correction and not self.use_vllm:
             raise ValueError(
                 "vllm_importance_sampling_correction=True needs use_vllm=True: it corrects for the difference "

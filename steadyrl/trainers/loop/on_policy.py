@@ -62,6 +62,7 @@ from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
 from .agent_stage import AgentMixin
+from .ahead import AheadMixin
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import LoopState, NoAlgorithmState, Stateful
@@ -74,8 +75,8 @@ from .update import UpdateMixin
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin, ReportingMixin,
-                      PublishMixin, Trainer, metaclass=abc.ABCMeta):  # fmt: skip
+class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin,
+                      ReportingMixin, PublishMixin, Trainer, metaclass=abc.ABCMeta):  # fmt: skip
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
@@ -260,9 +261,10 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
         """The reward functions (a reward model last), checked against the dataset's columns, and one weight each."""
         return check_reward_funcs(reward_funcs, args.reward_weights, dataset, args.remove_unused_columns)
 
-    def score(self, inputs: RewardInputs) -> torch.Tensor:
-        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them."""
-        return score_completions(self.reward_funcs, inputs, self.state, self.args.reward_timeout)
+    def score(self, inputs: RewardInputs, state: TrainerState | None = None) -> torch.Tensor:
+        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them. The functions read
+        ``state`` as ``trainer_state`` (default: the trainer's)."""
+        return score_completions(self.reward_funcs, inputs, state or self.state, self.args.reward_timeout)
 
     @abc.abstractmethod
     def compute_advantages(self, rollout: Rollout) -> Advantages:
@@ -349,7 +351,7 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
                     # a step begins before the rollout it needs, if any: generation is part of the step it feeds
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                     if self.loop.needs_rollout:
-                        self.loop.buffer = self.make_rollout()
+                        self.loop.buffer = self.next_buffer()
                         self.meter.tokens += int(self.loop.buffer.rollout.completion_mask.sum())
                     metrics = self.train_on_minibatch(self.loop.buffer.next_minibatch())
                     self.loop.record({**self.loop.buffer.metrics, **metrics})
@@ -361,6 +363,7 @@ class OnPolicyTrainer(AgentMixin, RolloutMixin, UpdateMixin, CheckpointMixin, Ev
                     if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
                         self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
         finally:
+            self.close_ahead()
             self.backend.close()
             # Left ready to use: in train mode with gradient checkpointing, transformers' generate drops its KV cache
             # at every layer and each new token loses the context ("The capital of France is" -> "The-----").

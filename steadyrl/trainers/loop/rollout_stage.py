@@ -53,22 +53,35 @@ class RolloutMixin:
     @torch.no_grad()
     def make_rollout(self) -> RolloutBuffer:
         """Generate, score and turn one rollout into a buffer with a fixed mini-batch schedule."""
-        args = self.args
-        prompts, columns, first_prompt = self.next_prompts()
-        k, rollout = args.n_samples_per_prompt, self.loop.rollouts
-        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompts))]
+        prompts, columns, seeds = self.draw_rollout()
         start = time.time()
         prompts, prompt_ids, truncated, generation = self.sample_completions(prompts, columns, seeds)
         generation_time = time.time() - start
         inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
         inputs = dataclasses.replace(inputs, **self.trajectory_fields(generation))
         scores = self.score(inputs)  # [N, num_rewards]
+        metrics = {**inputs.metric_means(), **getattr(generation, "metrics", {})}
+        metrics["prompts_truncated"] = truncated / len(prompts)
+        return self.finish_rollout(prompt_ids, generation, scores, generation_time, metrics)
+
+    def draw_rollout(self) -> tuple[list, dict[str, list], list[int]]:
+        """The next rollout's prompts and columns (this process's share) and one sampling seed per sample."""
+        args = self.args
+        prompts, columns, first_prompt = self.next_prompts()
+        k, rollout = args.n_samples_per_prompt, self.loop.rollouts
+        seeds = [sampling_seed(args.seed, rollout, first_prompt + i // k, i % k) for i in range(len(prompts))]
+        self.loop.rollouts += 1
+        return prompts, columns, seeds
+
+    def finish_rollout(self, prompt_ids, generation: Generation, scores: torch.Tensor, generation_time: float,
+                       metrics: dict) -> RolloutBuffer:  # fmt: skip
+        """The scored generation as a Rollout with the trainer's passes (reference and sampling-policy log-probs),
+        the algorithm's advantages and a mini-batch schedule."""
+        args = self.args
         rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None,
                                       getattr(generation, "env_mask", None))  # fmt: skip
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
-        metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **inputs.metric_means()}
-        metrics.update(getattr(generation, "metrics", {}))
-        metrics["prompts_truncated"] = truncated / len(prompts)
+        metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **metrics}
         if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
             diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.policy_mask)
             metrics["generation_logprob_diff"] = diff
@@ -79,7 +92,6 @@ class RolloutMixin:
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
         minibatch = args.train_batch_size // self.accelerator.num_processes
         schedule = minibatch_schedule(len(rollout), minibatch, args.num_ppo_epochs, self.samples_per_group)
-        self.loop.rollouts += 1
         return RolloutBuffer(rollout.to("cpu"), schedule, metrics)
 
     def next_prompts(self) -> tuple[list[str], dict[str, list], int]:
@@ -106,9 +118,10 @@ class RolloutMixin:
         template (``chat_template_kwargs``), before truncation to ``max_prompt_length``."""
         return tokenize_prompts(prompts, self.processing_class, self.conversational, self.args.chat_template_kwargs)
 
-    def reward_inputs(self, prompts: list, prompt_ids, completion_ids, columns: dict) -> RewardInputs:
-        """What reward functions and judges see of the completions, in TRL's conventions."""
-        tok, kwargs = self.processing_class, self.args.chat_template_kwargs
+    def reward_inputs(self, prompts: list, prompt_ids, completion_ids, columns: dict, tokenizer=None) -> RewardInputs:
+        """What reward functions and judges see of the completions, in TRL's conventions (decoded with
+        ``tokenizer``, default the policy's)."""
+        tok, kwargs = tokenizer or self.processing_class, self.args.chat_template_kwargs
         texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
         return RewardInputs(
             prompts=prompts, completions=as_completions(texts, self.conversational), completion_ids=completion_ids,

@@ -1,0 +1,104 @@
+"""Generation ahead of training (``max_staleness``) on 2 cores: a vLLM server of SmolLM2-135M-Instruct on core 1, the
+trainer on core 0.
+
+    python bench/async_staleness.py speed [--steps 8] [--staleness 0,1,2]
+    python bench/async_staleness.py curve [--steps 24] [--staleness 0,1]
+
+``speed``: GRPO on the arithmetic task (4 prompts x 8 generations, one optimizer step per rollout, 16 completion
+tokens), optimizer steps per second over steps 2..N at each staleness, and where the time went (the trainer's wait
+for generation, the generator's idle time). ``curve``: the same runs for ``--steps`` steps, then the held-out greedy
+accuracy (128 problems) of each, so staleness 1 and 0 are compared at the same number of samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from launching import start_vllm_server  # noqa: E402
+
+
+def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool) -> dict:
+    import torch
+    from transformers import TrainerCallback
+
+    from steadyrl import GRPOConfig, GRPOTrainer
+    from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy, smollm2_path
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.ends = []
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.ends.append(time.perf_counter())
+
+    torch.set_num_threads(1)
+    args = GRPOConfig(
+        output_dir=output_dir, num_generations=8, per_device_train_batch_size=32, max_completion_length=16,
+        learning_rate=1e-5, lr_scheduler_type="constant", gradient_checkpointing=False, reward_weights=[1.0, 0.2],
+        use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_dtype="float32",
+        vllm_importance_sampling_correction=True, max_staleness=staleness, max_steps=steps, save_strategy="no",
+        logging_steps=1, report_to="none", bf16=False, seed=0, disable_tqdm=True,
+    )  # fmt: skip
+    times = StepTimes()
+    trainer = GRPOTrainer(model=smollm2_path(), reward_funcs=[correct_answer, answer_format], args=args,
+                          train_dataset=arithmetic_dataset("train"), callbacks=[times])  # fmt: skip
+    start = time.perf_counter()
+    trainer.train()
+    marks = [start, *times.ends]
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    result = {
+        "staleness": staleness,
+        "steps_per_second": (len(marks) - 2) / (marks[-1] - marks[1]),  # steps 2..N: the first fills the pipeline
+        "trainer_wait_s": sum(e.get("async/trainer_wait_s", 0.0) for e in logs[1:]) / max(len(logs) - 1, 1),
+        "generator_wait_s": sum(e.get("async/generator_wait_s", 0.0) for e in logs[1:]) / max(len(logs) - 1, 1),
+        "reward": [round(e["reward"], 3) for e in logs],
+    }
+    if evaluate:
+        accuracy, _ = greedy_accuracy(trainer.model, trainer.processing_class, arithmetic_dataset("eval"), 16)
+        result["held_out_accuracy"] = accuracy
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["speed", "curve"])
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--staleness")
+    opts = parser.parse_args()
+    steps = opts.steps or (8 if opts.mode == "speed" else 24)
+    levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
+    from steadyrl.real import smollm2_path
+
+    os.sched_setaffinity(0, {0})  # the trainer: core 0; the server: core 1
+    work = Path(tempfile.mkdtemp(prefix="async-staleness-"))
+    server_env = {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
+    proc, url = start_vllm_server(smollm2_path(), work / "server.log", "--max-model-len", "528", "--dtype",
+                                  "float32", cores="1", env=server_env)  # fmt: skip
+    try:
+        results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve") for s in levels]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+    print(json.dumps(results))
+    base = results[0]["steps_per_second"]
+    print("| max_staleness | steps/s | vs 0 | trainer waited (s/step) | generator idle (s/step) | held-out accuracy |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        accuracy = f"{r['held_out_accuracy']:.1%}" if "held_out_accuracy" in r else "-"
+        print(f"| {r['staleness']} | {r['steps_per_second']:.4f} | {r['steps_per_second'] / base:.2f}x | "
+              f"{r['trainer_wait_s']:.1f} | {r['generator_wait_s']:.1f} | {accuracy} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""max_staleness: rollouts generated (and scored) on a vLLM server while the trainer trains. The lag is logged, the
+loss corrects it with the sampling policy's own log-probs, and a run killed at any moment resumes byte-identical
+(crash fuzzing against the server)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, read_logs, run_toy
+from support.toy_run import make_trainer
+from support.vllm_serving import serving
+from transformers import TrainerCallback
+
+from steadyrl.ops import completion_logprobs
+from steadyrl.toy import toy_model_path
+
+MAX_MODEL_LEN = 256
+ASYNC = ["use_vllm=true", "vllm_dtype=float32", "vllm_mode=server", "vllm_importance_sampling_correction=true",
+         "vllm_importance_sampling_mode=token_truncate"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving(toy_model_path(), MAX_MODEL_LEN) as url:
+        yield url
+
+
+def async_settings(url: str, staleness: int) -> dict:
+    return dict(use_vllm=True, vllm_dtype="float32", vllm_mode="server", vllm_server_base_url=url,
+                vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
+                vllm_importance_sampling_clip_max=100.0, max_staleness=staleness)  # fmt: skip
+
+
+class Recorder(TrainerCallback):
+    """The actor's weights before each step, and each rollout buffer trained on."""
+
+    def __init__(self):
+        self.trainer, self.weights, self.buffers = None, {}, []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.weights[state.global_step] = {k: v.detach().clone() for k, v in self.trainer.model.state_dict().items()}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        buffer = self.trainer.loop.buffer
+        if not self.buffers or self.buffers[-1][1] is not buffer:
+            self.buffers.append((state.global_step, buffer))
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_rollouts_are_sampled_with_older_weights_and_the_loss_corrects_with_the_sampling_logprobs(
+    server, tmp_path, staleness
+):
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, algorithm="grpo", callbacks=[recorder], max_steps=12, save_steps=100,
+                           **async_settings(server, staleness))  # fmt: skip
+    recorder.trainer = trainer
+    trainer.train()
+    logs = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
+    # 4 steps a rollout: rollout r (trained from step 4r) was sampled with the weights of step 4 * max(0, r - s)
+    lags = [logs[step]["async/staleness_steps"] for step in (1, 5, 9)]
+    assert lags == [4 * min(r, staleness) for r in range(3)], lags
+    assert all("async/trainer_wait_s" in logs[s] and "async/generator_wait_s" in logs[s] for s in (1, 5, 9))
+    # The importance weight of each token is pi_trainer / pi_sampling: its denominator is the log-prob under the
+    # weights the rollout was sampled with, not under the trainer's current ones.
+    first_step, buffer = recorder.buffers[-1]  # the last rollout, sampled 4 * s steps before it was trained on
+    rollout, sampled_at = buffer.rollout, first_step - 1 - 4 * staleness
+    model = trainer.model
+    current = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        model.load_state_dict(recorder.weights[sampled_at])
+        with torch.no_grad():
+            sampling, _ = completion_logprobs(model.eval(), *rollout.token_tensors, temperature=1.0)
+    finally:
+        model.load_state_dict(current)
+    mask = rollout.completion_mask.bool() & (rollout.engine_weights < 100)  # not truncated
+    implied = rollout.old_logprobs - rollout.engine_weights.log()  # log pi_trainer - log w = log pi_sampling
+    assert (implied - sampling)[mask].abs().max() < 1e-4
+    assert (rollout.old_logprobs - sampling)[mask].abs().max() > 1e-3, "the trainer's weights had not moved"
+
+
+def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
+    trainer = make_trainer(tmp_path, algorithm="rloo", loss_type="dapo", max_steps=8, save_steps=100,
+                           **async_settings(server, 1))  # fmt: skip
+    trainer.train()
+    lags = [e["async/staleness_steps"] for e in trainer.state.log_history if "async/staleness_steps" in e]
+    assert lags[0] == 0 and lags[-1] == 4
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+def test_a_killed_async_run_resumes_byte_identical(server, tmp_path_factory):
+    overrides = [*ASYNC, f"vllm_server_base_url={server}", "max_staleness=1", "max_steps=12", "save_steps=3"]
+    flags = ["--algorithm", "grpo"]
+    reference, resumed = tmp_path_factory.mktemp("async-reference"), tmp_path_factory.mktemp("async-resumed")
+    run_toy(reference, *flags, overrides=overrides)
+    run_toy(resumed, *flags, "--kill-after-save", "6", expect_kill=True, overrides=overrides)
+    saved = json.loads((resumed / "checkpoint-6" / "rank_state_0.json").read_text())
+    assert len(saved["queue"]) == 1 and saved["queue"][0]["version"] == 4, "the rollout generated ahead is stored"
+    run_toy(resumed, *flags, "--resume", overrides=overrides)
+    ref = (reference / "final-actor" / "model.safetensors").read_bytes()
+    assert (resumed / "final-actor" / "model.safetensors").read_bytes() == ref, "final actor weights differ"
+    ref_logs, new_logs = read_logs(reference), read_logs(resumed)
+    for step in range(7, 13):
+        for key in ref_logs[step]:
+            if not key.startswith("async/") and "per_second" not in key:
+                assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
+
+
+@pytest.mark.reliability
+def test_crash_fuzzing_an_async_run(server, tmp_path):
+    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *ASYNC, f"vllm_server_base_url={server}",
+                "max_staleness=1"]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz.py"), str(tmp_path), "--algorithm", "grpo",
+           "--kills", "10", "--seed", "0", "--set", *settings]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    events = json.loads((tmp_path / "report.json").read_text())["events"]
+    assert sum(event["killed"] for event in events) == 10, events
