@@ -216,7 +216,7 @@ def _(ctx):
     make_config(ctx.tmp_path, "grpo", vllm_importance_sampling_clip_min=2.0, vllm_importance_sampling_clip_max=1.5)
 
 
-SERVER = dict(use_vllm=True, vllm_mode="server", vllm_importance_sampling_correction=True)
+AHEAD = dict(use_vllm=True, vllm_mode="server", vllm_importance_sampling_correction=True)
 
 
 @trigger("staleness-invalid")
@@ -231,7 +231,7 @@ def _(ctx):
 
 @trigger("staleness-correction")
 def _(ctx):
-    make_config(ctx.tmp_path, "grpo", **{**SERVER, "vllm_importance_sampling_correction": False}, max_staleness=1)
+    make_config(ctx.tmp_path, "grpo", **{**AHEAD, "vllm_importance_sampling_correction": False}, max_staleness=1)
 
 
 @trigger("staleness-algorithm")
@@ -242,14 +242,14 @@ def _(ctx):
 @trigger("staleness-processes")
 def _(ctx):
     ctx.monkeypatch.setenv("WORLD_SIZE", "2")
-    make_config(ctx.tmp_path, "grpo", **SERVER, max_staleness=1, use_cpu=True)
+    make_config(ctx.tmp_path, "grpo", **AHEAD, max_staleness=1, use_cpu=True, micro_rollout_batch_size=4)
 
 
 @trigger("staleness-agents")
 def _(ctx):
     from support.toy_run import tool_task
 
-    make_trainer(ctx.tmp_path, algorithm="grpo", **{**tool_task("tools"), **SERVER}, max_staleness=1)
+    make_trainer(ctx.tmp_path, algorithm="grpo", **{**tool_task("tools"), **AHEAD}, max_staleness=1)
 
 
 @trigger("sync-ref-no-reference")

@@ -40,6 +40,7 @@ from .value_checks import (
     check_ranges,
     check_saving,
     check_schedule,
+    check_staleness,
     check_sync_ref_settings,
     check_vllm,
 )
@@ -97,6 +98,7 @@ class OnPolicyConfig(
 
     def __post_init__(self):
         self._check_trl_fields()
+        check_staleness(self)  # before TrainingArguments sets up the processes it would refuse
         names = self._resolve_synonyms()
         self._check_samples_per_prompt(names["n_samples_per_prompt"])
         self._resolve_lengths()

@@ -39,7 +39,6 @@ def check_ranges(config) -> None:
     check_run_length(config)
     for name in ("num_ppo_epochs", "max_prompt_length", "max_completion_length"):  # batch sizes: as resolved
         check_positive_int(name, getattr(config, name))
-    check_staleness(config)
     if config.max_tool_calling_iterations is not None:
         check_positive_int("max_tool_calling_iterations", config.max_tool_calling_iterations)
     if not config.temperature > 0:
