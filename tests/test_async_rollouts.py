@@ -118,3 +118,4 @@ def test_crash_fuzzing_an_async_run(server, tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     events = json.loads((tmp_path / "report.json").read_text())["events"]
     assert sum(event["killed"] for event in events) == 10, events
+    assert any(event["mode"] == "in-save" and event["killed"] for event in events), "no kill hit a checkpoint write"
