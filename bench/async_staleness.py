@@ -4,10 +4,11 @@ trainer on core 0.
     python bench/async_staleness.py speed [--steps 8] [--staleness 0,1,2]
     python bench/async_staleness.py curve [--steps 24] [--staleness 0,1]
 
-``speed``: GRPO on the arithmetic task (4 prompts x 8 generations, one optimizer step per rollout, 16 completion
-tokens), optimizer steps per second over steps 2..N at each staleness, and where the time went (the trainer's wait
-for generation, the generator's idle time). ``curve``: the same runs for ``--steps`` steps, then the held-out greedy
-accuracy (128 problems) of each, so staleness 1 and 0 are compared at the same number of samples.
+``speed``: GRPO on the arithmetic task (4 prompts x 8 generations, one optimizer step per rollout,
+``--max_completion_length`` tokens), optimizer steps per second over steps 2..N at each staleness, and where the time
+went (the trainer's wait for generation, the generator's idle time). ``curve``: the same runs for ``--steps`` steps,
+then the held-out greedy accuracy (128 problems) of each, so staleness 1 and 0 are compared at the same number of
+samples.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from launching import start_vllm_server  # noqa: E402
 
 
-def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool) -> dict:
+def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, completion_length: int) -> dict:
     import torch
     from transformers import TrainerCallback
 
@@ -44,8 +45,9 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool) -
 
     torch.set_num_threads(1)
     args = GRPOConfig(
-        output_dir=output_dir, num_generations=8, per_device_train_batch_size=32, max_completion_length=16,
-        learning_rate=1e-5, lr_scheduler_type="constant", gradient_checkpointing=False, reward_weights=[1.0, 0.2],
+        output_dir=output_dir, num_generations=8, per_device_train_batch_size=32,
+        max_completion_length=completion_length, learning_rate=1e-5, lr_scheduler_type="constant",
+        gradient_checkpointing=False, reward_weights=[1.0, 0.2],
         use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_dtype="float32",
         vllm_importance_sampling_correction=True, max_staleness=staleness, max_steps=steps, save_strategy="no",
         logging_steps=1, report_to="none", bf16=False, seed=0, disable_tqdm=True,
@@ -65,7 +67,8 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool) -
         "reward": [round(e["reward"], 3) for e in logs],
     }
     if evaluate:
-        accuracy, _ = greedy_accuracy(trainer.model, trainer.processing_class, arithmetic_dataset("eval"), 16)
+        accuracy, _ = greedy_accuracy(trainer.model, trainer.processing_class, arithmetic_dataset("eval"),
+                                      completion_length)  # fmt: skip
         result["held_out_accuracy"] = accuracy
     return result
 
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("mode", choices=["speed", "curve"])
     parser.add_argument("--steps", type=int)
     parser.add_argument("--staleness")
+    parser.add_argument("--max_completion_length", type=int, default=16)
     opts = parser.parse_args()
     steps = opts.steps or (8 if opts.mode == "speed" else 24)
     levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
@@ -83,10 +87,12 @@ def main() -> None:
     os.sched_setaffinity(0, {0})  # the trainer: core 0; the server: core 1
     work = Path(tempfile.mkdtemp(prefix="async-staleness-"))
     server_env = {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
-    proc, url = start_vllm_server(smollm2_path(), work / "server.log", "--max-model-len", "528", "--dtype",
+    max_model_len = str(512 + opts.max_completion_length)
+    proc, url = start_vllm_server(smollm2_path(), work / "server.log", "--max-model-len", max_model_len, "--dtype",
                                   "float32", cores="1", env=server_env)  # fmt: skip
     try:
-        results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve") for s in levels]
+        results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve", opts.max_completion_length)
+                   for s in levels]  # fmt: skip
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()

@@ -224,6 +224,15 @@ class VLLMServerBackend(GenerationBackend):
         self._synced_version = version
         self.pushes += 1
 
+    def push_copy(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Make the server sample with ``weights``, a copy of the actor's at ``version`` taken earlier (generation
+        ahead of training: from a worker thread, one process). A LoRA actor's copy is merged: the server then
+        serves the base model's name."""
+        if version != self._synced_version:
+            with self.stops_cleanly():
+                self.push(weights, version)
+            self._synced_version, self.served_name, self._base_synced = version, self.base_name, False
+
     def push(self, weights: dict[str, torch.Tensor] | None, version: int, adapter: tuple | None = None,
              adapter_name: str = "") -> None:  # fmt: skip
         # claimed again before its weights change: after close() released it, or a restart of the server freed it

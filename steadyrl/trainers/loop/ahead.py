@@ -75,13 +75,9 @@ class AheadMixin:
         """On the worker thread: push ``weights`` if the server holds others, generate, and score with the reward
         functions (not reward models, which run on the trainer's thread)."""
         metrics = {"async/generator_wait_s": time.perf_counter() - self._worker_idle_since}
-        backend = self.backend
-        if backend._synced_version != version:
-            with backend.stops_cleanly():
-                backend.push(weights, version)
-            backend._synced_version = version
+        self.backend.push_copy(weights, version)
         start = time.perf_counter()
-        generation = backend.generate(None, prompt_ids, seeds)
+        generation = self.backend.generate(None, prompt_ids, seeds)
         generation_time = time.perf_counter() - start
         scores = None
         if not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs):
