@@ -4,7 +4,7 @@ trainer on core 0.
     python bench/async_staleness.py speed [--steps 8] [--staleness 0,1,2]
     python bench/async_staleness.py curve [--steps 24] [--staleness 0,1]
 
-``speed``: GRPO on the arithmetic task (4 prompts x 8 generations, one optimizer step per rollout,
+``speed``: GRPO on the arithmetic task (``--prompts_per_step`` x 8 generations, one optimizer step per rollout,
 ``--max_completion_length`` tokens), optimizer steps per second over steps 2..N at each staleness, and where the time
 went (the trainer's wait for generation, the generator's idle time). ``curve``: the same runs for ``--steps`` steps,
 then the held-out greedy accuracy (128 problems) of each, so staleness 1 and 0 are compared at the same number of
@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from launching import start_vllm_server  # noqa: E402
 
 
-def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, completion_length: int) -> dict:
+def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, completion_length: int,
+        prompts: int) -> dict:  # fmt: skip
     import torch
     from transformers import TrainerCallback
 
@@ -45,7 +46,7 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, c
 
     torch.set_num_threads(1)
     args = GRPOConfig(
-        output_dir=output_dir, num_generations=8, per_device_train_batch_size=32,
+        output_dir=output_dir, num_generations=8, per_device_train_batch_size=8 * prompts,
         max_completion_length=completion_length, learning_rate=1e-5, lr_scheduler_type="constant",
         gradient_checkpointing=False, reward_weights=[1.0, 0.2],
         use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_dtype="float32",
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--staleness")
     parser.add_argument("--max_completion_length", type=int, default=16)
+    parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step, 8 completions each")
     opts = parser.parse_args()
     steps = opts.steps or (8 if opts.mode == "speed" else 24)
     levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
@@ -91,8 +93,8 @@ def main() -> None:
     proc, url = start_vllm_server(smollm2_path(), work / "server.log", "--max-model-len", max_model_len, "--dtype",
                                   "float32", cores="1", env=server_env)  # fmt: skip
     try:
-        results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve", opts.max_completion_length)
-                   for s in levels]  # fmt: skip
+        results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve", opts.max_completion_length,
+                       opts.prompts_per_step) for s in levels]  # fmt: skip
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
