@@ -254,9 +254,9 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             )
         return [], torch.ones(1)
 
-    def score(self, inputs: RewardInputs) -> torch.Tensor:
+    def score(self, inputs: RewardInputs, state=None) -> torch.Tensor:
         if self.judge is None:
-            return super().score(inputs)
+            return super().score(inputs, state)
         texts = inputs.completion_texts  # a judge reads text: the prompt as rendered for the policy, the completions
         pairs = [list(pair) for pair in zip(texts[0::2], texts[1::2])]
         preferred = call_judge(self.judge, inputs.prompt_texts[0::2], pairs)

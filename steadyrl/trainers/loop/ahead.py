@@ -38,7 +38,8 @@ class AheadMixin:
         if not self.args.max_staleness:
             return self.make_rollout()
         if getattr(self, "_ahead_pool", None) is None:
-            self._ahead_pool, self._in_flight, self._snapshot = ThreadPoolExecutor(1, "steadyrl-ahead"), [], (None,)
+            self._ahead_pool, self._in_flight = ThreadPoolExecutor(1, "steadyrl-ahead"), []
+            self._snapshot_version, self._snapshot = None, None
             self._ahead_tokenizer = copy.deepcopy(self.processing_class)  # a tokenizer is not safe across threads
             self._worker_idle_since = time.perf_counter()
         while len(self.loop.queue) + len(self._in_flight) <= self.args.max_staleness:
@@ -47,13 +48,12 @@ class AheadMixin:
         sampled = self.loop.queue.pop(0) if self.loop.queue else self._in_flight.pop(0).result()
         metrics = {**sampled.metrics, "async/trainer_wait_s": time.perf_counter() - start,
                    "async/staleness_steps": self.state.global_step - sampled.version}  # fmt: skip
+        generation = Generation(sampled.completion_ids, sampled.logprobs)
         if sampled.scores is None:  # reward models score on the trainer's thread
-            inputs = self.reward_inputs(sampled.prompts, sampled.prompt_ids, sampled.completion_ids, sampled.columns)
-            scores = self.score(inputs)
-            metrics.update(inputs.metric_means())
+            scores, logged = self.score_generation(sampled.prompts, sampled.prompt_ids, generation, sampled.columns)
+            metrics.update(logged)
         else:
             scores = scores_from_rows(sampled.scores)
-        generation = Generation(sampled.completion_ids, sampled.logprobs)
         with torch.no_grad():
             return self.finish_rollout(sampled.prompt_ids, generation, scores, sampled.generation_time, metrics)
 
@@ -63,12 +63,13 @@ class AheadMixin:
         prompts, columns, seeds = self.draw_rollout()
         prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
         version = self.state.global_step
-        if self._snapshot[0] != version:  # every rollout requested at one step shares one copy
+        if self._snapshot_version != version:  # every rollout requested at one step shares one copy
             with whole_weights(self.model, everywhere=False, merged=True) as weights:
-                self._snapshot = (version, {name: t.detach().to("cpu", copy=True) for name, t in weights.items()})
+                self._snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
+            self._snapshot_version = version
         state = copy.copy(self.state)  # what the reward functions read: this step's, whenever they run
         future = self._ahead_pool.submit(self.sample_ahead, prompts, columns, seeds, prompt_ids, truncated, version,
-                                         self._snapshot[1], state)  # fmt: skip
+                                         self._snapshot, state)  # fmt: skip
         self._in_flight.append(future)
 
     def sample_ahead(self, prompts, columns, seeds, prompt_ids, truncated, version, weights, state) -> SampledRollout:
@@ -81,10 +82,10 @@ class AheadMixin:
         generation_time = time.perf_counter() - start
         scores = None
         if not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs):
-            inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns,
-                                        tokenizer=self._ahead_tokenizer)  # fmt: skip
-            scores = scores_to_rows(self.score(inputs, state))
-            metrics.update(inputs.metric_means())
+            scores, logged = self.score_generation(prompts, prompt_ids, generation, columns, state,
+                                                   self._ahead_tokenizer)  # fmt: skip
+            scores = scores_to_rows(scores)
+            metrics.update(logged)
         metrics["prompts_truncated"] = truncated / len(prompts)
         self._worker_idle_since = time.perf_counter()
         return SampledRollout(version, prompts, columns, prompt_ids, generation.completion_ids, generation.logprobs,

@@ -8,7 +8,6 @@ sampler and the rollout buffer are left exactly as they were.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -96,8 +95,7 @@ class EvaluationMixin:
         prompts, prompt_ids, _, generation = self.sample_completions(prompts, columns, seeds,
                                                                      chunk=args.per_device_eval_batch_size)  # fmt: skip
         completion_ids = generation.completion_ids
-        inputs = self.reward_inputs(prompts, prompt_ids, completion_ids, columns)
-        scores = self.score(dataclasses.replace(inputs, **self.trajectory_fields(generation)))  # [M, R]
+        scores, _ = self.score_generation(prompts, prompt_ids, generation, columns)  # [M, R]
         tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
         no_eos = ends_without_eos(tokens["completion_ids"], tokens["completion_mask"],
                                   self.processing_class.eos_token_id)  # fmt: skip

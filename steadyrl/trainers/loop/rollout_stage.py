@@ -57,10 +57,8 @@ class RolloutMixin:
         start = time.time()
         prompts, prompt_ids, truncated, generation = self.sample_completions(prompts, columns, seeds)
         generation_time = time.time() - start
-        inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns)
-        inputs = dataclasses.replace(inputs, **self.trajectory_fields(generation))
-        scores = self.score(inputs)  # [N, num_rewards]
-        metrics = {**inputs.metric_means(), **getattr(generation, "metrics", {})}
+        scores, metrics = self.score_generation(prompts, prompt_ids, generation, columns)  # [N, num_rewards]
+        metrics.update(getattr(generation, "metrics", {}))
         metrics["prompts_truncated"] = truncated / len(prompts)
         return self.finish_rollout(prompt_ids, generation, scores, generation_time, metrics)
 
@@ -117,6 +115,14 @@ class RolloutMixin:
         """The token ids the policy sees for each prompt: the text, or the conversation rendered with the chat
         template (``chat_template_kwargs``), before truncation to ``max_prompt_length``."""
         return tokenize_prompts(prompts, self.processing_class, self.conversational, self.args.chat_template_kwargs)
+
+    def score_generation(self, prompts: list, prompt_ids, generation: Generation, columns: dict, state=None,
+                         tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+        """Scores [N, num_rewards] of a generation's completions (multi-turn: its conversations and the extra keyword
+        arguments) with ``state`` as ``trainer_state``, and the metrics the reward functions logged."""
+        inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns, tokenizer)
+        inputs = dataclasses.replace(inputs, **self.trajectory_fields(generation))
+        return self.score(inputs, state), inputs.metric_means()
 
     def reward_inputs(self, prompts: list, prompt_ids, completion_ids, columns: dict, tokenizer=None) -> RewardInputs:
         """What reward functions and judges see of the completions, in TRL's conventions (decoded with
