@@ -8,7 +8,8 @@ trainer on core 0.
 ``--max_completion_length`` tokens), optimizer steps per second over steps 2..N at each staleness, and where the time
 went (the trainer's wait for generation, the generator's idle time). ``curve``: the same runs for ``--steps`` steps,
 then the held-out greedy accuracy (128 problems) of each, so staleness 1 and 0 are compared at the same number of
-samples.
+samples. ``--correction``: ``vllm_importance_sampling_mode`` (token_truncate: one truncated weight per token, the
+mode for a policy lag; TRL's default sequence_mask zeroes whole sequences the last update made likelier).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from launching import start_vllm_server  # noqa: E402
 
 
 def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, completion_length: int,
-        prompts: int) -> dict:  # fmt: skip
+        prompts: int, correction: str, seed: int) -> dict:  # fmt: skip
     import torch
     from transformers import TrainerCallback
 
@@ -50,8 +51,9 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, c
         max_completion_length=completion_length, learning_rate=1e-5, lr_scheduler_type="constant",
         gradient_checkpointing=False, reward_weights=[1.0, 0.2],
         use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_dtype="float32",
-        vllm_importance_sampling_correction=True, max_staleness=staleness, max_steps=steps, save_strategy="no",
-        logging_steps=1, report_to="none", bf16=False, seed=0, disable_tqdm=True,
+        vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=correction, max_staleness=staleness,
+        max_steps=steps, save_strategy="no", logging_steps=1, report_to="none",
+        bf16=False, seed=seed, disable_tqdm=True,
     )  # fmt: skip
     times = StepTimes()
     trainer = GRPOTrainer(model=smollm2_path(), reward_funcs=[correct_answer, answer_format], args=args,
@@ -81,6 +83,8 @@ def main() -> None:
     parser.add_argument("--staleness")
     parser.add_argument("--max_completion_length", type=int, default=16)
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step, 8 completions each")
+    parser.add_argument("--correction", default="token_truncate", help="vllm_importance_sampling_mode")
+    parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args()
     steps = opts.steps or (8 if opts.mode == "speed" else 24)
     levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
@@ -94,7 +98,7 @@ def main() -> None:
                                   "float32", cores="1", env=server_env)  # fmt: skip
     try:
         results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve", opts.max_completion_length,
-                       opts.prompts_per_step) for s in levels]  # fmt: skip
+                       opts.prompts_per_step, opts.correction, opts.seed) for s in levels]  # fmt: skip
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()

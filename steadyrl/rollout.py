@@ -7,6 +7,7 @@ prompt consecutive), P prompt tokens, C completion tokens. Who fills what::
     reward functions    scores, reward_scores
     scoring passes      ref_logprobs (with a KL term), old_logprobs (where the loss or the vLLM check reads them),
                         engine_weights (vLLM importance-sampling correction)
+    vLLM                engine_logprobs, where no scoring pass ran: the loss checks and corrects with its own pass
     the algorithm       an ``Advantages``: advantages; values and returns (PPO); pair_weight and a row order
                         (online DPO); tokens_per_micro_batch (the ``dapo`` loss)
 """
@@ -22,7 +23,7 @@ import torch
 from .ops import masked_mean, sequence_kl, trim_padding
 
 PER_TOKEN_FIELDS = ("completion_ids", "completion_mask", "ref_logprobs", "old_logprobs", "advantages", "values",
-                    "returns", "engine_weights", "env_mask")  # fmt: skip
+                    "returns", "engine_weights", "engine_logprobs", "env_mask")  # fmt: skip
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Rollout(TokenBatch):
     returns: torch.Tensor | None = None  # [N, C] PPO: GAE targets of the critic
     pair_weight: torch.Tensor | None = None  # [N] online DPO: weight of the row's pair in the loss (0: a tie)
     engine_weights: torch.Tensor | None = None  # [N, C] or [N, 1]: pi_trainer / pi_vLLM, truncated or masked
+    engine_logprobs: torch.Tensor | None = None  # [N, C] float32: vLLM's log-probs of the sampled tokens, kept when
+    #                                              old_logprobs is None (a rollout trained once: the training pass's
+    #                                              own log-probs are the trainer's side of the check and correction)
     tokens_per_micro_batch: torch.Tensor | None = None  # [N] the dapo loss's normaliser, the same in every row
     env_mask: torch.Tensor | None = None  # [N, C] long: 1 where the policy sampled the token, 0 where a tool or the
     #                                       environment wrote it (multi-turn); None: the policy sampled every token

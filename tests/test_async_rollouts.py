@@ -14,6 +14,7 @@ from support.toy_run import make_trainer
 from support.vllm_serving import serving
 from transformers import TrainerCallback
 
+from steadyrl import GRPOTrainer
 from steadyrl.ops import completion_logprobs
 from steadyrl.toy import toy_model_path
 
@@ -79,6 +80,34 @@ def test_rollouts_are_sampled_with_older_weights_and_the_loss_corrects_with_the_
     implied = rollout.old_logprobs - rollout.engine_weights.log()  # log pi_trainer - log w = log pi_sampling
     assert (implied - sampling)[mask].abs().max() < 1e-4
     assert (rollout.old_logprobs - sampling)[mask].abs().max() > 1e-3, "the trainer's weights had not moved"
+
+
+class SeparatePass(GRPOTrainer):
+    checks_engine_in_loss = False  # a scoring pass for the sampling policy's log-probs, as before
+
+
+def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tmp_path):
+    """One optimizer step per rollout (2 micro-batches): no separate pass computes the trainer's log-probs of the
+    sampled tokens; the training pass's own (detached) are checked against vLLM's and give the importance weights.
+    The run equals one with the separate pass, while the lag moves the weights well away from 1."""
+    one_step = dict(train_batch_size=8, micro_train_batch_size=4, num_ppo_epochs=1, max_steps=6, save_steps=100,
+                    learning_rate=1e-3, **async_settings(server, 1))  # fmt: skip
+    in_loss = make_trainer(tmp_path / "in-loss", algorithm="grpo", **one_step)
+    in_loss.train()
+    assert in_loss.loop.buffer.rollout.old_logprobs is None and in_loss.loop.buffer.rollout.engine_logprobs is not None
+    separate = make_trainer(tmp_path / "separate", algorithm="grpo", trainer_cls=SeparatePass, **one_step)
+    separate.train()
+    assert separate.loop.buffer.rollout.old_logprobs is not None
+    ratio = "sampling/importance_sampling_ratio"
+    lagged = [e for e in in_loss.state.log_history if e.get("async/staleness_steps", 0) > 0]
+    assert lagged and max(max(e[f"{ratio}/max"] - 1, 1 - e[f"{ratio}/min"]) for e in lagged) > 0.05
+    for a, b in zip(in_loss.state.log_history, separate.state.log_history, strict=True):
+        for key in (f"{ratio}/min", f"{ratio}/max", "loss"):
+            assert abs(a[key] - b[key]) < 1e-4 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
+        for key in (f"{ratio}/mean", "generation_logprob_diff"):  # micro-batch means here, token means there
+            assert abs(a[key] - b[key]) <= 0.05 * abs(b[key]) + 1e-6, (a["step"], key, a[key], b[key])
+    for name, param in in_loss.model.named_parameters():
+        torch.testing.assert_close(param, separate.model.get_parameter(name), atol=1e-6, rtol=1e-5)
 
 
 def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):

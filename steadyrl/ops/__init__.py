@@ -40,6 +40,7 @@ from .policy_loss import (
     clipped_surrogate,
     engine_importance_weights,
     importance_log_weights,
+    importance_ratio_metrics,
     sequence_ratio_loss,
 )
 
@@ -52,6 +53,7 @@ __all__ = [
     "clip_metrics",
     "clipped_surrogate",
     "engine_importance_weights",
+    "importance_ratio_metrics",
     "group_relative_advantages",
     "importance_log_weights",
     "sequence_ratio_loss",

@@ -125,3 +125,14 @@ def engine_importance_weights(
     low = -math.inf if clip_min is None else clip_min
     high = math.inf if clip_max is None else clip_max
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def importance_ratio_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Min, mean and max of the engine importance weights [N, C] or [N, 1] over the loss tokens ``mask`` [N, C]
+    (TRL's ``sampling/importance_sampling_ratio/*``); none where there is no loss token."""
+    values = weights.expand(mask.shape)[mask.bool()] if weights.shape[1] > 1 else weights.flatten()
+    if not values.numel():
+        return {}
+    name = "sampling/importance_sampling_ratio"
+    return {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
+            f"{name}/max": values.max().item()}  # fmt: skip

@@ -19,7 +19,10 @@ from ...ops import (
     aggregate_token_loss,
     clip_metrics,
     clipped_surrogate,
+    engine_importance_weights,
     importance_log_weights,
+    importance_ratio_metrics,
+    masked_mean,
 )
 from ...rollout import Rollout
 from ..config.value_checks import finite
@@ -127,6 +130,24 @@ class PolicyLossOptions:
 class PolicyLossMixin:
     """The loss-family part of a GRPO or RLOO trainer."""
 
+    checks_engine_in_loss = True
+
+    def engine_check(self, logprobs: torch.Tensor, batch: Rollout) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """The batch's vLLM importance weights (None without the correction) and, for a rollout trained once (it
+        holds ``engine_logprobs``), the check of vLLM's log-probs against this training pass's own ``logprobs``
+        [B, C]: the sampling policy's, so no separate pass was made for them."""
+        if batch.engine_logprobs is None:
+            return batch.engine_weights, {}
+        args, mask, trainer_side = self.args, batch.policy_mask, logprobs.detach()
+        diff = (batch.engine_logprobs - trainer_side).abs()
+        metrics = {"generation_logprob_diff": masked_mean(diff, mask).item()}
+        if not args.vllm_importance_sampling_correction:
+            return None, metrics
+        weights = engine_importance_weights(trainer_side, batch.engine_logprobs, mask,
+                                            args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max,
+                                            args.vllm_importance_sampling_clip_min)  # fmt: skip
+        return weights, {**metrics, **importance_ratio_metrics(weights, mask)}
+
     def tokens_per_micro_batch(self, rollout: Rollout) -> torch.Tensor:
         """[N] (one value, repeated): the rollout's loss tokens, over every process, per micro-batch; ``dapo``
         divides each micro-batch's token sum by it."""
@@ -147,12 +168,13 @@ class PolicyLossMixin:
         log_weights = importance_log_weights(logprobs, sampled, mask, args.importance_sampling_level)
         advantages = batch.advantages.unsqueeze(1)  # [B, 1]
         per_token, bound = clipped_surrogate(log_weights, advantages, args.cliprange, args.cliprange_high, args.delta)
-        if batch.engine_weights is not None:
-            per_token = per_token * batch.engine_weights
+        engine_weights, engine_metrics = self.engine_check(logprobs, batch)
+        if engine_weights is not None:
+            per_token = per_token * engine_weights
         if kl is not None:
             if getattr(args, "use_bias_correction_kl", False):
                 kl = kl * torch.exp(log_weights)
             per_token = per_token + args.beta * kl
         normaliser = None if batch.tokens_per_micro_batch is None else batch.tokens_per_micro_batch[0]
         loss = aggregate_token_loss(per_token, mask, args.loss_type, args.max_completion_length, normaliser)
-        return loss, clip_metrics(bound, mask)
+        return loss, {**clip_metrics(bound, mask), **engine_metrics}

@@ -242,6 +242,8 @@ class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, Checkpo
         """Temperature of the log-probs the loss uses: the sampling temperature, the distribution samples came from."""
         return self.args.temperature
 
+    checks_engine_in_loss = False  # whether the loss checks vLLM's log-probs (and corrects) with its own pass
+
     def needs_old_logprobs(self) -> bool:
         """Whether the rollout needs a separate pass for the sampling policy's log-probs (the importance ratio's
         denominator). Not when each rollout is trained exactly once, in one optimizer step: the policy being trained

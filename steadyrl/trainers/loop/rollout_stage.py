@@ -30,6 +30,7 @@ from ...ops import (
     batched_logprobs,
     ends_without_eos,
     engine_importance_weights,
+    importance_ratio_metrics,
     masked_mean,
     pad_prompts_and_completions,
 )
@@ -80,7 +81,10 @@ class RolloutMixin:
                                       getattr(generation, "env_mask", None))  # fmt: skip
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
         metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **metrics}
-        if generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
+        if generation.logprobs is not None and rollout.old_logprobs is None:  # the training pass checks, corrects
+            engine = engine_logprob_tensor(generation.logprobs, rollout.completion_mask.float())
+            rollout = dataclasses.replace(rollout, engine_logprobs=engine)
+        elif generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
             diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.policy_mask)
             metrics["generation_logprob_diff"] = diff
             if getattr(args, "vllm_importance_sampling_correction", False):
@@ -165,7 +169,9 @@ class RolloutMixin:
         if args.missing_eos_penalty is not None:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
             total = self.penalise_missing_eos(total, no_eos)
-        needed = self.needs_old_logprobs() or engine_logprobs  # the engine's log-probs are checked against them
+        # vLLM's log-probs are checked against them, here or (a loss that can: ``checks_engine_in_loss``) by the
+        # training pass of a rollout trained once
+        needed = self.needs_old_logprobs() or (engine_logprobs and not self.checks_engine_in_loss)
         old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
         return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
@@ -179,13 +185,7 @@ class RolloutMixin:
         weights = engine_importance_weights(rollout.old_logprobs, engine, mask, args.vllm_importance_sampling_mode,
                                             args.vllm_importance_sampling_clip_max,
                                             args.vllm_importance_sampling_clip_min)  # fmt: skip
-        values = weights.expand(mask.shape)[mask.bool()] if weights.shape[1] > 1 else weights.flatten()
-        if not values.numel():  # no completion token in the whole share
-            return dataclasses.replace(rollout, engine_weights=weights), {}
-        name = "sampling/importance_sampling_ratio"
-        metrics = {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
-                   f"{name}/max": values.max().item()}  # fmt: skip
-        return dataclasses.replace(rollout, engine_weights=weights), metrics
+        return dataclasses.replace(rollout, engine_weights=weights), importance_ratio_metrics(weights, mask)
 
     def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
         """The weighted scores [N] less ``missing_eos_penalty`` where a completion ends without EOS [N]."""

@@ -43,7 +43,12 @@ class UpdateMixin:
                     self.accelerator.backward(total / num_micro)
             metrics["loss"] += total.item() / num_micro
             for key, value in batch_metrics.items():
-                metrics[key] += float(value) / num_micro
+                if key.endswith("/min"):  # the extremes over the micro-batches; the rest: their mean
+                    metrics[key] = min(metrics.get(key, float(value)), float(value))
+                elif key.endswith("/max"):
+                    metrics[key] = max(metrics.get(key, float(value)), float(value))
+                else:
+                    metrics[key] += float(value) / num_micro
         return {**metrics, **self.apply_gradients()}
 
     def apply_gradients(self) -> dict[str, float]:
