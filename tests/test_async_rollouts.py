@@ -138,10 +138,17 @@ def test_a_killed_async_run_resumes_byte_identical(server, tmp_path_factory):
 
 
 @pytest.mark.reliability
-def test_crash_fuzzing_an_async_run(server, tmp_path):
-    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *ASYNC, f"vllm_server_base_url={server}",
-                "max_staleness=1"]  # fmt: skip
-    cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz.py"), str(tmp_path), "--algorithm", "grpo",
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [
+        ("grpo", ["max_staleness=1"]),  # 4 steps a rollout: a separate pass for the sampling policy's log-probs
+        # one step a rollout, two ahead: the training pass corrects with its own log-probs
+        ("rloo", ["max_staleness=2", "loss_type=dapo", "beta=0.0", "train_batch_size=8", "num_ppo_epochs=1"]),
+    ],
+)
+def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
+    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *ASYNC, f"vllm_server_base_url={server}", *extra]
+    cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz.py"), str(tmp_path), "--algorithm", algorithm,
            "--kills", "10", "--seed", "0", "--set", *settings]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
