@@ -2,7 +2,7 @@
 trainer on core 0.
 
     python bench/async_staleness.py speed [--steps 8] [--staleness 0,1,2]
-    python bench/async_staleness.py curve [--steps 24] [--staleness 0,1]
+    python bench/async_staleness.py curve [--steps 24] [--staleness 0,1] [--eval_every 8]
 
 ``speed``: GRPO on the arithmetic task (``--prompts_per_step`` x 8 generations, one optimizer step per rollout,
 ``--max_completion_length`` tokens), optimizer steps per second over steps 2..N at each staleness, and where the time
@@ -31,7 +31,7 @@ from launching import start_vllm_server  # noqa: E402
 
 
 def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, completion_length: int,
-        prompts: int, correction: str, seed: int) -> dict:  # fmt: skip
+        prompts: int, correction: str, seed: int, eval_every: int) -> dict:  # fmt: skip
     import torch
     from transformers import TrainerCallback
 
@@ -39,11 +39,19 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, c
     from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy, smollm2_path
 
     class StepTimes(TrainerCallback):
+        """Each step's end; in ``curve`` mode the held-out accuracy every ``eval_every`` steps (not timed)."""
+
         def __init__(self):
-            self.ends = []
+            self.ends, self.accuracy, self.trainer, self.evaluating = [], {}, None, 0.0
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.ends.append(time.perf_counter())
+            if evaluate and state.global_step % eval_every == 0:
+                start = time.perf_counter()
+                self.accuracy[state.global_step] = greedy_accuracy(
+                    self.trainer.model, self.trainer.processing_class, arithmetic_dataset("eval"), completion_length
+                )[0]
+                self.evaluating += time.perf_counter() - start
+            self.ends.append(time.perf_counter() - self.evaluating)
 
     torch.set_num_threads(1)
     args = GRPOConfig(
@@ -58,6 +66,7 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, c
     times = StepTimes()
     trainer = GRPOTrainer(model=smollm2_path(), reward_funcs=[correct_answer, answer_format], args=args,
                           train_dataset=arithmetic_dataset("train"), callbacks=[times])  # fmt: skip
+    times.trainer = trainer
     start = time.perf_counter()
     trainer.train()
     marks = [start, *times.ends]
@@ -70,9 +79,8 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, c
         "reward": [round(e["reward"], 3) for e in logs],
     }
     if evaluate:
-        accuracy, _ = greedy_accuracy(trainer.model, trainer.processing_class, arithmetic_dataset("eval"),
-                                      completion_length)  # fmt: skip
-        result["held_out_accuracy"] = accuracy
+        result["held_out_accuracy"] = times.accuracy[steps]
+        result["accuracy_by_step"] = times.accuracy
     return result
 
 
@@ -85,6 +93,8 @@ def main() -> None:
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step, 8 completions each")
     parser.add_argument("--correction", default="token_truncate", help="vllm_importance_sampling_mode")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval_every", type=int, help="curve: held-out accuracy every this many steps (default: "
+                        "at the end only)")  # fmt: skip
     opts = parser.parse_args()
     steps = opts.steps or (8 if opts.mode == "speed" else 24)
     levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
@@ -98,7 +108,8 @@ def main() -> None:
                                   "float32", cores="1", env=server_env)  # fmt: skip
     try:
         results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve", opts.max_completion_length,
-                       opts.prompts_per_step, opts.correction, opts.seed) for s in levels]  # fmt: skip
+                       opts.prompts_per_step, opts.correction, opts.seed, opts.eval_every or steps)
+                   for s in levels]  # fmt: skip
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
