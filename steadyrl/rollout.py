@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .ops import masked_mean, sequence_kl, trim_padding
+from .ops import sequence_kl, trim_padding
 
 PER_TOKEN_FIELDS = ("completion_ids", "completion_mask", "ref_logprobs", "old_logprobs", "advantages", "values",
                     "returns", "engine_weights", "engine_logprobs", "env_mask")  # fmt: skip
@@ -184,13 +184,6 @@ def engine_logprob_tensor(engine_logprobs: list[list[float]], like: torch.Tensor
     for row, values in enumerate(engine_logprobs):
         reported[row, : len(values)] = torch.tensor(values)
     return reported
-
-
-def engine_logprob_diff(engine_logprobs: list[list[float]], logprobs: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean absolute difference between the generation engine's log-probs of the sampled tokens and the trainer's
-    [N, C]: about 1e-7 in float32 when the engine runs the trainer's weights; larger means a broken weight sync
-    or another precision."""
-    return masked_mean((engine_logprob_tensor(engine_logprobs, logprobs) - logprobs).abs(), mask).item()
 
 
 def completion_rows(rollout: Rollout, tokenizer, reward_names: list[str], advantages: torch.Tensor | None) -> list:

@@ -143,7 +143,7 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
             sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
             loss, bound = sequence_ratio_loss(logprobs, sampled, batch.advantages, mask, args.cliprange,
                                               args.cliprange_high)  # fmt: skip
-            metrics = {**clip_metrics(bound, mask), **self.engine_check(logprobs, batch)[1]}
+            metrics = {**clip_metrics(bound, mask), **self.engine_weights_of(logprobs, batch)[1]}
         else:
             loss, metrics = self.token_policy_loss(logprobs, batch)
         return loss, {**metrics, "entropy": masked_mean(entropy, mask).item(), **extra}

@@ -19,10 +19,7 @@ from ...ops import (
     aggregate_token_loss,
     clip_metrics,
     clipped_surrogate,
-    engine_importance_weights,
     importance_log_weights,
-    importance_ratio_metrics,
-    masked_mean,
 )
 from ...rollout import Rollout
 from ..config.value_checks import finite
@@ -132,21 +129,13 @@ class PolicyLossMixin:
 
     checks_engine_in_loss = True
 
-    def engine_check(self, logprobs: torch.Tensor, batch: Rollout) -> tuple[torch.Tensor | None, dict[str, float]]:
-        """The batch's vLLM importance weights (None without the correction) and, for a rollout trained once (it
-        holds ``engine_logprobs``), the check of vLLM's log-probs against this training pass's own ``logprobs``
-        [B, C]: the sampling policy's, so no separate pass was made for them."""
+    def engine_weights_of(self, logprobs: torch.Tensor, batch: Rollout) -> tuple[torch.Tensor | None, dict]:
+        """The batch's vLLM importance weights, and for a rollout trained once (it holds ``engine_logprobs``, no
+        separate pass ran) the check and weights from this training pass's own ``logprobs`` [B, C], detached: the
+        sampling policy's."""
         if batch.engine_logprobs is None:
             return batch.engine_weights, {}
-        args, mask, trainer_side = self.args, batch.policy_mask, logprobs.detach()
-        diff = (batch.engine_logprobs - trainer_side).abs()
-        metrics = {"generation_logprob_diff": masked_mean(diff, mask).item()}
-        if not args.vllm_importance_sampling_correction:
-            return None, metrics
-        weights = engine_importance_weights(trainer_side, batch.engine_logprobs, mask,
-                                            args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_max,
-                                            args.vllm_importance_sampling_clip_min)  # fmt: skip
-        return weights, {**metrics, **importance_ratio_metrics(weights, mask)}
+        return self.engine_check(logprobs.detach(), batch.engine_logprobs, batch.policy_mask)
 
     def tokens_per_micro_batch(self, rollout: Rollout) -> torch.Tensor:
         """[N] (one value, repeated): the rollout's loss tokens, over every process, per micro-batch; ``dapo``
@@ -168,7 +157,7 @@ class PolicyLossMixin:
         log_weights = importance_log_weights(logprobs, sampled, mask, args.importance_sampling_level)
         advantages = batch.advantages.unsqueeze(1)  # [B, 1]
         per_token, bound = clipped_surrogate(log_weights, advantages, args.cliprange, args.cliprange_high, args.delta)
-        engine_weights, engine_metrics = self.engine_check(logprobs, batch)
+        engine_weights, engine_metrics = self.engine_weights_of(logprobs, batch)
         if engine_weights is not None:
             per_token = per_token * engine_weights
         if kl is not None:

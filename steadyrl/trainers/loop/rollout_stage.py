@@ -41,7 +41,6 @@ from ...rollout import (
     RolloutBuffer,
     TokenBatch,
     completion_rows,
-    engine_logprob_diff,
     engine_logprob_tensor,
     minibatch_schedule,
     rollout_metrics,
@@ -81,15 +80,13 @@ class RolloutMixin:
                                       getattr(generation, "env_mask", None))  # fmt: skip
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
         metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **metrics}
-        if generation.logprobs is not None and rollout.old_logprobs is None:  # the training pass checks, corrects
+        if generation.logprobs is not None:  # health of the weight sync (and the correction): engine vs trainer
             engine = engine_logprob_tensor(generation.logprobs, rollout.completion_mask.float())
-            rollout = dataclasses.replace(rollout, engine_logprobs=engine)
-        elif generation.logprobs is not None:  # health of the weight sync: the engine and the trainer agree
-            diff = engine_logprob_diff(generation.logprobs, rollout.old_logprobs, rollout.policy_mask)
-            metrics["generation_logprob_diff"] = diff
-            if getattr(args, "vllm_importance_sampling_correction", False):
-                rollout, corrected = self.with_engine_weights(rollout, generation.logprobs)
-                metrics.update(corrected)
+            if rollout.old_logprobs is None:  # trained once: the training pass's own log-probs check and correct
+                rollout = dataclasses.replace(rollout, engine_logprobs=engine)
+            else:
+                weights, checked = self.engine_check(rollout.old_logprobs, engine, rollout.policy_mask)
+                rollout, metrics = dataclasses.replace(rollout, engine_weights=weights), {**metrics, **checked}
         added = self.compute_advantages(rollout)
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
         minibatch = args.train_batch_size // self.accelerator.num_processes
@@ -177,15 +174,21 @@ class RolloutMixin:
         return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
                        old_logprobs=old_logprobs, env_mask=env_mask)  # fmt: skip
 
-    def with_engine_weights(self, rollout: Rollout, engine_logprobs: list[list[float]]) -> tuple[Rollout, dict]:
-        """The rollout with the truncated importance weights pi_trainer / pi_vLLM of its sampled tokens, and their
-        min / mean / max over the loss tokens (TRL's ``sampling/importance_sampling_ratio/*``)."""
-        args, mask = self.args, rollout.policy_mask
-        engine = engine_logprob_tensor(engine_logprobs, rollout.old_logprobs)
-        weights = engine_importance_weights(rollout.old_logprobs, engine, mask, args.vllm_importance_sampling_mode,
+    def engine_check(self, trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:  # fmt: skip
+        """vLLM's log-probs of the sampled tokens against the trainer's [N, C] over ``mask``: their mean absolute
+        difference (``generation_logprob_diff``: about 1e-7 in float32 when the engine runs the trainer's weights;
+        more means a lag, a broken weight sync or another precision) and, with ``vllm_importance_sampling_correction``,
+        the truncated importance weights pi_trainer / pi_vLLM and their min / mean / max (TRL's
+        ``sampling/importance_sampling_ratio/*``); None without the correction."""
+        args = self.args
+        metrics = {"generation_logprob_diff": masked_mean((engine_logprobs - trainer_logprobs).abs(), mask).item()}
+        if not getattr(args, "vllm_importance_sampling_correction", False):
+            return None, metrics
+        weights = engine_importance_weights(trainer_logprobs, engine_logprobs, mask, args.vllm_importance_sampling_mode,
                                             args.vllm_importance_sampling_clip_max,
                                             args.vllm_importance_sampling_clip_min)  # fmt: skip
-        return dataclasses.replace(rollout, engine_weights=weights), importance_ratio_metrics(weights, mask)
+        return weights, {**metrics, **importance_ratio_metrics(weights, mask)}
 
     def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
         """The weighted scores [N] less ``missing_eos_penalty`` where a completion ends without EOS [N]."""
