@@ -30,8 +30,10 @@ test: install
 demo: install
 	$(PY) -m steadyrl demo --model smollm2
 
+# ruff's linter and its formatter (line length 120, pyproject.toml): CI fails on either
 lint: install
 	$(VENV)/bin/ruff check steadyrl tests examples bench
+	$(VENV)/bin/ruff format --check steadyrl tests examples bench
 
 clean:
 	rm -rf $(VENV) demo-output demo-output-smollm2 .pytest_cache

@@ -30,8 +30,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 from launching import start_vllm_server  # noqa: E402
 
 
-def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, completion_length: int,
-        prompts: int, correction: str, seed: int, eval_every: int) -> dict:  # fmt: skip
+def run(
+    url: str,
+    staleness: int,
+    steps: int,
+    output_dir: str,
+    evaluate: bool,
+    completion_length: int,
+    prompts: int,
+    correction: str,
+    seed: int,
+    eval_every: int,
+) -> dict:
     import torch
     from transformers import TrainerCallback
 
@@ -55,17 +65,37 @@ def run(url: str, staleness: int, steps: int, output_dir: str, evaluate: bool, c
 
     torch.set_num_threads(1)
     args = GRPOConfig(
-        output_dir=output_dir, num_generations=8, per_device_train_batch_size=8 * prompts,
-        max_completion_length=completion_length, learning_rate=1e-5, lr_scheduler_type="constant",
-        gradient_checkpointing=False, reward_weights=[1.0, 0.2],
-        use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_dtype="float32",
-        vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=correction, max_staleness=staleness,
-        max_steps=steps, save_strategy="no", logging_steps=1, report_to="none",
-        bf16=False, seed=seed, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=output_dir,
+        num_generations=8,
+        per_device_train_batch_size=8 * prompts,
+        max_completion_length=completion_length,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
+        reward_weights=[1.0, 0.2],
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_dtype="float32",
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode=correction,
+        max_staleness=staleness,
+        max_steps=steps,
+        save_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        bf16=False,
+        seed=seed,
+        disable_tqdm=True,
+    )
     times = StepTimes()
-    trainer = GRPOTrainer(model=smollm2_path(), reward_funcs=[correct_answer, answer_format], args=args,
-                          train_dataset=arithmetic_dataset("train"), callbacks=[times])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=smollm2_path(),
+        reward_funcs=[correct_answer, answer_format],
+        args=args,
+        train_dataset=arithmetic_dataset("train"),
+        callbacks=[times],
+    )
     times.trainer = trainer
     start = time.perf_counter()
     trainer.train()
@@ -93,8 +123,9 @@ def main() -> None:
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step, 8 completions each")
     parser.add_argument("--correction", default="token_truncate", help="vllm_importance_sampling_mode")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval_every", type=int, help="curve: held-out accuracy every this many steps (default: "
-                        "at the end only)")  # fmt: skip
+    parser.add_argument(
+        "--eval_every", type=int, help="curve: held-out accuracy every this many steps (default: at the end only)"
+    )
     opts = parser.parse_args()
     steps = opts.steps or (8 if opts.mode == "speed" else 24)
     levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
@@ -104,12 +135,32 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="async-staleness-"))
     server_env = {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
     max_model_len = str(512 + opts.max_completion_length)
-    proc, url = start_vllm_server(smollm2_path(), work / "server.log", "--max-model-len", max_model_len, "--dtype",
-                                  "float32", cores="1", env=server_env)  # fmt: skip
+    proc, url = start_vllm_server(
+        smollm2_path(),
+        work / "server.log",
+        "--max-model-len",
+        max_model_len,
+        "--dtype",
+        "float32",
+        cores="1",
+        env=server_env,
+    )
     try:
-        results = [run(url, s, steps, str(work / f"s{s}"), opts.mode == "curve", opts.max_completion_length,
-                       opts.prompts_per_step, opts.correction, opts.seed, opts.eval_every or steps)
-                   for s in levels]  # fmt: skip
+        results = [
+            run(
+                url,
+                s,
+                steps,
+                str(work / f"s{s}"),
+                opts.mode == "curve",
+                opts.max_completion_length,
+                opts.prompts_per_step,
+                opts.correction,
+                opts.seed,
+                opts.eval_every or steps,
+            )
+            for s in levels
+        ]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
@@ -119,8 +170,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for r in results:
         accuracy = f"{r['held_out_accuracy']:.1%}" if "held_out_accuracy" in r else "-"
-        print(f"| {r['staleness']} | {r['steps_per_second']:.4f} | {r['steps_per_second'] / base:.2f}x | "
-              f"{r['trainer_wait_s']:.1f} | {r['generator_wait_s']:.1f} | {accuracy} |")  # fmt: skip
+        print(
+            f"| {r['staleness']} | {r['steps_per_second']:.4f} | {r['steps_per_second'] / base:.2f}x | "
+            f"{r['trainer_wait_s']:.1f} | {r['generator_wait_s']:.1f} | {accuracy} |"
+        )
 
 
 if __name__ == "__main__":

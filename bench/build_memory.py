@@ -49,10 +49,20 @@ def worker(model: str, algorithm: str, output_dir: str, result: str) -> None:
     path, dataset = model_path(model), toy_dataset()
     config, trainer_class = (PPOConfig, PPOTrainer) if algorithm == "ppo" else (RLOOConfig, RLOOTrainer)
     args = config(
-        output_dir=output_dir, rollout_batch_size=8, n_samples_per_prompt=2, micro_rollout_batch_size=8,
-        train_batch_size=8, micro_train_batch_size=4, max_completion_length=16, beta=0.05, seed=0,
-        report_to="none", disable_tqdm=True, save_strategy="no", max_steps=1,
-    )  # fmt: skip
+        output_dir=output_dir,
+        rollout_batch_size=8,
+        n_samples_per_prompt=2,
+        micro_rollout_batch_size=8,
+        train_batch_size=8,
+        micro_train_batch_size=4,
+        max_completion_length=16,
+        beta=0.05,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        max_steps=1,
+    )
     before = current_rss_mb()
     trainer = trainer_class(path, [letters_reward], args, dataset)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -83,8 +93,13 @@ def main() -> None:
     for model in opts.models.split(","):
         for engine in opts.engines.split(","):
             for algorithm in opts.algorithms.split(","):
-                row = {"label": opts.label, "model": model, "engine": engine, "algorithm": algorithm,
-                       **launch_worker(__file__, engine, "--models", model, "--algorithms", algorithm)}  # fmt: skip
+                row = {
+                    "label": opts.label,
+                    "model": model,
+                    "engine": engine,
+                    "algorithm": algorithm,
+                    **launch_worker(__file__, engine, "--models", model, "--algorithms", algorithm),
+                }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 results.write_text(json.dumps(rows, indent=1))

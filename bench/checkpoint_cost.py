@@ -41,10 +41,19 @@ import steadyrl  # noqa: E402
 
 SETTINGS = {  # per registry name (steadyrl.ALGORITHMS)
     "rloo": dict(rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=32, num_ppo_epochs=2),
-    "ppo": dict(rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=32, num_ppo_epochs=2,
-                target_kl=0.5, kl_horizon=100, normalize_reward=True, kl_estimator="k3", missing_eos_penalty=0.1),
+    "ppo": dict(
+        rollout_batch_size=8,
+        n_samples_per_prompt=4,
+        micro_rollout_batch_size=32,
+        num_ppo_epochs=2,
+        target_kl=0.5,
+        kl_horizon=100,
+        normalize_reward=True,
+        kl_estimator="k3",
+        missing_eos_penalty=0.1,
+    ),
     "online-dpo": dict(rollout_batch_size=16, micro_rollout_batch_size=8, missing_eos_penalty=0.1),
-}  # fmt: skip
+}
 
 
 class Clock(TrainerCallback):
@@ -62,10 +71,19 @@ def make_trainer(algorithm: str, model: str, output_dir: Path, max_steps: int, c
     config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
     settings = SETTINGS[algorithm]
     args = config_class(
-        output_dir=str(output_dir), train_batch_size=16, micro_train_batch_size=8,
-        max_completion_length=completion_length, learning_rate=1e-5, max_steps=max_steps, save_steps=2,
-        save_total_limit=2, seed=0, report_to="none", disable_tqdm=True, **settings,
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        train_batch_size=16,
+        micro_train_batch_size=8,
+        max_completion_length=completion_length,
+        learning_rate=1e-5,
+        max_steps=max_steps,
+        save_steps=2,
+        save_total_limit=2,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        **settings,
+    )
     model_path, dataset, reward = task(model, prompt_length=0)
     trainer = trainer_class(model_path, args=args, train_dataset=dataset, reward_funcs=[reward], callbacks=[clock])
     trainer.remove_callback(PrinterCallback)  # keep stdout for the results
@@ -110,12 +128,19 @@ def bench(algorithm: str, model: str, steps: int, completion_length: int, out: P
     assert resumed.state.global_step == steps + 1
     save_s = statistics.median(seconds for _, seconds in saves)
     result = {
-        "algorithm": algorithm, "model": model, "steps_per_rollout": per_rollout, "step_s": step_s,
-        "save_s": save_s, "save_over_step": save_s / step_s, "saves": len(saves),
+        "algorithm": algorithm,
+        "model": model,
+        "steps_per_rollout": per_rollout,
+        "step_s": step_s,
+        "save_s": save_s,
+        "save_over_step": save_s / step_s,
+        "saves": len(saves),
         **sizes,
-        "fresh_first_step_s": first_step, "construct_s": construct, "load_s": resume_clock.train_begin - begin,
+        "fresh_first_step_s": first_step,
+        "construct_s": construct,
+        "load_s": resume_clock.train_begin - begin,
         "resume_first_step_s": resume_clock.step_ends[0] - begin,
-    }  # fmt: skip
+    }
     shutil.rmtree(directory)
     return result
 
@@ -137,16 +162,22 @@ def main() -> None:
             results.append(bench(algorithm, model, opts.steps, opts.completion_length, out))
             print(json.dumps(results[-1]), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s); {opts.steps} steps saving every 2; "
-          f"up to {opts.completion_length} new tokens")  # fmt: skip
-    print("| model | trainer | step s | save s | save / step | size MB (boundary / mid-rollout) | of which actor MB | "
-          "construct s | resume: load s | resume: to 1st step s | fresh: to 1st step s |")  # fmt: skip
+    print(
+        f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s); {opts.steps} steps saving every 2; "
+        f"up to {opts.completion_length} new tokens"
+    )
+    print(
+        "| model | trainer | step s | save s | save / step | size MB (boundary / mid-rollout) | of which actor MB | "
+        "construct s | resume: load s | resume: to 1st step s | fresh: to 1st step s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['model']} | {r['algorithm']} | {r['step_s']:.2f} | {r['save_s']:.2f} | "
-              f"{r['save_over_step']:.2f} | {r['size_mb']:.0f} / {r['size_mid_rollout_mb']:.0f} | "
-              f"{r['actor_mb']:.0f} | {r['construct_s']:.2f} | {r['load_s']:.2f} | {r['resume_first_step_s']:.2f} | "
-              f"{r['fresh_first_step_s']:.2f} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['algorithm']} | {r['step_s']:.2f} | {r['save_s']:.2f} | "
+            f"{r['save_over_step']:.2f} | {r['size_mb']:.0f} / {r['size_mid_rollout_mb']:.0f} | "
+            f"{r['actor_mb']:.0f} | {r['construct_s']:.2f} | {r['load_s']:.2f} | {r['resume_first_step_s']:.2f} | "
+            f"{r['fresh_first_step_s']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -51,11 +51,22 @@ def worker(model: str, steps: int, output_dir: str, result: str) -> None:
 
     clock = StepClock()
     args = RLOOConfig(
-        output_dir=output_dir, rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=16,
-        train_batch_size=16, micro_train_batch_size=8, num_ppo_epochs=1, max_completion_length=32,
-        learning_rate=1e-5, seed=0, report_to="none", disable_tqdm=True, save_strategy="no", max_steps=steps,
+        output_dir=output_dir,
+        rollout_batch_size=8,
+        n_samples_per_prompt=4,
+        micro_rollout_batch_size=16,
+        train_batch_size=16,
+        micro_train_batch_size=8,
+        num_ppo_epochs=1,
+        max_completion_length=32,
+        learning_rate=1e-5,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        max_steps=steps,
         logging_steps=1,
-    )  # fmt: skip
+    )
     trainer = RLOOTrainer(path, [letters_reward], args, toy_dataset(), callbacks=[clock])
     trainer.train()
     step_s = [b - a for a, b in zip(clock.ends, clock.ends[1:])]
@@ -87,8 +98,12 @@ def main() -> None:
                 runs[engine].append(launch_worker(__file__, engine, "--models", model, "--steps", str(opts.steps)))
         for engine, results in runs.items():
             pairs = [sum(r["step_s"][i : i + 2]) / 2 for r in results for i in range(opts.warmup, opts.steps - 1, 2)]
-            row = {"model": model, "engine": engine, "step_s": statistics.median(pairs),
-                   "peak_rss_mb": [max(r["peak_rss_mb"][rank] for r in results) for rank in (0, 1)]}  # fmt: skip
+            row = {
+                "model": model,
+                "engine": engine,
+                "step_s": statistics.median(pairs),
+                "peak_rss_mb": [max(r["peak_rss_mb"][rank] for r in results) for rank in (0, 1)],
+            }
             rows.append(row)
             print(json.dumps(row))
     out = ROOT / "bench-output"

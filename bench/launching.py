@@ -30,9 +30,20 @@ def launch_worker(script: str, engine: str, *worker_args: str):
     config (examples/accelerate_configs/<engine>.yaml), one torch thread per process; return the JSON it wrote to R."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIGS[engine]),
-               str(Path(script).resolve()), "--worker", *worker_args, "--output_dir", str(Path(tmp) / "out"),
-               "--result", str(result)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ACCELERATE_CONFIGS[engine]),
+            str(Path(script).resolve()),
+            "--worker",
+            *worker_args,
+            "--output_dir",
+            str(Path(tmp) / "out"),
+            "--result",
+            str(result),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -42,19 +53,36 @@ def launch_worker(script: str, engine: str, *worker_args: str):
         return json.loads(result.read_text())
 
 
-def start_vllm_server(model: str, log: Path, *server_args: str, cores: str | None = None,
-                      env: dict | None = None) -> tuple[subprocess.Popen, str]:  # fmt: skip
+def start_vllm_server(
+    model: str, log: Path, *server_args: str, cores: str | None = None, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
     """``steadyrl vllm-serve --model model *server_args`` on a free local port (on the CPU ``cores`` only, e.g. "1",
     if given), once it answers ``/health``: the process (its own session, to be killed as a group) and its URL."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", model, "--host", "127.0.0.1", "--port",
-           str(port), *server_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "steadyrl",
+        "vllm-serve",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *server_args,
+    ]
     if cores is not None:
         cmd = ["taskset", "-c", cores, *cmd]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

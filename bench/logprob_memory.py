@@ -83,8 +83,9 @@ def one_pass(method: str, model, tokens) -> tuple[float, float]:
             hidden.reshape(-1, HIDDEN), weight, None, targets, TEMPERATURE, chunk, None, 1.0, ("entropy",)
         )
     else:
-        logprobs, entropy = completion_logprobs(model, *tokens.values(), temperature=TEMPERATURE, with_entropy=True,
-                                                chunked_head=method == "chunked")  # fmt: skip
+        logprobs, entropy = completion_logprobs(
+            model, *tokens.values(), temperature=TEMPERATURE, with_entropy=True, chunked_head=method == "chunked"
+        )
     weights = torch.linspace(-1, 1, logprobs.numel()).view(logprobs.shape)
     (logprobs * weights).sum().backward()
     return float(logprobs.detach().sum()), float(model.lm_head.weight.grad.norm())
@@ -112,9 +113,14 @@ def run_case(method: str, length: int) -> dict:
     start = time.perf_counter()
     logprob_sum, head_grad_norm = one_pass(method, model, tokens)
     seconds = time.perf_counter() - start
-    return {"method": method, "length": length, "seconds": round(seconds, 2),
-            "peak_mb": round(rss_mb("VmHWM") - before), "logprob_sum": logprob_sum,
-            "head_grad_norm": head_grad_norm}  # fmt: skip
+    return {
+        "method": method,
+        "length": length,
+        "seconds": round(seconds, 2),
+        "peak_mb": round(rss_mb("VmHWM") - before),
+        "logprob_sum": logprob_sum,
+        "head_grad_norm": head_grad_norm,
+    }
 
 
 def available_gb() -> float:

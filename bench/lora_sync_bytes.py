@@ -83,16 +83,21 @@ def timed_syncs(backend, model, rounds: int) -> dict:
         start = time.perf_counter()
         backend.sync_weights(model, version)
         times.append(time.perf_counter() - start)
-    return {"first_sync_s": round(first, 3), "sync_s_median": round(statistics.median(times), 4),
-            "sync_s": [round(t, 4) for t in times]}  # fmt: skip
+    return {
+        "first_sync_s": round(first, 3),
+        "sync_s_median": round(statistics.median(times), 4),
+        "sync_s": [round(t, 4) for t in times],
+    }
 
 
 def generation_speed(backend, model, tokenizer, rounds: int) -> float:
     """Median generated tokens/s for 64 completions (16 prompts x 4, up to 64 new tokens, temperature 1)."""
     from steadyrl.real import arithmetic_dataset
 
-    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
-             for p in arithmetic_dataset(size=16)["prompt"]]  # fmt: skip
+    texts = [
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+        for p in arithmetic_dataset(size=16)["prompt"]
+    ]
     prompts = [tokenizer(text)["input_ids"] for text in texts for _ in range(4)]
     speeds = []
     for round_ in range(rounds + 1):  # the first is a warm-up
@@ -104,8 +109,12 @@ def generation_speed(backend, model, tokenizer, rounds: int) -> float:
 
 
 def colocated(path: str, tokenizer, model, mode: str, rounds: int) -> dict:
-    engine = EngineSettings(max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs",
-                            lora_rank=engine_rank(RANK) if mode == "adapter" else None)  # fmt: skip
+    engine = EngineSettings(
+        max_model_len=MAX_MODEL_LEN,
+        dtype="float32",
+        logprobs_mode="processed_logprobs",
+        lora_rank=engine_rank(RANK) if mode == "adapter" else None,
+    )
     settings = SamplingSettings(max_new_tokens=64, temperature=1.0)
     backend = VLLMGenerationBackend(tokenizer, settings, engine, torch.device("cpu"))
     try:
@@ -124,11 +133,19 @@ def served(path: str, tokenizer, model, rounds: int, out: Path) -> dict:
     try:
         for mode in ("merged", "adapter"):
             settings = ServerSettings(
-                base_url=url, timeout=240, weight_transfer="file", weights_dir=str(out / "weights"), group_host="",
-                group_port=0, model=path, max_model_len=MAX_MODEL_LEN, dtype="float32",
-                logprobs_mode="processed_logprobs", output_dir=str(out / mode),
+                base_url=url,
+                timeout=240,
+                weight_transfer="file",
+                weights_dir=str(out / "weights"),
+                group_host="",
+                group_port=0,
+                model=path,
+                max_model_len=MAX_MODEL_LEN,
+                dtype="float32",
+                logprobs_mode="processed_logprobs",
+                output_dir=str(out / mode),
                 adapter_rank=RANK if mode == "adapter" else None,
-            )  # fmt: skip
+            )
             backend = VLLMServerBackend(tokenizer, SamplingSettings(max_new_tokens=8), settings)
             try:
                 results[mode] = timed_syncs(backend, model, rounds)
@@ -164,8 +181,9 @@ def main() -> None:
     }
     print(json.dumps(report), flush=True)
     with tempfile.TemporaryDirectory():
-        report["colocated"] = {mode: colocated(path, tokenizer, model, mode, args.rounds)
-                               for mode in ("merged", "adapter")}  # fmt: skip
+        report["colocated"] = {
+            mode: colocated(path, tokenizer, model, mode, args.rounds) for mode in ("merged", "adapter")
+        }
         print(json.dumps(report["colocated"]), flush=True)
     if not args.no_server:
         report["server"] = served(path, tokenizer, model, args.rounds, out)

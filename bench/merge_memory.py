@@ -22,8 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TARGETS = {"q_proj,v_proj": ["q_proj", "v_proj"],
-           "every linear": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}  # fmt: skip
+TARGETS = {
+    "q_proj,v_proj": ["q_proj", "v_proj"],
+    "every linear": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
 
 
 def rss_mb() -> float:
@@ -73,6 +75,7 @@ def measure(method: str, targets: str) -> dict:
         if method == "live":
             weights, extra = peak_during(lambda: plain_state_dict(model, adapted_to="cpu"))
         else:
+
             def reload_and_merge():
                 fresh = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
                 return PeftModel.from_pretrained(fresh, adapter).merge_and_unload().state_dict()
@@ -94,8 +97,9 @@ def main() -> None:
     for _ in range(opts.rounds):
         for targets in TARGETS:
             for method in ("live", "reload"):
-                out = subprocess.run([sys.executable, __file__, "--worker", method, targets], check=True,
-                                     capture_output=True, text=True).stdout  # fmt: skip
+                out = subprocess.run(
+                    [sys.executable, __file__, "--worker", method, targets], check=True, capture_output=True, text=True
+                ).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 rows.setdefault((targets, method), []).append(result)
     print("| LoRA targets | steadyrl: merge from the live weights | PEFT: base loaded again + merge_and_unload |")
@@ -103,8 +107,10 @@ def main() -> None:
     for targets in TARGETS:
         live, reload = rows[(targets, "live")], rows[(targets, "reload")]
         same = all(abs(a["digest"] - b["digest"]) <= 1e-6 * abs(b["digest"]) for a, b in zip(live, reload))
-        print(f"| {targets} | {max(r['extra_mb'] for r in live):.0f} MB | {max(r['extra_mb'] for r in reload):.0f} MB"
-              f"{'' if same else ' (results differ!)'} |")
+        print(
+            f"| {targets} | {max(r['extra_mb'] for r in live):.0f} MB | {max(r['extra_mb'] for r in reload):.0f} MB"
+            f"{'' if same else ' (results differ!)'} |"
+        )
 
 
 if __name__ == "__main__":

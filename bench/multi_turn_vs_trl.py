@@ -65,13 +65,33 @@ def worker(trainer_name: str, model: str, steps: int, output_dir: str) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             self.times.append(time.perf_counter())
 
-    args = GRPOConfig(output_dir=output_dir, num_generations=8, per_device_train_batch_size=32, max_steps=steps,
-                      max_completion_length=96, max_tool_calling_iterations=1, learning_rate=1e-5,
-                      lr_scheduler_type="constant", gradient_checkpointing=False, logging_steps=1, report_to="none",
-                      save_strategy="no", use_cpu=True, bf16=False, seed=0, beta=0.0)  # fmt: skip
+    args = GRPOConfig(
+        output_dir=output_dir,
+        num_generations=8,
+        per_device_train_batch_size=32,
+        max_steps=steps,
+        max_completion_length=96,
+        max_tool_calling_iterations=1,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        gradient_checkpointing=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        beta=0.0,
+    )
     times = StepTimes()
-    trainer = GRPOTrainer(model=model, reward_funcs=[correct_sum], args=args, train_dataset=sum_dataset(256),
-                          environment_factory=Calculator, callbacks=[times])  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[correct_sum],
+        args=args,
+        train_dataset=sum_dataset(256),
+        environment_factory=Calculator,
+        callbacks=[times],
+    )
     start = time.perf_counter()
     trainer.train()
     marks = [start, *times.times]
@@ -82,9 +102,14 @@ def worker(trainer_name: str, model: str, steps: int, output_dir: str) -> dict:
         values = [entry[key] for entry in logs if key in entry]
         return sum(values) / len(values) if values else None
 
-    return {"seconds_per_step": sum(per_step[1:]) / max(len(per_step) - 1, 1), "first_step": per_step[0],
-            "calls_per_rollout": mean("tools/call_frequency"), "failed": mean("tools/failure_frequency"),
-            "env_token_share": mean("env_token_share"), "steps": len(logs)}  # fmt: skip
+    return {
+        "seconds_per_step": sum(per_step[1:]) / max(len(per_step) - 1, 1),
+        "first_step": per_step[0],
+        "calls_per_rollout": mean("tools/call_frequency"),
+        "failed": mean("tools/failure_frequency"),
+        "env_token_share": mean("env_token_share"),
+        "steps": len(logs),
+    }
 
 
 def main() -> None:
@@ -102,8 +127,18 @@ def main() -> None:
     results = {}
     for name in ("steadyrl", "trl"):
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, __file__, "--worker", name, "--model", model, "--steps", str(opts.steps),
-                   "--output_dir", tmp]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                name,
+                "--model",
+                model,
+                "--steps",
+                str(opts.steps),
+                "--output_dir",
+                tmp,
+            ]
             env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
@@ -113,8 +148,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, r in results.items():
         share = "not logged" if r["env_token_share"] is None else f"{r['env_token_share']:.2f}"
-        print(f"| {name} | {r['seconds_per_step']:.1f} | {r['first_step']:.1f} | {r['calls_per_rollout']:.2f} | "
-              f"{r['failed']:.2f} | {share} |")  # fmt: skip
+        print(
+            f"| {name} | {r['seconds_per_step']:.1f} | {r['first_step']:.1f} | {r['calls_per_rollout']:.2f} | "
+            f"{r['failed']:.2f} | {share} |"
+        )
 
 
 if __name__ == "__main__":

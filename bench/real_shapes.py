@@ -34,8 +34,9 @@ def qwen_vocab_tokenizer():
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
-                                   padding_side="left")  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>", padding_side="left"
+    )
 
 
 def build(name: str, tokenizer, **shape) -> str:
@@ -46,12 +47,18 @@ def build(name: str, tokenizer, **shape) -> str:
     def write(directory: Path) -> None:
         import torch
 
-        config = Qwen2Config(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True, **shape)  # fmt: skip
+        config = Qwen2Config(
+            vocab_size=len(tokenizer),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+            **shape,
+        )
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config)
-        model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        model.generation_config = GenerationConfig(
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
@@ -61,21 +68,39 @@ def build(name: str, tokenizer, **shape) -> str:
 def small100_path() -> str:
     from steadyrl.toy import build_chat_tokenizer
 
-    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    shape = dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     return build("bench-small100-v1", build_chat_tokenizer(), **shape)
 
 
 def qwen_vocab_path() -> str:
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, max_position_embeddings=1024)  # fmt: skip
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+    )
     return build("bench-qwen-vocab-v1", qwen_vocab_tokenizer(), **shape)
 
 
 def qwen05b_shape_path() -> str:
     """Random weights in Qwen2.5-0.5B's shape (494M parameters, 24 layers, hidden 896, tied 151,936-token head)."""
-    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    shape = dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     return build("bench-qwen05b-shape-v1", qwen_vocab_tokenizer(), **shape)
 
 
@@ -93,8 +118,9 @@ def word_prompts(num_prompts: int, length: int, seed: int = 0):
     from datasets import Dataset
 
     rng = random.Random(seed)
-    prompts = [" ".join(f"w{rng.randrange(QWEN_VOCAB - len(SPECIALS))}" for _ in range(length))
-               for _ in range(num_prompts)]  # fmt: skip
+    prompts = [
+        " ".join(f"w{rng.randrange(QWEN_VOCAB - len(SPECIALS))}" for _ in range(length)) for _ in range(num_prompts)
+    ]
     return Dataset.from_dict({"prompt": prompts})
 
 

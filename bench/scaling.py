@@ -47,11 +47,20 @@ def suppress_eos() -> None:
 
 def make_trainer(sequences: int, length: int, output_dir: str) -> RLOOTrainer:
     args = RLOOConfig(
-        output_dir=output_dir, rollout_batch_size=sequences // 4, n_samples_per_prompt=4,
-        micro_rollout_batch_size=sequences, train_batch_size=8, micro_train_batch_size=8, num_ppo_epochs=1,
-        max_completion_length=length, learning_rate=1e-5, seed=0, report_to="none", disable_tqdm=True,
+        output_dir=output_dir,
+        rollout_batch_size=sequences // 4,
+        n_samples_per_prompt=4,
+        micro_rollout_batch_size=sequences,
+        train_batch_size=8,
+        micro_train_batch_size=8,
+        num_ppo_epochs=1,
+        max_completion_length=length,
+        learning_rate=1e-5,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
         save_steps=10**9,
-    )  # fmt: skip
+    )
     return RLOOTrainer(toy_model_path(), args=args, train_dataset=toy_dataset(), reward_funcs=[letters_reward])
 
 
@@ -101,16 +110,22 @@ def main() -> None:
         results.append(result)
     Path(opts.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(opts.output_dir) / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s); toy model; suppress_eos="
-          f"{opts.suppress_eos}; medians of {opts.rounds} rounds after {opts.warmup} warm-up")  # fmt: skip
-    print("| seqs/rollout | max len | mean len | longest | gen s | gen tok/s | rollout s | train s/step | steps | "
-          "iteration s | s/step (incl. rollout) | CPU iteration s |")  # fmt: skip
+    print(
+        f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s); toy model; suppress_eos="
+        f"{opts.suppress_eos}; medians of {opts.rounds} rounds after {opts.warmup} warm-up"
+    )
+    print(
+        "| seqs/rollout | max len | mean len | longest | gen s | gen tok/s | rollout s | train s/step | steps | "
+        "iteration s | s/step (incl. rollout) | CPU iteration s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['sequences']} | {r['max_completion_length']} | {r['completion_length']:.1f} | "
-              f"{r['max_length']:.0f} | {r['generation_s']:.2f} | {r['tokens_per_second']:.0f} | "
-              f"{r['rollout_s']:.2f} | {r['train_step_s']:.2f} | {r['steps']} | {r['iteration_s']:.2f} | "
-              f"{r['step_s']:.2f} | {r['cpu_iteration_s']:.2f} |")  # fmt: skip
+        print(
+            f"| {r['sequences']} | {r['max_completion_length']} | {r['completion_length']:.1f} | "
+            f"{r['max_length']:.0f} | {r['generation_s']:.2f} | {r['tokens_per_second']:.0f} | "
+            f"{r['rollout_s']:.2f} | {r['train_step_s']:.2f} | {r['steps']} | {r['iteration_s']:.2f} | "
+            f"{r['step_s']:.2f} | {r['cpu_iteration_s']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

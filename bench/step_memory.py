@@ -93,10 +93,22 @@ def worker(model: str, steps: int, output_dir: str, result: str) -> None:
     peaks.around(RolloutMixin, "policy_logprobs", "logprobs")
     peaks.around(UpdateMixin, "train_on_minibatch", "update")
     args = RLOOConfig(
-        output_dir=output_dir, rollout_batch_size=4, n_samples_per_prompt=2, micro_rollout_batch_size=4,
-        train_batch_size=8, micro_train_batch_size=2, max_completion_length=64, learning_rate=1e-6, beta=0.05,
-        seed=0, report_to="none", disable_tqdm=True, save_strategy="no", max_steps=steps, logging_steps=1,
-    )  # fmt: skip
+        output_dir=output_dir,
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        micro_rollout_batch_size=4,
+        train_batch_size=8,
+        micro_train_batch_size=2,
+        max_completion_length=64,
+        learning_rate=1e-6,
+        beta=0.05,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        max_steps=steps,
+        logging_steps=1,
+    )
     reset_peak()
     trainer = RLOOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer)
     peaks.end("build")

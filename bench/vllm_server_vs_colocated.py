@@ -54,14 +54,29 @@ def bench_model(name: str, path: str, rounds: int, completion_length: int, out: 
     proc, url = start_vllm_server(path, out / f"{name}-server.log", "--max-model-len", str(MAX_MODEL_LEN))
     try:
         backends = {
-            "server": VLLMServerBackend(tokenizer, settings, ServerSettings(
-                base_url=url, timeout=600, weight_transfer="file", weights_dir=str(out / f"{name}-weights"),
-                group_host="", group_port=0, model=path, max_model_len=MAX_MODEL_LEN, dtype="float32",
-                logprobs_mode="processed_logprobs")),
-            "colocated": VLLMGenerationBackend(tokenizer, settings, EngineSettings(
-                max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs"),
-                torch.device("cpu")),
-        }  # fmt: skip
+            "server": VLLMServerBackend(
+                tokenizer,
+                settings,
+                ServerSettings(
+                    base_url=url,
+                    timeout=600,
+                    weight_transfer="file",
+                    weights_dir=str(out / f"{name}-weights"),
+                    group_host="",
+                    group_port=0,
+                    model=path,
+                    max_model_len=MAX_MODEL_LEN,
+                    dtype="float32",
+                    logprobs_mode="processed_logprobs",
+                ),
+            ),
+            "colocated": VLLMGenerationBackend(
+                tokenizer,
+                settings,
+                EngineSettings(max_model_len=MAX_MODEL_LEN, dtype="float32", logprobs_mode="processed_logprobs"),
+                torch.device("cpu"),
+            ),
+        }
         samples = {backend: {"tokens_per_second": [], "push_s": []} for backend in backends}
         for version in range(rounds + 1):  # version 0: warm-up
             noisy(model, version)
@@ -99,17 +114,22 @@ def main() -> None:
     opts = parser.parse_args()
     paths = {"toy": toy_model_path, "25m": model_25m_path}
     out = Path(opts.output_dir)
-    results = [bench_model(name, paths[name](), opts.rounds, opts.completion_length, out)
-               for name in opts.models.split(",")]  # fmt: skip
+    results = [
+        bench_model(name, paths[name](), opts.rounds, opts.completion_length, out) for name in opts.models.split(",")
+    ]
     print(json.dumps(results, indent=1))
-    print(f"\nmachine: {os.cpu_count()} CPU cores; 64 completions x up to {opts.completion_length} new tokens; "
-          f"medians of {opts.rounds} rounds")  # fmt: skip
+    print(
+        f"\nmachine: {os.cpu_count()} CPU cores; 64 completions x up to {opts.completion_length} new tokens; "
+        f"medians of {opts.rounds} rounds"
+    )
     print("| model | params | colocated tok/s | server tok/s | ratio | colocated push s | server push s |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['colocated_tokens_per_second']:.0f} | "
-              f"{r['server_tokens_per_second']:.0f} | {r['tokens_per_second_ratio']:.2f}x | "
-              f"{r['colocated_push_s']:.3f} | {r['server_push_s']:.3f} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['colocated_tokens_per_second']:.0f} | "
+            f"{r['server_tokens_per_second']:.0f} | {r['tokens_per_second_ratio']:.2f}x | "
+            f"{r['colocated_push_s']:.3f} | {r['server_push_s']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

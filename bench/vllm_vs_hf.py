@@ -24,8 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from steadyrl import RLOOConfig, RLOOTrainer  # noqa: E402
 from steadyrl.toy import build_cached, build_model, build_tokenizer, letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
-MODEL_25M = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                 num_key_value_heads=4, max_position_embeddings=512)  # fmt: skip
+MODEL_25M = dict(
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+)
 
 
 def model_25m_path() -> str:
@@ -39,12 +45,22 @@ def model_25m_path() -> str:
 
 def make_trainer(model_path: str, output_dir: str, use_vllm: bool, completion_length: int) -> RLOOTrainer:
     args = RLOOConfig(
-        output_dir=output_dir, use_vllm=use_vllm, vllm_dtype="float32",
-        rollout_batch_size=16, n_samples_per_prompt=4, micro_rollout_batch_size=64,   # 64 sequences per rollout
-        train_batch_size=32, micro_train_batch_size=16, num_ppo_epochs=1,              # 2 optimizer steps per rollout
-        max_completion_length=completion_length, learning_rate=1e-5, seed=0, report_to="none", disable_tqdm=True,
+        output_dir=output_dir,
+        use_vllm=use_vllm,
+        vllm_dtype="float32",
+        rollout_batch_size=16,
+        n_samples_per_prompt=4,
+        micro_rollout_batch_size=64,  # 64 sequences per rollout
+        train_batch_size=32,
+        micro_train_batch_size=16,
+        num_ppo_epochs=1,  # 2 optimizer steps per rollout
+        max_completion_length=completion_length,
+        learning_rate=1e-5,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
         save_steps=10_000,
-    )  # fmt: skip
+    )
     return RLOOTrainer(model=model_path, args=args, train_dataset=toy_dataset(), reward_funcs=[letters_reward])
 
 
@@ -65,8 +81,10 @@ def iterate(trainer: RLOOTrainer) -> dict[str, float]:
 
 
 def bench_model(name: str, path: str, rounds: int, completion_length: int, out: Path) -> dict:
-    trainers = {backend: make_trainer(path, str(out / f"{name}-{backend}"), backend == "vllm", completion_length)
-                for backend in ("hf", "vllm")}  # fmt: skip
+    trainers = {
+        backend: make_trainer(path, str(out / f"{name}-{backend}"), backend == "vllm", completion_length)
+        for backend in ("hf", "vllm")
+    }
     for trainer in trainers.values():
         trainer.prepare_for_training(max_steps=10_000)
         iterate(trainer)  # warm-up: engine start, first-call overheads
@@ -95,17 +113,22 @@ def main() -> None:
     opts = parser.parse_args()
     paths = {"toy": toy_model_path, "25m": model_25m_path}
     out = Path(opts.output_dir)
-    results = [bench_model(name, paths[name](), opts.rounds, opts.completion_length, out)
-               for name in opts.models.split(",")]  # fmt: skip
+    results = [
+        bench_model(name, paths[name](), opts.rounds, opts.completion_length, out) for name in opts.models.split(",")
+    ]
     print(json.dumps(results, indent=1))
-    print(f"\nmachine: {os.cpu_count()} CPU cores; 64 sequences x up to {opts.completion_length} new tokens; "
-          f"medians of {opts.rounds} interleaved rounds")  # fmt: skip
+    print(
+        f"\nmachine: {os.cpu_count()} CPU cores; 64 sequences x up to {opts.completion_length} new tokens; "
+        f"medians of {opts.rounds} interleaved rounds"
+    )
     print("| model | params | HF tok/s | vLLM tok/s | ratio | HF iteration s | vLLM iteration s | speed-up |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['hf_tokens_per_second']:.0f} | "
-              f"{r['vllm_tokens_per_second']:.0f} | {r['tokens_per_second_ratio']:.2f}x | {r['hf_iteration_s']:.2f} | "
-              f"{r['vllm_iteration_s']:.2f} | {r['iteration_speedup']:.2f}x |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['parameters'] / 1e6:.1f}M | {r['hf_tokens_per_second']:.0f} | "
+            f"{r['vllm_tokens_per_second']:.0f} | {r['tokens_per_second_ratio']:.2f}x | {r['hf_iteration_s']:.2f} | "
+            f"{r['vllm_iteration_s']:.2f} | {r['iteration_speedup']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -147,9 +147,18 @@ def beta(algorithm: str, s: dict) -> float:
 def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict, callback):
     from real_shapes import load_tokenizer, task
 
-    common = dict(output_dir=s["output_dir"], max_steps=s["max_steps"], learning_rate=1e-5, temperature=1.0,
-                  seed=0, report_to="none", disable_tqdm=True, logging_steps=1, use_vllm=backend == "vllm",
-                  gradient_checkpointing=s["gradient_checkpointing"])  # fmt: skip
+    common = dict(
+        output_dir=s["output_dir"],
+        max_steps=s["max_steps"],
+        learning_rate=1e-5,
+        temperature=1.0,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        logging_steps=1,
+        use_vllm=backend == "vllm",
+        gradient_checkpointing=s["gradient_checkpointing"],
+    )
     P, T, M, L = s["prompts"], s["train_batch"], s["micro_batch"], s["completion_length"]
     K = s["samples"] if algorithm in GROUPED else 2
     model_path, dataset, reward = task(model, s["prompt_length"])
@@ -158,11 +167,21 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
     if library == "steadyrl":
         import steadyrl
 
-        batches = dict(rollout_batch_size=P, n_samples_per_prompt=K, train_batch_size=T, micro_train_batch_size=M,
-                       max_completion_length=L, save_steps=10**9)  # fmt: skip
+        batches = dict(
+            rollout_batch_size=P,
+            n_samples_per_prompt=K,
+            train_batch_size=T,
+            micro_train_batch_size=M,
+            max_completion_length=L,
+            save_steps=10**9,
+        )
         if algorithm in GROUPED:
-            extra = dict(micro_rollout_batch_size=s["micro_rollout_batch"] or P * K, num_ppo_epochs=s["epochs"],
-                         beta=beta(algorithm, s), vllm_dtype="float32")  # fmt: skip
+            extra = dict(
+                micro_rollout_batch_size=s["micro_rollout_batch"] or P * K,
+                num_ppo_epochs=s["epochs"],
+                beta=beta(algorithm, s),
+                vllm_dtype="float32",
+            )
         else:
             extra = dict(micro_rollout_batch_size=M, beta=0.1)
         config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
@@ -179,22 +198,41 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
             # vLLM's "auto" dtype would downcast the float32 model to bfloat16 on CPU
             trl_vllm.LLM = functools.partial(vllm.LLM, dtype="float32")
             trl_vllm.VLLMGeneration.sync_weights = sync_weights_by_reload
-        args = trl.RLOOConfig(**trl_common, num_generations=K, per_device_train_batch_size=M,
-                              gradient_accumulation_steps=T // M, steps_per_generation=P * K // M,
-                              num_iterations=s["epochs"], max_completion_length=L, beta=beta(algorithm, s),
-                              vllm_mode="colocate")  # fmt: skip
+        args = trl.RLOOConfig(
+            **trl_common,
+            num_generations=K,
+            per_device_train_batch_size=M,
+            gradient_accumulation_steps=T // M,
+            steps_per_generation=P * K // M,
+            num_iterations=s["epochs"],
+            max_completion_length=L,
+            beta=beta(algorithm, s),
+            vllm_mode="colocate",
+        )
         return trl.RLOOTrainer(model_path, args=args, processing_class=tokenizer, **data)
     if algorithm == "grpo":
         import trl
 
-        args = trl.GRPOConfig(**trl_common, num_generations=K, per_device_train_batch_size=M,
-                              gradient_accumulation_steps=T // M, steps_per_generation=P * K // M,
-                              num_iterations=s["epochs"], max_completion_length=L, beta=beta(algorithm, s))  # fmt: skip
+        args = trl.GRPOConfig(
+            **trl_common,
+            num_generations=K,
+            per_device_train_batch_size=M,
+            gradient_accumulation_steps=T // M,
+            steps_per_generation=P * K // M,
+            num_iterations=s["epochs"],
+            max_completion_length=L,
+            beta=beta(algorithm, s),
+        )
         return trl.GRPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
-    args = OnlineDPOConfig(**trl_common, per_device_train_batch_size=M // 2, gradient_accumulation_steps=T // M,
-                           max_new_tokens=L, beta=[0.1])  # fmt: skip
+    args = OnlineDPOConfig(
+        **trl_common,
+        per_device_train_batch_size=M // 2,
+        gradient_accumulation_steps=T // M,
+        max_new_tokens=L,
+        beta=[0.1],
+    )
     return OnlineDPOTrainer(model_path, args=args, processing_class=tokenizer, **data)
 
 
@@ -232,8 +270,14 @@ def worker(spec: dict) -> None:
             self.last = now
             if state.global_step % steps_per_round:
                 return
-            report = dict(GEN, **PHASES, round_s=now - self.start, cpu_s=time.process_time() - clock["cpu"],
-                          step_s=self.steps, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            report = dict(
+                GEN,
+                **PHASES,
+                round_s=now - self.start,
+                cpu_s=time.process_time() - clock["cpu"],
+                step_s=self.steps,
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            )
             channel.write(json.dumps(report) + "\n")
             self.start = self.last = pause()  # after the last round too: the run ends only when both are done
             self.steps = []
@@ -243,8 +287,9 @@ def worker(spec: dict) -> None:
     eos = load_tokenizer(task(spec["model"], spec["settings"]["prompt_length"])[0]).eos_token_id
     instrument_generation(eos, spec["backend"] == "vllm")
     phase_timers(spec["library"])
-    trainer = make_trainer(spec["library"], spec["algorithm"], spec["backend"], spec["model"], spec["settings"],
-                           Pacer())  # fmt: skip
+    trainer = make_trainer(
+        spec["library"], spec["algorithm"], spec["backend"], spec["model"], spec["settings"], Pacer()
+    )
     if spec["profile"]:  # cProfile the measured rounds (not the warm-up) into <output_dir>.prof
         import cProfile
 
@@ -268,15 +313,26 @@ def worker(spec: dict) -> None:
 
 def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
     if algorithm in GROUPED:
-        s = dict(prompts=opts.prompts, samples=opts.samples, train_batch=opts.train_batch, micro_batch=opts.micro_batch,
-                 epochs=opts.epochs, beta=opts.beta)  # fmt: skip
+        s = dict(
+            prompts=opts.prompts,
+            samples=opts.samples,
+            train_batch=opts.train_batch,
+            micro_batch=opts.micro_batch,
+            epochs=opts.epochs,
+            beta=opts.beta,
+        )
         s["steps_per_round"] = opts.prompts * opts.samples * opts.epochs // opts.train_batch
     else:
         s = dict(prompts=opts.dpo_prompts, train_batch=opts.dpo_train_batch, micro_batch=opts.dpo_micro_batch)
         s["steps_per_round"] = opts.dpo_prompts * 2 // opts.dpo_train_batch
-    s.update(completion_length=opts.completion_length, output_dir=str(output_dir), prompt_length=opts.prompt_length,
-             micro_rollout_batch=opts.micro_rollout_batch, gradient_checkpointing=opts.gradient_checkpointing,
-             max_steps=rounds * s["steps_per_round"])  # fmt: skip
+    s.update(
+        completion_length=opts.completion_length,
+        output_dir=str(output_dir),
+        prompt_length=opts.prompt_length,
+        micro_rollout_batch=opts.micro_rollout_batch,
+        gradient_checkpointing=opts.gradient_checkpointing,
+        max_steps=rounds * s["steps_per_round"],
+    )
     return s
 
 
@@ -293,8 +349,15 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
     workers = {}
     for library in LIBRARIES:
         settings = settings_for(algorithm, opts, rounds, out / f"{model}-{row}-{library}")
-        spec = dict(library=library, algorithm=algorithm, backend=backend, model=model, settings=settings,
-                    warmup=warmup, profile=opts.profile)  # fmt: skip
+        spec = dict(
+            library=library,
+            algorithm=algorithm,
+            backend=backend,
+            model=model,
+            settings=settings,
+            warmup=warmup,
+            profile=opts.profile,
+        )
         log = open(out / f"{model}-{row}-{library}.log", "w")
         command = [sys.executable, __file__, "--worker", json.dumps(spec)]
         pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -336,8 +399,10 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
             "ms_per_token": statistics.median(1000 * r["round_s"] / r["tokens"] for r in rows),
             "sequences_per_round": rows[0]["sequences"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
-            "phases_s": {phase: statistics.median(phase_shares(r, library)[phase] / steps for r in rows)
-                         for phase in ("gen", "score", "train")},  # fmt: skip
+            "phases_s": {
+                phase: statistics.median(phase_shares(r, library)[phase] / steps for r in rows)
+                for phase in ("gen", "score", "train")
+            },
         }
     result["raw"] = reports
     result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]
@@ -360,16 +425,21 @@ def main() -> None:
     parser.add_argument("--train_batch", type=int, default=16, help="RLOO: samples per optimizer step")
     parser.add_argument("--micro_batch", type=int, default=8, help="RLOO: samples per forward/backward")
     parser.add_argument("--epochs", type=int, default=2, help="RLOO: passes over a rollout")
-    parser.add_argument("--micro_rollout_batch", type=int, help="RLOO: steadyrl's micro_rollout_batch_size (default "
-                        "the whole rollout)")  # fmt: skip
-    parser.add_argument("--beta", type=float, help="RLOO and GRPO: the KL coefficient (default RLOO 0.05, GRPO 0.04; "
-                        "0: no reference model on either side)")  # fmt: skip
+    parser.add_argument(
+        "--micro_rollout_batch", type=int, help="RLOO: steadyrl's micro_rollout_batch_size (default the whole rollout)"
+    )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        help="RLOO and GRPO: the KL coefficient (default RLOO 0.05, GRPO 0.04; 0: no reference model on either side)",
+    )
     parser.add_argument("--prompt_length", type=int, default=128, help="qwen-vocab: words per prompt")
     parser.add_argument("--dpo_prompts", type=int, default=16, help="online DPO: prompts per round")
     parser.add_argument("--dpo_train_batch", type=int, default=16, help="online DPO: sequences per optimizer step")
     parser.add_argument("--dpo_micro_batch", type=int, default=8, help="online DPO: sequences per forward/backward")
-    parser.add_argument("--gradient_checkpointing", action="store_true", help="on both sides (TRL's default; "
-                        "steadyrl's is off)")  # fmt: skip
+    parser.add_argument(
+        "--gradient_checkpointing", action="store_true", help="on both sides (TRL's default; steadyrl's is off)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (see BENCHMARKS.md)")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured rounds into OUTPUT_DIR/*.prof")
     parser.add_argument("--output_dir", default="bench-output/vs_trl")
@@ -380,21 +450,30 @@ def main() -> None:
     out = Path(opts.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rounds, warmup = per_model(opts.rounds), per_model(opts.warmup)
-    results = [bench_row(model, row, rounds[model], warmup[model], opts, out)
-               for model in opts.models.split(",") for row in opts.rows.split(",")]  # fmt: skip
-    print(f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s) per worker; up to "
-          f"{opts.completion_length} new tokens; medians of rounds {rounds} after warm-up {warmup}")  # fmt: skip
-    print("| model | row | seqs, steps / round | step wall s (steadyrl / TRL) | wall ratio | step CPU s (steadyrl / "
-          "TRL) | CPU ratio | gen tok/s (steadyrl / TRL) | mean len (steadyrl / TRL) | ms/token ratio | peak RSS MB "
-          "(steadyrl / TRL) |")  # fmt: skip
+    results = [
+        bench_row(model, row, rounds[model], warmup[model], opts, out)
+        for model in opts.models.split(",")
+        for row in opts.rows.split(",")
+    ]
+    print(
+        f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s) per worker; up to "
+        f"{opts.completion_length} new tokens; medians of rounds {rounds} after warm-up {warmup}"
+    )
+    print(
+        "| model | row | seqs, steps / round | step wall s (steadyrl / TRL) | wall ratio | step CPU s (steadyrl / "
+        "TRL) | CPU ratio | gen tok/s (steadyrl / TRL) | mean len (steadyrl / TRL) | ms/token ratio | peak RSS MB "
+        "(steadyrl / TRL) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         a, b = r["steadyrl"], r["trl"]
-        print(f"| {r['model']} | {r['row']} | {a['sequences_per_round']}, {r['steps_per_round']} | "
-              f"{a['step_s']:.2f} / {b['step_s']:.2f} | **{r['step_ratio']:.2f}** | {a['cpu_step_s']:.2f} / "
-              f"{b['cpu_step_s']:.2f} | **{r['cpu_step_ratio']:.2f}** | {a['tokens_per_second']:.0f} / "
-              f"{b['tokens_per_second']:.0f} | {a['completion_length']:.1f} / {b['completion_length']:.1f} | "
-              f"{r['ms_per_token_ratio']:.2f} | {a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} |")  # fmt: skip
+        print(
+            f"| {r['model']} | {r['row']} | {a['sequences_per_round']}, {r['steps_per_round']} | "
+            f"{a['step_s']:.2f} / {b['step_s']:.2f} | **{r['step_ratio']:.2f}** | {a['cpu_step_s']:.2f} / "
+            f"{b['cpu_step_s']:.2f} | **{r['cpu_step_ratio']:.2f}** | {a['tokens_per_second']:.0f} / "
+            f"{b['tokens_per_second']:.0f} | {a['completion_length']:.1f} / {b['completion_length']:.1f} | "
+            f"{r['ms_per_token_ratio']:.2f} | {a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} |"
+        )
     print("\n| model | row | steadyrl s/step: generate, score, train | TRL s/step: generate, score, train |")
     print("|---|---|---|---|")
     for r in results:

@@ -53,8 +53,9 @@ def main() -> None:
         seed=opts.seed,
     )
     model = smollm2_path()
-    trainer = GRPOTrainer(model=model, reward_funcs=[correct_answer, answer_format], args=args,
-                          train_dataset=arithmetic_dataset("train"))  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[correct_answer, answer_format], args=args, train_dataset=arithmetic_dataset("train")
+    )
     held_out = arithmetic_dataset("eval")
     before, _ = greedy_accuracy(trainer.model, trainer.processing_class, held_out, opts.max_completion_length)
     print(f"held-out greedy accuracy before training: {before:.1%} of {len(held_out)}", flush=True)
@@ -62,8 +63,10 @@ def main() -> None:
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
     minutes = (time.time() - start) / 60
     after, replies = greedy_accuracy(trainer.model, trainer.processing_class, held_out, opts.max_completion_length)
-    print(f"held-out greedy accuracy after {trainer.state.global_step} steps ({minutes:.1f} min): {after:.1%} "
-          f"(before: {before:.1%})")  # fmt: skip
+    print(
+        f"held-out greedy accuracy after {trainer.state.global_step} steps ({minutes:.1f} min): {after:.1%} "
+        f"(before: {before:.1%})"
+    )
     for problem, reply in list(zip(held_out["prompt"], replies))[:4]:
         print(f"  {problem[-1]['content']!r} -> {reply!r}")
     trainer.save_model(f"{opts.output_dir}/actor")

@@ -47,8 +47,15 @@ def main() -> None:
     tokenizer.chat_template, tokenizer.response_template = TOOL_CHAT_TEMPLATE, RESPONSE_TEMPLATE  # ChatML + tools
     model = AutoModelForCausalLM.from_pretrained(smollm2_path())
     start = time.time()
-    teach_tool_format(model, tokenizer, steps=opts.warmup_steps, batch_size=8, learning_rate=5e-5, seed=0,
-                      right_share=opts.right_share)  # fmt: skip
+    teach_tool_format(
+        model,
+        tokenizer,
+        steps=opts.warmup_steps,
+        batch_size=8,
+        learning_rate=5e-5,
+        seed=0,
+        right_share=opts.right_share,
+    )
     print(f"call-format warm-up: {opts.warmup_steps} steps in {time.time() - start:.0f} s", flush=True)
 
     args = GRPOConfig(
@@ -69,17 +76,25 @@ def main() -> None:
         report_to="none",
         bf16=False,  # CPU
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=[correct_sum], args=args, train_dataset=sum_dataset(256),
-                          processing_class=tokenizer, environment_factory=Calculator)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[correct_sum],
+        args=args,
+        train_dataset=sum_dataset(256),
+        processing_class=tokenizer,
+        environment_factory=Calculator,
+    )
     start = time.time()
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "tools/call_frequency" in entry]
     print(f"{len(steps)} GRPO steps in {(time.time() - start) / 60:.1f} min")
     for entry in steps:
-        print(f"  step {entry['step']:2d}: calls/rollout {entry['tools/call_frequency']:.2f}, failed "
-              f"{entry['tools/failure_frequency']:.2f}, turns {entry['turns_per_rollout']:.2f}, env tokens "
-              f"{entry['env_token_share']:.2f}, right call {entry['rewards/Calculator']:.2f}, right answer "
-              f"{entry['rewards/correct_sum']:.2f}")  # fmt: skip
+        print(
+            f"  step {entry['step']:2d}: calls/rollout {entry['tools/call_frequency']:.2f}, failed "
+            f"{entry['tools/failure_frequency']:.2f}, turns {entry['turns_per_rollout']:.2f}, env tokens "
+            f"{entry['env_token_share']:.2f}, right call {entry['rewards/Calculator']:.2f}, right answer "
+            f"{entry['rewards/correct_sum']:.2f}"
+        )
     trainer.save_model(f"{opts.output_dir}/actor")
 
 

@@ -22,8 +22,11 @@ from packaging.specifiers import SpecifierSet
 logger = logging.getLogger(__name__)
 
 TESTED = {
-    "accelerate": ">=1.0,<1.16", "deepspeed": ">=0.15,<0.20", "transformers": ">=5.0,<5.20", "vllm": ">=0.10,<0.33",
-}  # fmt: skip
+    "accelerate": ">=1.0,<1.16",
+    "deepspeed": ">=0.15,<0.20",
+    "transformers": ">=5.0,<5.20",
+    "vllm": ">=0.10,<0.33",
+}
 ALLOW_UNTESTED = "STEADYRL_ALLOW_UNTESTED_VERSIONS"
 
 
@@ -161,9 +164,19 @@ def advance_cpu_adam_bias_correction(optimizer, step: int) -> None:
     group, empty = optimizer.param_groups[0], torch.empty(0)
     beta1, beta2 = group["betas"]
     optimizer.ds_opt_adam.adam_update(
-        optimizer.opt_id, step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
-        group["bias_correction"], empty, empty, empty, empty,
-    )  # fmt: skip
+        optimizer.opt_id,
+        step,
+        group["lr"],
+        beta1,
+        beta2,
+        group["eps"],
+        group["weight_decay"],
+        group["bias_correction"],
+        empty,
+        empty,
+        empty,
+        empty,
+    )
 
 
 def zero3_partition(param: torch.nn.Parameter) -> tuple[torch.Tensor, int]:

@@ -16,8 +16,7 @@ RewardFunc = Callable[..., Sequence[float | None]]
 # Keyword arguments every reward function receives besides the dataset's columns and ``RewardInputs.extra``.
 # ``environments`` comes through ``extra`` where a rollout has environments; it is listed so that a function asking
 # for it passes the build-time check.
-ALWAYS_PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
-                 "environments")  # fmt: skip
+ALWAYS_PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
 
 
 def reward_func_name(func: RewardFunc) -> str:
@@ -94,8 +93,11 @@ def check_reward_parameters(funcs: list, columns: Sequence[str], remove_unused_c
             continue
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
             continue
-        required = [p.name for p in parameters if p.default is inspect.Parameter.empty
-                    and p.kind is not inspect.Parameter.VAR_POSITIONAL]  # fmt: skip
+        required = [
+            p.name
+            for p in parameters
+            if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_POSITIONAL
+        ]
         missing = [name for name in required if name not in passed]
         if missing:
             shown = sorted(c for c in columns if c != "prompt")

@@ -78,8 +78,9 @@ def group_normalized_total(scores: torch.Tensor, weights: torch.Tensor, group_si
     return weighted_total(((grouped - mean) / (std + 1e-4)).flatten(0, 1), weights)
 
 
-def score_completions(funcs: list[RewardFunc], inputs: RewardInputs, trainer_state=None,
-                      timeout: float | None = None) -> torch.Tensor:  # fmt: skip
+def score_completions(
+    funcs: list[RewardFunc], inputs: RewardInputs, trainer_state=None, timeout: float | None = None
+) -> torch.Tensor:
     """Call every reward function; return scores [num_completions, num_funcs], NaN where a function returned
     ``None``. A reward model (an object with ``score_inputs``) reads the token ids or texts itself; any other callable
     gets TRL's keyword arguments (``reward_kwargs``). Async functions run concurrently, after the others, each
@@ -114,9 +115,16 @@ def reward_kwargs(inputs: RewardInputs, trainer_state) -> dict:
     def log_extra(column: str, values: list) -> None:
         """Accepted for TRL's reward functions; the values are not logged."""
 
-    return {"prompts": inputs.prompts, "completions": inputs.completions, "completion_ids": inputs.completion_ids,
-            **inputs.columns, **inputs.extra, "trainer_state": trainer_state, "log_extra": log_extra,
-            "log_metric": log_metric}  # fmt: skip
+    return {
+        "prompts": inputs.prompts,
+        "completions": inputs.completions,
+        "completion_ids": inputs.completion_ids,
+        **inputs.columns,
+        **inputs.extra,
+        "trainer_state": trainer_state,
+        "log_extra": log_extra,
+        "log_metric": log_metric,
+    }
 
 
 def named_call(func: RewardFunc, call):

@@ -22,8 +22,18 @@ import torch
 
 from .ops import sequence_kl, trim_padding
 
-PER_TOKEN_FIELDS = ("completion_ids", "completion_mask", "ref_logprobs", "old_logprobs", "advantages", "values",
-                    "returns", "engine_weights", "engine_logprobs", "env_mask")  # fmt: skip
+PER_TOKEN_FIELDS = (
+    "completion_ids",
+    "completion_mask",
+    "ref_logprobs",
+    "old_logprobs",
+    "advantages",
+    "values",
+    "returns",
+    "engine_weights",
+    "engine_logprobs",
+    "env_mask",
+)
 
 
 @dataclass
@@ -137,13 +147,23 @@ class RolloutBuffer:
         return self.rollout.select(rows)
 
     def state_dict(self) -> dict:
-        return {"rollout": self.rollout.tensors(), "schedule": self.schedule, "cursor": self.cursor,
-                "metrics": self.metrics, "completions_logged": self.completions_logged}  # fmt: skip
+        return {
+            "rollout": self.rollout.tensors(),
+            "schedule": self.schedule,
+            "cursor": self.cursor,
+            "metrics": self.metrics,
+            "completions_logged": self.completions_logged,
+        }
 
     @classmethod
     def from_state_dict(cls, state: dict) -> RolloutBuffer:
-        return cls(Rollout(**state["rollout"]), state["schedule"], state["metrics"], state["cursor"],
-                   state.get("completions_logged", False))  # fmt: skip
+        return cls(
+            Rollout(**state["rollout"]),
+            state["schedule"],
+            state["metrics"],
+            state["cursor"],
+            state.get("completions_logged", False),
+        )
 
 
 def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1) -> list[list[int]]:
@@ -198,8 +218,15 @@ def completion_rows(rollout: Rollout, tokenizer, reward_names: list[str], advant
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         rewards = {} if rollout.reward_scores is None else dict(zip(reward_names, rollout.reward_scores[i].tolist()))
         advantage = None if advantages is None else advantages[i].item()
-        rows.append({"prompt": prompt, "completion": completion, "rewards": rewards,
-                     "reward": rollout.scores[i].item(), "advantage": advantage})  # fmt: skip
+        rows.append(
+            {
+                "prompt": prompt,
+                "completion": completion,
+                "rewards": rewards,
+                "reward": rollout.scores[i].item(),
+                "advantage": advantage,
+            }
+        )
     return rows
 
 

@@ -71,8 +71,15 @@ def toy_command(output_dir, *flags, overrides=(), accelerate_config=None) -> lis
     return cmd
 
 
-def run_toy(output_dir, *flags, expect_kill=False, overrides=(), accelerate_config=None, expect_failure=False,
-            expect_status: int = 0):  # fmt: skip
+def run_toy(
+    output_dir,
+    *flags,
+    expect_kill=False,
+    overrides=(),
+    accelerate_config=None,
+    expect_failure=False,
+    expect_status: int = 0,
+):
     """Run support/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
     given); return (returncode, combined output). It must exit with ``expect_status``, or be killed
     (``expect_kill``), or fail in any way (``expect_failure``)."""

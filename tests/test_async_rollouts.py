@@ -19,8 +19,13 @@ from steadyrl.ops import completion_logprobs
 from steadyrl.toy import toy_model_path
 
 MAX_MODEL_LEN = 256
-ASYNC = ["use_vllm=true", "vllm_dtype=float32", "vllm_mode=server", "vllm_importance_sampling_correction=true",
-         "vllm_importance_sampling_mode=token_truncate"]  # fmt: skip
+ASYNC = [
+    "use_vllm=true",
+    "vllm_dtype=float32",
+    "vllm_mode=server",
+    "vllm_importance_sampling_correction=true",
+    "vllm_importance_sampling_mode=token_truncate",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +35,16 @@ def server():
 
 
 def async_settings(url: str, staleness: int) -> dict:
-    return dict(use_vllm=True, vllm_dtype="float32", vllm_mode="server", vllm_server_base_url=url,
-                vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
-                vllm_importance_sampling_clip_max=100.0, max_staleness=staleness)  # fmt: skip
+    return dict(
+        use_vllm=True,
+        vllm_dtype="float32",
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=100.0,
+        max_staleness=staleness,
+    )
 
 
 class Recorder(TrainerCallback):
@@ -55,8 +67,14 @@ def test_rollouts_are_sampled_with_older_weights_and_the_loss_corrects_with_the_
     server, tmp_path, staleness
 ):
     recorder = Recorder()
-    trainer = make_trainer(tmp_path, algorithm="grpo", callbacks=[recorder], max_steps=12, save_steps=100,
-                           **async_settings(server, staleness))  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="grpo",
+        callbacks=[recorder],
+        max_steps=12,
+        save_steps=100,
+        **async_settings(server, staleness),
+    )
     recorder.trainer = trainer
     trainer.train()
     logs = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
@@ -90,8 +108,15 @@ def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tm
     """One optimizer step per rollout (2 micro-batches): no separate pass computes the trainer's log-probs of the
     sampled tokens; the training pass's own (detached) are checked against vLLM's and give the importance weights.
     The run equals one with the separate pass, while the lag moves the weights well away from 1."""
-    one_step = dict(train_batch_size=8, micro_train_batch_size=4, num_ppo_epochs=1, max_steps=6, save_steps=100,
-                    learning_rate=1e-3, **async_settings(server, 1))  # fmt: skip
+    one_step = dict(
+        train_batch_size=8,
+        micro_train_batch_size=4,
+        num_ppo_epochs=1,
+        max_steps=6,
+        save_steps=100,
+        learning_rate=1e-3,
+        **async_settings(server, 1),
+    )
     in_loss = make_trainer(tmp_path / "in-loss", algorithm="grpo", **one_step)
     in_loss.train()
     assert in_loss.loop.buffer.rollout.old_logprobs is None and in_loss.loop.buffer.rollout.engine_logprobs is not None
@@ -111,8 +136,9 @@ def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tm
 
 
 def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
-    trainer = make_trainer(tmp_path, algorithm="rloo", loss_type="dapo", max_steps=8, save_steps=100,
-                           **async_settings(server, 1))  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, algorithm="rloo", loss_type="dapo", max_steps=8, save_steps=100, **async_settings(server, 1)
+    )
     trainer.train()
     lags = [e["async/staleness_steps"] for e in trainer.state.log_history if "async/staleness_steps" in e]
     assert lags[0] == 0 and lags[-1] == 4
@@ -148,8 +174,19 @@ def test_a_killed_async_run_resumes_byte_identical(server, tmp_path_factory):
 )
 def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
     settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *ASYNC, f"vllm_server_base_url={server}", *extra]
-    cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz.py"), str(tmp_path), "--algorithm", algorithm,
-           "--kills", "10", "--seed", "0", "--set", *settings]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "support" / "crash_fuzz.py"),
+        str(tmp_path),
+        "--algorithm",
+        algorithm,
+        "--kills",
+        "10",
+        "--seed",
+        "0",
+        "--set",
+        *settings,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     events = json.loads((tmp_path / "report.json").read_text())["events"]

@@ -101,8 +101,9 @@ def test_output_dir_on_a_read_only_filesystem_is_refused(tmp_path):
     """A real read-only filesystem (a tmpfs mounted ro in a private mount namespace)."""
     out = tmp_path / "ro"
     out.mkdir()
-    check = (f"from steadyrl.trainers.config.input_checks import check_output_dir; "
-             f"check_output_dir({str(out / 'run')!r})")  # fmt: skip
+    check = (
+        f"from steadyrl.trainers.config.input_checks import check_output_dir; check_output_dir({str(out / 'run')!r})"
+    )
     script = f"mount -t tmpfs -o ro,size=1m tmpfs {out} && {sys.executable} -c {shlex.quote(check)}"
     cmd = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -110,5 +111,6 @@ def test_output_dir_on_a_read_only_filesystem_is_refused(tmp_path):
     if "Traceback" not in proc.stderr:
         pytest.skip(reason=f"no private read-only mount here (user namespaces disabled?): {proc.stderr.strip()[-300:]}")
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"ValueError: output_dir={str(out / 'run')!r} is not writable ([Errno 30] Read-only file "
-                           "system"), last  # fmt: skip
+    assert last.startswith(
+        f"ValueError: output_dir={str(out / 'run')!r} is not writable ([Errno 30] Read-only file system"
+    ), last

@@ -68,8 +68,9 @@ def test_model_generates_and_stops_at_im_end(chat_path):
     assert config.model_type == "qwen2" and config.hidden_size // config.num_attention_heads == 32  # vLLM's CPU kernels
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
     prompts = list(chat_dataset("eval")["prompt"])
-    inputs = tokenizer.apply_chat_template(prompts, add_generation_prompt=True, padding=True, return_tensors="pt",
-                                           return_dict=True)  # fmt: skip
+    inputs = tokenizer.apply_chat_template(
+        prompts, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         output = model.generate(**inputs, do_sample=False, max_new_tokens=64)
     completions = output[:, inputs["input_ids"].shape[1] :]

@@ -137,10 +137,18 @@ def test_a_step_begins_before_the_rollout_it_needs_and_callbacks_come_in_trainer
 
     plain = RecordEvents()  # transformers.Trainer's order for the same schedule
     data = Dataset.from_dict({"input_ids": [[3, 4, 5, 6]] * 16, "labels": [[3, 4, 5, 6]] * 16})
-    args = TrainingArguments(output_dir=str(tmp_path / "plain"), max_steps=5, save_steps=3, logging_steps=1,
-                             per_device_train_batch_size=2, report_to="none", disable_tqdm=True,
-                             use_cpu=True)  # fmt: skip
-    Trainer(model=AutoModelForCausalLM.from_pretrained(toy_path), args=args, train_dataset=data,
-            callbacks=[plain]).train()  # fmt: skip
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "plain"),
+        max_steps=5,
+        save_steps=3,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    Trainer(
+        model=AutoModelForCausalLM.from_pretrained(toy_path), args=args, train_dataset=data, callbacks=[plain]
+    ).train()
     without_rollouts = [event for event in recorder.events[:-1] if event[0] != "rollout"]
     assert without_rollouts == plain.events[: len(without_rollouts)], plain.events

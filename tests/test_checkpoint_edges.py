@@ -124,8 +124,15 @@ def test_the_lock_never_opens_a_symlink(tmp_path):
 
 # ---- replacing checkpoint-N ------------------------------------------------------------------------------------------
 
-STEADYRL_FILES = ("trainer_state.json", "steadyrl_state.json", "scheduler.pt", "optimizer.pt", "rng_state_0.json",
-                  "rank_state_0.json", "actor/model.safetensors")  # fmt: skip
+STEADYRL_FILES = (
+    "trainer_state.json",
+    "steadyrl_state.json",
+    "scheduler.pt",
+    "optimizer.pt",
+    "rng_state_0.json",
+    "rank_state_0.json",
+    "actor/model.safetensors",
+)
 
 
 def fill(directory: Path, content: str) -> Path:
@@ -180,8 +187,9 @@ def test_when_putting_the_old_checkpoint_back_fails_the_next_start_recovers_one(
     """The new copy's rename fails, and so does (or the process dies in) the rename putting the old one back: the
     next start makes a complete checkpoint-2 again, whether the failed save removed the new copy or not."""
     back = OSError(errno.EIO, "Input/output error") if put_back == "fails" else Crash()
-    failing_rename(monkeypatch, {"tmp-checkpoint-2": OSError(errno.EIO, "Input/output error"),
-                                 "replaced-checkpoint-2": back})  # fmt: skip
+    failing_rename(
+        monkeypatch, {"tmp-checkpoint-2": OSError(errno.EIO, "Input/output error"), "replaced-checkpoint-2": back}
+    )
     with pytest.raises(OSError if put_back == "fails" else Crash):
         commit_checkpoint(replacing / "tmp-checkpoint-2", 2)
     monkeypatch.undo()
@@ -206,8 +214,12 @@ def test_a_plain_trainer_writing_over_a_checkpoint_gets_a_new_manifest(tmp_path,
     quiet = dict(per_device_train_batch_size=2, report_to="none", disable_tqdm=True, use_cpu=True)
     for learning_rate in (1e-3, 1e-2):  # the second run writes over the first one's checkpoint-2
         args = TrainingArguments(str(tmp_path), max_steps=2, save_steps=2, learning_rate=learning_rate, **quiet)
-        Trainer(model=AutoModelForCausalLM.from_pretrained(toy_path), args=args, train_dataset=data,
-                callbacks=[GlobalStepCallback(), CheckpointCallback()]).train()  # fmt: skip
+        Trainer(
+            model=AutoModelForCausalLM.from_pretrained(toy_path),
+            args=args,
+            train_dataset=data,
+            callbacks=[GlobalStepCallback(), CheckpointCallback()],
+        ).train()
         manifest = verify_checkpoint(tmp_path / "checkpoint-2")
         assert manifest["layout"] == "transformers"
     assert [step for step, _ in scan_checkpoints(tmp_path).complete] == [2]
@@ -224,7 +236,10 @@ def test_a_failed_rotation_stops_the_run_naming_the_complete_checkpoint(tmp_path
 
     monkeypatch.setattr(checkpointing, "rotate_checkpoints", failing_rotation)
     trainer = make_trainer(tmp_path, max_steps=3, save_steps=3, save_total_limit=1)
-    with pytest.raises(CheckpointError, match=r"checkpoint-3 is complete, but deleting the checkpoints beyond "
-                       r"save_total_limit=1 in .* failed \(PermissionError: .*Permission denied"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError,
+        match=r"checkpoint-3 is complete, but deleting the checkpoints beyond "
+        r"save_total_limit=1 in .* failed \(PermissionError: .*Permission denied",
+    ):
         trainer.train()
     verify_checkpoint(tmp_path / "checkpoint-3")

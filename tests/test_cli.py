@@ -25,8 +25,9 @@ def steadyrl(capsys, *args):
 def test_train_from_yaml_with_overrides_then_list_damage_and_export(tmp_path, toy_path, capsys):
     config = ROOT / "examples" / "configs" / "rloo_toy.yaml"  # max_steps: 20 there; the flags win
     run = tmp_path / "run"
-    code, output = steadyrl(capsys, "rloo", "--config", config, "--output_dir", run, "--max_steps", "4",
-                            "--disable_tqdm", "true")  # fmt: skip
+    code, output = steadyrl(
+        capsys, "rloo", "--config", config, "--output_dir", run, "--max_steps", "4", "--disable_tqdm", "true"
+    )
     assert code == 0, output[-3000:]
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
@@ -115,9 +116,28 @@ def {name}(completions, letters, **kwargs):
     Path(__file__).with_suffix(".called").touch()
     return [sum(ch in word for ch in completion) / 4 for completion, word in zip(completions, letters)]
 """
-SMALL_RUN = ["--max_steps", 2, "--save_steps", 2, "--rollout_batch_size", 4, "--n_samples_per_prompt", 2,
-             "--train_batch_size", 4, "--micro_train_batch_size", 4, "--micro_rollout_batch_size", 8,
-             "--max_completion_length", 4, "--report_to", "none", "--disable_tqdm", "true"]  # fmt: skip
+SMALL_RUN = [
+    "--max_steps",
+    2,
+    "--save_steps",
+    2,
+    "--rollout_batch_size",
+    4,
+    "--n_samples_per_prompt",
+    2,
+    "--train_batch_size",
+    4,
+    "--micro_train_batch_size",
+    4,
+    "--micro_rollout_batch_size",
+    8,
+    "--max_completion_length",
+    4,
+    "--report_to",
+    "none",
+    "--disable_tqdm",
+    "true",
+]
 
 
 def write_dataset(dataset, path: Path) -> Path:
@@ -145,8 +165,19 @@ def test_trains_on_a_local_data_file_with_a_reward_function_from_a_file_or_the_c
         monkeypatch.delitem(sys.modules, "cwd_rewards", raising=False)
         spec = "cwd_rewards:letters_seen"
     out = tmp_path / "out"
-    code, output = steadyrl(capsys, "rloo", "--model_name_or_path", toy_path, "--dataset_name", data,
-                            "--reward_funcs", spec, "--output_dir", out, *SMALL_RUN)  # fmt: skip
+    code, output = steadyrl(
+        capsys,
+        "rloo",
+        "--model_name_or_path",
+        toy_path,
+        "--dataset_name",
+        data,
+        "--reward_funcs",
+        spec,
+        "--output_dir",
+        out,
+        *SMALL_RUN,
+    )
     assert code == 0, output[-3000:]
     assert (out / "checkpoint-2").is_dir() and (out / "actor" / "model.safetensors").is_file()
     assert (work / "cwd_rewards.called").is_file()
@@ -157,10 +188,21 @@ def test_trains_a_chat_model_on_a_conversational_data_file(tmp_path, capsys):
 
     data = write_dataset(chat_dataset("train"), tmp_path / "chat.jsonl")
     out = tmp_path / "out"
-    code, output = steadyrl(capsys, "online-dpo", "--model_name_or_path", chat_model_path(), "--dataset_name", data,
-                            "--reward_funcs", "steadyrl.toy:letters_in_answer", "--output_dir", out,
-                            "--chat_template_kwargs", '{"enable_thinking": false}',
-                            *SMALL_RUN)  # fmt: skip
+    code, output = steadyrl(
+        capsys,
+        "online-dpo",
+        "--model_name_or_path",
+        chat_model_path(),
+        "--dataset_name",
+        data,
+        "--reward_funcs",
+        "steadyrl.toy:letters_in_answer",
+        "--output_dir",
+        out,
+        "--chat_template_kwargs",
+        '{"enable_thinking": false}',
+        *SMALL_RUN,
+    )
     assert code == 0, output[-3000:]
     assert (out / "checkpoint-2").is_dir()
 
@@ -180,8 +222,10 @@ def test_local_datasets_load_plain_or_conversational_from_a_file_or_folder(tmp_p
 def test_bad_local_dataset_or_reward_file_names_it_before_loading_a_model(tmp_path, toy_path, capsys):
     (tmp_path / "notes.txt").write_text("abc:\n")
     run = ["rloo", "--model_name_or_path", toy_path, "--output_dir", tmp_path / "out"]
-    for dataset, problem in [(tmp_path / "missing.jsonl", "no such file or folder"),
-                             (tmp_path / "notes.txt", "cannot read .txt files")]:  # fmt: skip
+    for dataset, problem in [
+        (tmp_path / "missing.jsonl", "no such file or folder"),
+        (tmp_path / "notes.txt", "cannot read .txt files"),
+    ]:
         code, output = steadyrl(capsys, *run, "--dataset_name", dataset)
         assert code == 2 and f"--dataset_name {dataset}: {problem}. Give a .json, .jsonl, .parquet" in output, output
     data = write_dataset(toy_dataset(num_prompts=8), tmp_path / "prompts.csv")

@@ -41,8 +41,14 @@ def test_jsonl_holds_one_object_per_row_with_its_step(tmp_path):
     log.write(2, rows)
     lines = read_lines(tmp_path / "out" / COMPLETIONS_FILE)
     assert [line["step"] for line in lines] == [1, 1, 2, 2, 2]
-    assert lines[0] == {"step": 1, "prompt": "prompt0", "completion": "completion0", "reward": -0.5,
-                        "rewards": {"letters": 0.0, "length": -0.5}, "advantage": -1.5}  # fmt: skip
+    assert lines[0] == {
+        "step": 1,
+        "prompt": "prompt0",
+        "completion": "completion0",
+        "reward": -0.5,
+        "rewards": {"letters": 0.0, "length": -0.5},
+        "advantage": -1.5,
+    }
     assert lines[2]["advantage"] is None and lines[3]["completion"] == 'multi\nline "quoted" ünï'
     assert all(isinstance(line["reward"], float) for line in lines)
 
@@ -52,11 +58,17 @@ def test_numpy_and_torch_numbers_become_json_floats(tmp_path):
     import torch
 
     log = CompletionLog(tmp_path)
-    row = {"prompt": "p", "completion": "c", "rewards": {"r": np.float32(0.5)}, "reward": torch.tensor(0.5),
-           "advantage": float("nan")}  # fmt: skip
+    row = {
+        "prompt": "p",
+        "completion": "c",
+        "rewards": {"r": np.float32(0.5)},
+        "reward": torch.tensor(0.5),
+        "advantage": float("nan"),
+    }
     log.write(3, [row])
-    assert read_lines(log.path) == [{"step": 3, "prompt": "p", "completion": "c", "reward": 0.5, "rewards": {"r": 0.5},
-                                     "advantage": None}]  # fmt: skip
+    assert read_lines(log.path) == [
+        {"step": 3, "prompt": "p", "completion": "c", "reward": 0.5, "rewards": {"r": 0.5}, "advantage": None}
+    ]
 
 
 def test_a_write_survives_a_kill_right_after(tmp_path):
@@ -138,8 +150,19 @@ def test_printed_table_shows_prompt_completion_rewards_and_advantage(tmp_path, c
     CompletionLog(tmp_path, num_to_print=2).write(7, rows)
     out = capsys.readouterr().out
     assert "Completions at step 7" in out
-    for text in ("prompt0", "completion0", "prompt1", "[bold]ab\\ncd[/bold]", "letters", "length", "advantage",
-                 "0.25", "-0.25", "-1.5", "-0.5"):  # fmt: skip
+    for text in (
+        "prompt0",
+        "completion0",
+        "prompt1",
+        "[bold]ab\\ncd[/bold]",
+        "letters",
+        "length",
+        "advantage",
+        "0.25",
+        "-0.25",
+        "-1.5",
+        "-0.5",
+    ):
         assert text in out, text
     assert "prompt2" not in out and "completion3" not in out  # num_to_print=2
     assert len(read_lines(tmp_path / COMPLETIONS_FILE)) == 4  # the file has every row
@@ -162,8 +185,11 @@ def test_printed_prompt_is_the_last_user_turn_of_a_conversation(tmp_path, capsys
     tokenizer = build_chat_tokenizer()
     tokenizer.chat_template = template
     conversation = [{"role": "system", "content": SYSTEM}] if system else []
-    conversation += [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, ask away."},
-                     {"role": "user", "content": "Which letters are in qwer?"}]  # fmt: skip
+    conversation += [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello, ask away."},
+        {"role": "user", "content": "Which letters are in qwer?"},
+    ]
     ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=True)
     rows = make_rows(1)
     rows[0]["prompt"] = tokenizer.decode(ids["input_ids"])  # as the completion log holds it: what the model saw
@@ -214,8 +240,13 @@ def test_no_integration_set_up_means_print_and_file_only(tmp_path, capsys):
 
 
 def test_markdown_table_escapes_what_markdown_and_html_would_swallow():
-    row = {"prompt": "a|b", "completion": "<script>x</script> **y** _z_\nnext", "rewards": {"r": 1.0},
-           "reward": 1.0, "advantage": None}  # fmt: skip
+    row = {
+        "prompt": "a|b",
+        "completion": "<script>x</script> **y** _z_\nnext",
+        "rewards": {"r": 1.0},
+        "reward": 1.0,
+        "advantage": None,
+    }
     lines = markdown_table([row]).splitlines()
     assert lines[0] == "| prompt | completion | rewards/r | reward |"
     assert lines[2] == r"| a\|b | &lt;script&gt;x&lt;/script&gt; \*\*y\*\* \_z\_<br>next | 1 | 1 |"
@@ -253,8 +284,13 @@ def test_wandb_offline_run_gets_a_table(tmp_path, monkeypatch):
     import wandb
     from transformers.integrations import WandbCallback
 
-    for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "steadyrl-test",
-                        "WANDB_CONSOLE": "off", "WANDB_SILENT": "true"}.items():  # fmt: skip
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_PROJECT": "steadyrl-test",
+        "WANDB_CONSOLE": "off",
+        "WANDB_SILENT": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=["wandb"])
     callback = WandbCallback()
@@ -269,10 +305,19 @@ def test_wandb_offline_run_gets_a_table(tmp_path, monkeypatch):
     [table_file] = glob.glob(os.path.join(run_dir, "media", "table", "completions_*.table.json"))
     with open(table_file) as f:
         saved = json.load(f)
-    assert saved["columns"] == ["step", "prompt", "completion", "rewards/letters", "rewards/length", "reward",
-                                "advantage"]  # fmt: skip
-    assert saved["data"] == [[9, "prompt0", "completion0", 0.0, -0.5, -0.5, -1.5],
-                             [9, "prompt1", "completion1", 0.25, -0.5, -0.25, None]]  # fmt: skip
+    assert saved["columns"] == [
+        "step",
+        "prompt",
+        "completion",
+        "rewards/letters",
+        "rewards/length",
+        "reward",
+        "advantage",
+    ]
+    assert saved["data"] == [
+        [9, "prompt0", "completion0", 0.0, -0.5, -0.5, -1.5],
+        [9, "prompt1", "completion1", 0.25, -0.5, -0.25, None],
+    ]
 
 
 def test_wandb_callback_without_a_run_is_left_alone(tmp_path):

@@ -7,16 +7,30 @@ from transformers import AutoTokenizer
 from steadyrl import ALGORITHMS
 from steadyrl.toy import chat_dataset, chat_model_path, letters_in_answer
 
-SMALL = dict(rollout_batch_size=4, train_batch_size=8, micro_train_batch_size=4, micro_rollout_batch_size=8,
-             max_completion_length=12, max_steps=2, save_steps=2, report_to="none", disable_tqdm=True, seed=0,
-             learning_rate=1e-4)  # fmt: skip
+SMALL = dict(
+    rollout_batch_size=4,
+    train_batch_size=8,
+    micro_train_batch_size=4,
+    micro_rollout_batch_size=8,
+    max_completion_length=12,
+    max_steps=2,
+    save_steps=2,
+    report_to="none",
+    disable_tqdm=True,
+    seed=0,
+    learning_rate=1e-4,
+)
 
 
 def chat_trainer(output_dir, algorithm, reward_funcs, **overrides):
     config_class, trainer_class = ALGORITHMS[algorithm]
     settings = {**SMALL, "n_samples_per_prompt": 2, **overrides}
-    return trainer_class(chat_model_path(), args=config_class(output_dir=str(output_dir), **settings),
-                         train_dataset=chat_dataset("train"), reward_funcs=reward_funcs)  # fmt: skip
+    return trainer_class(
+        chat_model_path(),
+        args=config_class(output_dir=str(output_dir), **settings),
+        train_dataset=chat_dataset("train"),
+        reward_funcs=reward_funcs,
+    )
 
 
 @pytest.mark.parametrize("use_vllm", [False, True], ids=["hf", "vllm"])
@@ -48,13 +62,19 @@ def test_a_judge_reads_the_rendered_conversation_and_completion_texts(tmp_path):
         return [0] * len(pairs)
 
     config_class, trainer_class = ALGORITHMS["online-dpo"]
-    trainer = trainer_class(chat_model_path(), args=config_class(output_dir=str(tmp_path), **SMALL),
-                            train_dataset=chat_dataset("train"), judge=judge)  # fmt: skip
+    trainer = trainer_class(
+        chat_model_path(),
+        args=config_class(output_dir=str(tmp_path), **SMALL),
+        train_dataset=chat_dataset("train"),
+        judge=judge,
+    )
     trainer.train()
     prompts, pairs = seen[0]
     tokenizer = AutoTokenizer.from_pretrained(chat_model_path())
-    rendered = {tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
-                for p in chat_dataset("train")["prompt"]}  # fmt: skip
+    rendered = {
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+        for p in chat_dataset("train")["prompt"]
+    }
     assert all(p in rendered for p in prompts) and all(isinstance(c, str) for pair in pairs for c in pair)
 
 
@@ -70,8 +90,15 @@ def test_completions_reach_tensorboard_as_text_at_each_rollouts_first_logging_st
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from transformers.integrations import TensorBoardCallback
 
-    trainer = chat_trainer(tmp_path, "rloo", [letters_in_answer], report_to=["tensorboard"], log_completions=True,
-                           max_steps=4, rollout_batch_size=8)  # fmt: skip
+    trainer = chat_trainer(
+        tmp_path,
+        "rloo",
+        [letters_in_answer],
+        report_to=["tensorboard"],
+        log_completions=True,
+        max_steps=4,
+        rollout_batch_size=8,
+    )
     trainer.train()
     board = next(c for c in trainer.callback_handler.callbacks if isinstance(c, TensorBoardCallback))
     events = EventAccumulator(board.logging_dir, size_guidance={"tensors": 0}).Reload()
@@ -87,13 +114,21 @@ def test_the_printed_completions_show_each_prompts_question_not_its_system_messa
     monkeypatch.setenv("COLUMNS", "200")
     system = {"role": "system", "content": "You answer with the letters of the word you are asked about. " * 3}
     words = ["qwer", "asdf", "zxcv", "tyui"]
-    rows = [{"prompt": [system, {"role": "user", "content": f"Which letters are in {word}?"}], "letters": word}
-            for word in words]  # fmt: skip
+    rows = [
+        {"prompt": [system, {"role": "user", "content": f"Which letters are in {word}?"}], "letters": word}
+        for word in words
+    ]
     config_class, trainer_class = ALGORITHMS["rloo"]
-    args = config_class(output_dir=str(tmp_path), **{**SMALL, "n_samples_per_prompt": 2, "max_steps": 1},
-                        log_completions=True, num_completions_to_print=8, shuffle_dataset=False)  # fmt: skip
-    trainer = trainer_class(chat_model_path(), args=args, train_dataset=Dataset.from_list(rows),
-                            reward_funcs=[letters_in_answer])  # fmt: skip
+    args = config_class(
+        output_dir=str(tmp_path),
+        **{**SMALL, "n_samples_per_prompt": 2, "max_steps": 1},
+        log_completions=True,
+        num_completions_to_print=8,
+        shuffle_dataset=False,
+    )
+    trainer = trainer_class(
+        chat_model_path(), args=args, train_dataset=Dataset.from_list(rows), reward_funcs=[letters_in_answer]
+    )
     trainer.train()
     out = capsys.readouterr().out
     assert all(out.count(f"Which letters are in {word}?") == 2 for word in words), out

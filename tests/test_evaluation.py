@@ -10,8 +10,9 @@ EVAL = dict(eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4)
 
 
 def training_logs(trainer):
-    return [{k: v for k, v in log.items() if k != "tokens_per_second"} for log in trainer.state.log_history
-            if "loss" in log]  # fmt: skip
+    return [
+        {k: v for k, v in log.items() if k != "tokens_per_second"} for log in trainer.state.log_history if "loss" in log
+    ]
 
 
 @pytest.mark.parametrize("use_vllm", [False, True], ids=["hf", "vllm"])
@@ -19,8 +20,15 @@ def test_evaluation_logs_eval_metrics_and_leaves_training_unchanged(tmp_path, us
     plain = make_trainer(tmp_path / "plain", max_steps=6, save_steps=6, use_vllm=use_vllm)
     plain.train()
     held_out = toy_dataset(num_prompts=5, seed=1)  # 5 prompts: the last chunk of 4 is partial
-    evaluated = make_trainer(tmp_path / "eval", max_steps=6, save_steps=6, use_vllm=use_vllm, eval_dataset=held_out,
-                             num_generations_eval=3, **EVAL)  # fmt: skip
+    evaluated = make_trainer(
+        tmp_path / "eval",
+        max_steps=6,
+        save_steps=6,
+        use_vllm=use_vllm,
+        eval_dataset=held_out,
+        num_generations_eval=3,
+        **EVAL,
+    )
     evaluated.train()
 
     for name, param in plain.model.named_parameters():
@@ -28,9 +36,18 @@ def test_evaluation_logs_eval_metrics_and_leaves_training_unchanged(tmp_path, us
     assert training_logs(plain) == training_logs(evaluated)
     evals = [log for log in evaluated.state.log_history if "eval_reward" in log]
     assert [log["step"] for log in evals] == [2, 4, 6]
-    expected = {"eval_reward", "eval_reward_std", "eval_rewards/letters_reward/mean", "eval_rewards/letters_reward/std",
-                "eval_completions/mean_length", "eval_completions/min_length", "eval_completions/max_length",
-                "eval_completions/clipped_ratio", "step", "epoch"}  # fmt: skip
+    expected = {
+        "eval_reward",
+        "eval_reward_std",
+        "eval_rewards/letters_reward/mean",
+        "eval_rewards/letters_reward/std",
+        "eval_completions/mean_length",
+        "eval_completions/min_length",
+        "eval_completions/max_length",
+        "eval_completions/clipped_ratio",
+        "step",
+        "epoch",
+    }
     assert set(evals[0]) == expected
     assert evals[0]["eval_reward"] == evals[0]["eval_rewards/letters_reward/mean"]  # one reward function, weight 1
 
@@ -49,8 +66,9 @@ def test_evaluation_scores_exactly_the_completions_it_generates(tmp_path):
         return values
 
     held_out = toy_dataset(num_prompts=3, seed=2)
-    trainer = make_trainer(tmp_path, reward_funcs=[recording], eval_dataset=held_out, num_generations_eval=2,
-                           max_steps=1)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, reward_funcs=[recording], eval_dataset=held_out, num_generations_eval=2, max_steps=1
+    )
     metrics = trainer.evaluate()
     prompts, values = seen[-1]
     assert prompts == [p for p in held_out["prompt"] for _ in range(2)]

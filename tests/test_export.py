@@ -47,8 +47,13 @@ def test_export_loads_in_vllm_and_generates_like_transformers(trained, tmp_path)
     checkpoint, _ = trained
     assert export(checkpoint, tmp_path / "model")[0] == 0
     # an explicit KV cache size: by default vLLM on CPU wants 92% of the machine's memory free at start-up
-    llm = vllm.LLM(model=str(tmp_path / "model"), dtype="float32", max_model_len=64, enforce_eager=True,
-                   kv_cache_memory_bytes=2**28)  # fmt: skip
+    llm = vllm.LLM(
+        model=str(tmp_path / "model"),
+        dtype="float32",
+        max_model_len=64,
+        enforce_eager=True,
+        kv_cache_memory_bytes=2**28,
+    )
     prompt = [3, 4, 5, 42]
     out = llm.generate(
         [vllm.inputs.TokensPrompt(prompt_token_ids=prompt)], vllm.SamplingParams(max_tokens=8, temperature=0)

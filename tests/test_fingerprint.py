@@ -126,11 +126,19 @@ def test_the_trainer_records_the_deepspeed_config_it_runs_with(tmp_path):
         trainer = make_trainer(sys.argv[1], deepspeed=config, use_cpu=True)
         print(json.dumps({k: v for k, v in trainer.identity.items() if k.startswith(("deepspeed.", "zero"))}))
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(29500 + os.getpid() % 1000), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-           "LOCAL_WORLD_SIZE": "1"}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29500 + os.getpid() % 1000),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     recorded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert recorded["deepspeed.scheduler"] == {"type": "WarmupLR", "params": {"warmup_num_steps": 3}}
@@ -151,9 +159,16 @@ def test_a_bad_dtype_error_does_not_print_the_token(tmp_path):
 
 def reward_model(seed: int) -> Qwen2ForSequenceClassification:
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1,
-                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     return Qwen2ForSequenceClassification(config)
 
@@ -165,17 +180,28 @@ def perturbed_policy():
     return model
 
 
-def build(output_dir, *, token=SECRET, scale=1.0, last=ZEROS, second_model_seed=1, second_tokenizer="own",
-          ref_model=None) -> RLOOTrainer:  # fmt: skip
+def build(
+    output_dir, *, token=SECRET, scale=1.0, last=ZEROS, second_model_seed=1, second_tokenizer="own", ref_model=None
+) -> RLOOTrainer:
     """The saved run's trainer: a reward function, a partial, two reward models (the second with its own
     tokenizer) and a lambda; each keyword changes one input."""
     own = permuted_tokenizer(AutoTokenizer.from_pretrained(toy_model_path()))[0]
     tokenizer = own if second_tokenizer == "own" else AutoTokenizer.from_pretrained(toy_model_path())
-    funcs = [letters_reward, functools.partial(scaled_letters, scale=scale), reward_model(0),
-             reward_model(second_model_seed), last]  # fmt: skip
-    return RLOOTrainer(model=toy_model_path(), reward_funcs=funcs, train_dataset=toy_dataset(),
-                       args=make_config(output_dir, max_steps=2, save_steps=2, model_init_kwargs={"token": token}),
-                       reward_processing_classes=[None, None, None, tokenizer, None], ref_model=ref_model)  # fmt: skip
+    funcs = [
+        letters_reward,
+        functools.partial(scaled_letters, scale=scale),
+        reward_model(0),
+        reward_model(second_model_seed),
+        last,
+    ]
+    return RLOOTrainer(
+        model=toy_model_path(),
+        reward_funcs=funcs,
+        train_dataset=toy_dataset(),
+        args=make_config(output_dir, max_steps=2, save_steps=2, model_init_kwargs={"token": token}),
+        reward_processing_classes=[None, None, None, tokenizer, None],
+        ref_model=ref_model,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -205,8 +231,9 @@ def test_unchanged_inputs_resume_with_another_token_and_no_secret_is_written(sav
     ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
 )
-def test_a_resume_with_another_input_that_changes_the_math_is_refused(saved_run, tmp_path, monkeypatch, change,
-                                                                      expected):  # fmt: skip
+def test_a_resume_with_another_input_that_changes_the_math_is_refused(
+    saved_run, tmp_path, monkeypatch, change, expected
+):
     change = {key: value() if key == "ref_model" else value for key, value in change.items()}
     if "mixed_precision" in change:  # as `accelerate launch --mixed_precision bf16` sets it
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", change.pop("mixed_precision"))

@@ -108,8 +108,14 @@ def test_fsdp2_ppo_shards_actor_and_critic_and_trains_like_ddp(tmp_path, ddp_run
 
 def test_fsdp2_online_dpo_runs_on_pairs(tmp_path):
     # micro-batches of whole (chosen, rejected) pairs: 2 samples per process per micro-batch
-    flags = ["--algorithm", "online-dpo", "--set", "micro_rollout_batch_size=4", "micro_train_batch_size=2",
-             "max_steps=4"]  # fmt: skip
+    flags = [
+        "--algorithm",
+        "online-dpo",
+        "--set",
+        "micro_rollout_batch_size=4",
+        "micro_train_batch_size=2",
+        "max_steps=4",
+    ]
     run_toy(tmp_path, *flags, accelerate_config=FSDP2)
     logs = read_logs(tmp_path)
     assert sorted(logs) == list(range(1, 5))
@@ -119,8 +125,13 @@ def test_fsdp2_online_dpo_runs_on_pairs(tmp_path):
 
 
 def test_fsdp2_grpo_pushes_the_gathered_actor_to_vllm_and_mixes_the_reference_exactly(tmp_path):
-    sync = ["sync_ref_model=true", "ref_model_sync_steps=2", "ref_model_mixup_alpha=0.5", "save_steps=2",
-            "ref_reward_offload=true"]  # fmt: skip
+    sync = [
+        "sync_ref_model=true",
+        "ref_model_sync_steps=2",
+        "ref_model_mixup_alpha=0.5",
+        "save_steps=2",
+        "ref_reward_offload=true",
+    ]
     flags = ["--algorithm", "grpo", *TWO_PROCESSES, "use_vllm=true", "vllm_dtype=float32", "max_steps=4", *sync]
     run_toy(tmp_path, *flags, accelerate_config=FSDP2)
     logs = read_logs(tmp_path)

@@ -11,9 +11,12 @@ def test_top_k_0_means_no_top_k(tmp_path, top_k, warpers):
     model = trainer.accelerator.unwrap_model(trainer.model)
     config = model._prepare_generation_config(trainer.backend.generation_config())[0]
     processors = model._get_logits_processor(
-        generation_config=config, input_ids_seq_length=1, encoder_input_ids=None, prefix_allowed_tokens_fn=None,
+        generation_config=config,
+        input_ids_seq_length=1,
+        encoder_input_ids=None,
+        prefix_allowed_tokens_fn=None,
         logits_processor=None,
-    )  # fmt: skip
+    )
     assert [type(p).__name__ for p in processors] == warpers
 
 

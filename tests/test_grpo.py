@@ -25,9 +25,12 @@ def fixed_batch(pad_token_id: int) -> TokenBatch:
     completion_mask = torch.ones(B, C, dtype=torch.long)
     completion_mask[0, 3:], completion_mask[2, 1:] = 0, 0
     completion_ids = torch.randint(3, 30, (B, C), generator=generator).masked_fill(completion_mask == 0, pad_token_id)
-    return TokenBatch(prompt_ids=torch.randint(3, 30, (B, PROMPT_LEN), generator=generator),
-                      prompt_mask=torch.ones(B, PROMPT_LEN, dtype=torch.long), completion_ids=completion_ids,
-                      completion_mask=completion_mask)  # fmt: skip
+    return TokenBatch(
+        prompt_ids=torch.randint(3, 30, (B, PROMPT_LEN), generator=generator),
+        prompt_mask=torch.ones(B, PROMPT_LEN, dtype=torch.long),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+    )
 
 
 def perturbed_policy(model) -> None:
@@ -45,8 +48,7 @@ def scoring_inputs(trainer, tokens: TokenBatch) -> dict[str, torch.Tensor]:
         reference = AutoModelForCausalLM.from_pretrained(toy_model_path())
         ref_logprobs = trainer.policy_logprobs(reference, tokens)
     shift = torch.tensor([[0.4, -0.4, 0.05, 0.3, -0.3]]).repeat(B, 1)
-    return {"old": (logprobs + shift) * tokens.completion_mask, "ref": ref_logprobs,
-            "advantages": ADVANTAGES}  # fmt: skip
+    return {"old": (logprobs + shift) * tokens.completion_mask, "ref": ref_logprobs, "advantages": ADVANTAGES}
 
 
 def loss_and_gradients(model, compute) -> tuple[float, dict[str, torch.Tensor]]:
@@ -80,22 +82,46 @@ def trl_trainer(kind: str, model, tmp_path, **settings):
     import trl
 
     config, trainer = (trl.GRPOConfig, trl.GRPOTrainer) if kind == "grpo" else (trl.RLOOConfig, trl.RLOOTrainer)
-    args = config(output_dir=str(tmp_path / f"trl-{kind}"), per_device_train_batch_size=B, num_generations=2,
-                  gradient_accumulation_steps=GA, steps_per_generation=STEPS_PER_GENERATION, report_to="none",
-                  max_completion_length=MAX_COMPLETION, use_cpu=True, bf16=False, epsilon=EPSILON,
-                  epsilon_high=EPSILON_HIGH, **settings)  # fmt: skip
+    args = config(
+        output_dir=str(tmp_path / f"trl-{kind}"),
+        per_device_train_batch_size=B,
+        num_generations=2,
+        gradient_accumulation_steps=GA,
+        steps_per_generation=STEPS_PER_GENERATION,
+        report_to="none",
+        max_completion_length=MAX_COMPLETION,
+        use_cpu=True,
+        bf16=False,
+        epsilon=EPSILON,
+        epsilon_high=EPSILON_HIGH,
+        **settings,
+    )
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    built = trainer(model, reward_funcs=[letters_reward], args=args, train_dataset=toy_dataset(num_prompts=8),
-                    processing_class=tokenizer)  # fmt: skip
+    built = trainer(
+        model,
+        reward_funcs=[letters_reward],
+        args=args,
+        train_dataset=toy_dataset(num_prompts=8),
+        processing_class=tokenizer,
+    )
     built.current_gradient_accumulation_steps = GA
     return built
 
 
 def steadyrl_side(tmp_path, algorithm: str, **settings):
-    trainer = make_trainer(tmp_path / algorithm, algorithm=algorithm, n_samples_per_prompt=2, rollout_batch_size=8,
-                           micro_train_batch_size=B, train_batch_size=B * GA, num_ppo_epochs=1,
-                           max_completion_length=MAX_COMPLETION, cliprange=EPSILON, cliprange_high=EPSILON_HIGH,
-                           **settings)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path / algorithm,
+        algorithm=algorithm,
+        n_samples_per_prompt=2,
+        rollout_batch_size=8,
+        micro_train_batch_size=B,
+        train_batch_size=B * GA,
+        num_ppo_epochs=1,
+        max_completion_length=MAX_COMPLETION,
+        cliprange=EPSILON,
+        cliprange_high=EPSILON_HIGH,
+        **settings,
+    )
     perturbed_policy(trainer.model)
     trainer.model.train()
     return trainer
@@ -109,14 +135,25 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     # dapo: TRL divides by (generation tokens / processes) x GA / steps_per_generation; steadyrl by the tokens per
     # micro-batch of the rollout (generation tokens / micro-batches), then by the micro-batches of the step (GA)
     per_micro_batch = torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION)
-    batch = Rollout(**vars(tokens), scores=torch.zeros(B), ref_logprobs=given["ref"], old_logprobs=given["old"],
-                    advantages=given["advantages"], tokens_per_micro_batch=per_micro_batch)  # fmt: skip
+    batch = Rollout(
+        **vars(tokens),
+        scores=torch.zeros(B),
+        ref_logprobs=given["ref"],
+        old_logprobs=given["old"],
+        advantages=given["advantages"],
+        tokens_per_micro_batch=per_micro_batch,
+    )
     ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
 
     model = trl_model(trainer.model)
     trl_grpo = trl_trainer("grpo", model, tmp_path, loss_type=loss_type, beta=BETA)
-    inputs = {**vars(tokens), "advantages": given["advantages"], "old_per_token_logps": given["old"],
-              "ref_per_token_logps": given["ref"], "num_items_in_batch": torch.tensor(GENERATION_TOKENS)}  # fmt: skip
+    inputs = {
+        **vars(tokens),
+        "advantages": given["advantages"],
+        "old_per_token_logps": given["old"],
+        "ref_per_token_logps": given["ref"],
+        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
+    }
     assert_same(ours, loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs)))
     clipped = trainer.compute_loss_on_batch(trainer.model, batch)[1]
     assert clipped["clip_ratio/low_mean"] > 0 and clipped["clip_ratio/high_mean"] > 0, "both bounds must bind"
@@ -132,8 +169,14 @@ def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
     with torch.no_grad():  # sequence ratios near 1: both sides of the clip and inside it
         old = given["old"] * 0.2 + trainer.policy_logprobs(trainer.model, tokens) * 0.8
     per_micro_batch = torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION)
-    batch = Rollout(**vars(tokens), scores=torch.zeros(B), ref_logprobs=given["ref"], old_logprobs=old,
-                    advantages=given["advantages"], tokens_per_micro_batch=per_micro_batch)  # fmt: skip
+    batch = Rollout(
+        **vars(tokens),
+        scores=torch.zeros(B),
+        ref_logprobs=given["ref"],
+        old_logprobs=old,
+        advantages=given["advantages"],
+        tokens_per_micro_batch=per_micro_batch,
+    )
     ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
     model = trl_model(trainer.model)
     if loss_type == "rloo":
@@ -142,8 +185,12 @@ def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
         theirs = loss_and_gradients(model, lambda: trl_rloo._compute_loss(model, inputs) / GA)  # Trainer divides
     else:
         trl_grpo = trl_trainer("grpo", model, tmp_path, loss_type=loss_type, beta=0.0)
-        inputs = {**vars(tokens), "advantages": given["advantages"], "old_per_token_logps": old,
-                  "num_items_in_batch": torch.tensor(GENERATION_TOKENS)}  # fmt: skip
+        inputs = {
+            **vars(tokens),
+            "advantages": given["advantages"],
+            "old_per_token_logps": old,
+            "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
+        }
         theirs = loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs))
     assert_same(ours, theirs)
 
@@ -154,8 +201,9 @@ def test_dapo_normaliser_counts_loss_tokens_of_the_rollout_per_micro_batch(tmp_p
     mask[0, 2:] = 0
     ids = torch.full((8, 6), 5)
     ids[1:, -1] = trainer.processing_class.eos_token_id  # row 0 ends without EOS: masked out of the loss
-    rollout = Rollout(prompt_ids=ids[:, :2], prompt_mask=mask[:, :2], completion_ids=ids, completion_mask=mask,
-                      scores=torch.zeros(8))  # fmt: skip
+    rollout = Rollout(
+        prompt_ids=ids[:, :2], prompt_mask=mask[:, :2], completion_ids=ids, completion_mask=mask, scores=torch.zeros(8)
+    )
     assert trainer.tokens_per_micro_batch(rollout).tolist() == [7 * 6 / 4] * 8
 
 

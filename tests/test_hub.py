@@ -60,14 +60,20 @@ def assert_token_nowhere(tmp_path, text: str) -> None:
         ("every_save", None),
         ("checkpoint", "last-checkpoint/"),
         ("all_checkpoints", "checkpoint-4/"),
-    ],  # fmt: skip
+    ],
 )
 def test_push_sends_exactly_the_actor_and_its_card(hub, tmp_path, toy_path, caplog, capsys, strategy, extra_folder):
     caplog.set_level(logging.DEBUG)
     trainer = make_trainer(
-        tmp_path / "run", algorithm="ppo", max_steps=4, save_steps=2, push_to_hub=True,
-        hub_model_id="someone/toy-ppo", hub_strategy=strategy, hub_token=TOKEN,
-    )  # fmt: skip
+        tmp_path / "run",
+        algorithm="ppo",
+        max_steps=4,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/toy-ppo",
+        hub_strategy=strategy,
+        hub_token=TOKEN,
+    )
     trainer.train()
     trainer.save_model(str(tmp_path / "run" / "final"))  # with push_to_hub, save_model publishes too
 
@@ -103,10 +109,16 @@ def test_push_sends_exactly_the_actor_and_its_card(hub, tmp_path, toy_path, capl
 @pytest.mark.parametrize("merged", [True, False])
 def test_lora_run_pushes_merged_model_or_adapter_alone(hub, tmp_path, toy_path, merged):
     trainer = make_trainer(
-        tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/toy-lora",
-        hub_strategy="end", hub_token=TOKEN, hub_push_merged=merged,
+        tmp_path / "run",
+        max_steps=2,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/toy-lora",
+        hub_strategy="end",
+        hub_token=TOKEN,
+        hub_push_merged=merged,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
-    )  # fmt: skip
+    )
     trainer.train()
     trainer.push_to_hub()
     files = hub.files("someone/toy-lora")
@@ -142,8 +154,15 @@ def test_failed_checkpoint_pushes_never_stop_training(hub, tmp_path, toy_path, c
     """The Hub fails the first push(es) of an every_save run: training and checkpointing go on, each failure is
     logged with its step and cause, and the next save pushes its own newer actor."""
     run = tmp_path / "run"
-    trainer = make_trainer(run, max_steps=6, save_steps=2, push_to_hub=True, hub_model_id="someone/flaky",
-                           hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+    trainer = make_trainer(
+        run,
+        max_steps=6,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/flaky",
+        hub_strategy="every_save",
+        hub_token=TOKEN,
+    )
     hub.fail_next(1, failures[0])  # after the trainer made the repository
     for how in failures[1:]:
         hub.fail_next(1, how)
@@ -179,8 +198,15 @@ def test_a_hub_outage_when_the_trainer_is_built_does_not_stop_the_run(hub, tmp_p
     it. A token the Hub refuses (401) is an error at once: no later push could succeed."""
     hub.fail_next(1, 503, path="/api/repos/create")
     with caplog.at_level(logging.WARNING):
-        trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True,
-                               hub_model_id="someone/late", hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+        trainer = make_trainer(
+            tmp_path / "run",
+            max_steps=2,
+            save_steps=2,
+            push_to_hub=True,
+            hub_model_id="someone/late",
+            hub_strategy="every_save",
+            hub_token=TOKEN,
+        )
     assert "Could not create the Hub repository 'someone/late' now" in caplog.text
     trainer.train()
     assert [c.message for c in hub.commits] == ["Training in progress, step 2"]
@@ -199,8 +225,15 @@ def test_a_hub_outage_when_the_trainer_is_built_does_not_stop_the_run(hub, tmp_p
 
 
 def test_programming_errors_in_a_checkpoint_push_are_not_swallowed(hub, tmp_path, toy_path, monkeypatch):
-    trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/bug",
-                           hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path / "run",
+        max_steps=2,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/bug",
+        hub_strategy="every_save",
+        hub_token=TOKEN,
+    )
 
     def broken(*args, **kwargs):
         raise TypeError("a bug, not the network")
@@ -213,8 +246,15 @@ def test_programming_errors_in_a_checkpoint_push_are_not_swallowed(hub, tmp_path
 
 def test_failed_final_push_says_where_the_actor_is_and_how_to_publish_it(hub, tmp_path, toy_path, capsys):
     run = tmp_path / "run"
-    trainer = make_trainer(run, max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/final",
-                           hub_strategy="end", hub_token=TOKEN)  # fmt: skip
+    trainer = make_trainer(
+        run,
+        max_steps=2,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/final",
+        hub_strategy="end",
+        hub_token=TOKEN,
+    )
     trainer.train()
 
     hub.fail_next(1, 503)
@@ -275,15 +315,25 @@ def test_an_unreachable_hub_is_one_clear_line_before_any_work(tmp_path, toy_path
     assert main(["push", str(tmp_path / "missing"), "someone/x"]) == 2
     assert capsys.readouterr().err.strip() == f"steadyrl push: error: {tmp_path / 'missing'} does not exist"
 
-    with pytest.raises(HubPushError, match=rf"^push_to_hub=True, but the Hugging Face Hub at {endpoint} cannot be "
-                       r"reached: .*set HF_HUB_OFFLINE=1"):  # fmt: skip
+    with pytest.raises(
+        HubPushError,
+        match=rf"^push_to_hub=True, but the Hugging Face Hub at {endpoint} cannot be "
+        r"reached: .*set HF_HUB_OFFLINE=1",
+    ):
         make_trainer(tmp_path / "run", push_to_hub=True, hub_model_id="someone/x", hub_token=TOKEN)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").glob("checkpoint-*"))
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with caplog.at_level(logging.WARNING):
-        trainer = make_trainer(tmp_path / "offline", max_steps=2, save_steps=2, push_to_hub=True,
-                               hub_model_id="someone/x", hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+        trainer = make_trainer(
+            tmp_path / "offline",
+            max_steps=2,
+            save_steps=2,
+            push_to_hub=True,
+            hub_model_id="someone/x",
+            hub_strategy="every_save",
+            hub_token=TOKEN,
+        )
         trainer.train()
         assert trainer.push_to_hub() is None
     assert "HF_HUB_OFFLINE is set: training goes on without publishing" in caplog.text
@@ -301,16 +351,21 @@ def test_the_card_names_a_hub_base_model_never_a_local_path(hub, tmp_path, toy_p
     for hub_id in ("someone/tiny-base", "gpt2"):
         assert hub_model_name(hub_id) == hub_id
 
-    trainer = make_trainer(tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True,
-                           hub_model_id="someone/named", hub_token=TOKEN)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path / "run", max_steps=2, save_steps=2, push_to_hub=True, hub_model_id="someone/named", hub_token=TOKEN
+    )
     trainer.train()
     trainer.base_model_name = "someone/tiny-base"  # what a model from the Hub names (it cannot be loaded here)
     trainer.push_to_hub()
     assert hub.card_metadata[-1]["base_model"] == "someone/tiny-base"
     assert "2 optimizer steps from\n`someone/tiny-base`" in hub.files("someone/named")["README.md"].decode()
 
-    lora = make_trainer(tmp_path / "lora", max_steps=2, save_steps=2,
-                        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))  # fmt: skip
+    lora = make_trainer(
+        tmp_path / "lora",
+        max_steps=2,
+        save_steps=2,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]),
+    )
     lora.train()
     adapter_config = (tmp_path / "lora" / "checkpoint-2" / "actor" / "adapter_config.json").read_text()
     assert toy_path in adapter_config  # PEFT names the base by the path it was loaded from
@@ -322,8 +377,9 @@ def test_the_card_names_a_hub_base_model_never_a_local_path(hub, tmp_path, toy_p
 
 
 @pytest.mark.parametrize("refused_at", ["/api/repos/create", "/preupload/"])
-def test_a_refused_token_during_training_is_reported_once_and_training_goes_on(hub, tmp_path, toy_path, caplog,
-                                                                               refused_at):  # fmt: skip
+def test_a_refused_token_during_training_is_reported_once_and_training_goes_on(
+    hub, tmp_path, toy_path, caplog, refused_at
+):
     """Creating the repository fails as the trainer is built (503); then the Hub refuses the token at the first two
     checkpoint pushes (creating the repository again, or uploading). Training reaches max_steps with every
     checkpoint written, the refusal is one error that says what to do, and the third save's push gets through."""
@@ -331,8 +387,15 @@ def test_a_refused_token_during_training_is_reported_once_and_training_goes_on(h
     hub.fail_next(1, 503, path="/api/repos/create")
     hub.fail_next(2, 401 if "create" in refused_at else 403, path=refused_at)
     with caplog.at_level(logging.WARNING):
-        trainer = make_trainer(run, max_steps=6, save_steps=2, push_to_hub=True, hub_model_id="someone/refused",
-                               hub_strategy="every_save", hub_token=TOKEN)  # fmt: skip
+        trainer = make_trainer(
+            run,
+            max_steps=6,
+            save_steps=2,
+            push_to_hub=True,
+            hub_model_id="someone/refused",
+            hub_strategy="every_save",
+            hub_token=TOKEN,
+        )
         trainer.train()
 
     assert trainer.state.global_step == 6
@@ -341,12 +404,18 @@ def test_a_refused_token_during_training_is_reported_once_and_training_goes_on(h
     assert [c.message for c in hub.commits] == ["Training in progress, step 6"]
     status = 401 if "create" in refused_at else 403
     [error] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert error.startswith(f"Could not push the actor of step 2 to the Hub repository 'someone/refused': the "
-                            f"Hugging Face Hub at {hub.url} answered HTTP {status} (the token is missing, invalid "
-                            "or cannot write there)"), error  # fmt: skip
+    assert error.startswith(
+        f"Could not push the actor of step 2 to the Hub repository 'someone/refused': the "
+        f"Hugging Face Hub at {hub.url} answered HTTP {status} (the token is missing, invalid "
+        "or cannot write there)"
+    ), error
     assert "Training goes on" in error and "(hub_token, HF_TOKEN or `hf auth login`)" in error
     assert shlex.split(error.rsplit("with: ", 1)[1]) == [
-        "steadyrl", "push", str((run / "checkpoint-2").absolute()), "someone/refused"]  # fmt: skip
+        "steadyrl",
+        "push",
+        str((run / "checkpoint-2").absolute()),
+        "someone/refused",
+    ]
     assert "step 4" not in caplog.text.replace("steps 2, 4 failed", "")  # the second refusal is not reported again
     assert "Hub push recovered: steps 2, 4 failed, step 6 pushed to 'someone/refused'" in caplog.text
     assert_token_nowhere(tmp_path, caplog.text)
@@ -366,8 +435,9 @@ def assert_same_rng(before: tuple, after: tuple) -> None:
 
 
 @pytest.mark.parametrize("use_dora", [False, True])
-def test_merged_pushes_during_training_leave_the_run_as_if_it_did_not_push(hub, tmp_path, toy_path, monkeypatch,
-                                                                           use_dora):  # fmt: skip
+def test_merged_pushes_during_training_leave_the_run_as_if_it_did_not_push(
+    hub, tmp_path, toy_path, monkeypatch, use_dora
+):
     """hub_push_merged at every save: each push leaves the global RNG as it found it, so the run ends with the
     weights of one that never pushes (and a resumed run, which restores the RNG the checkpoint saved before the push,
     stays byte-identical). LoRA is merged from the live weights, never a second base model loaded; DoRA (which that
@@ -391,9 +461,16 @@ def test_merged_pushes_during_training_leave_the_run_as_if_it_did_not_push(hub, 
     if not use_dora:
         monkeypatch.setattr(peft.AutoPeftModelForCausalLM, "from_pretrained", no_second_model)
     pushing = make_trainer(
-        tmp_path / "pushing", max_steps=4, save_steps=2, push_to_hub=True, hub_model_id="someone/m",
-        hub_strategy="every_save", hub_token=TOKEN, hub_push_merged=True, peft_config=lora(),
-    )  # fmt: skip
+        tmp_path / "pushing",
+        max_steps=4,
+        save_steps=2,
+        push_to_hub=True,
+        hub_model_id="someone/m",
+        hub_strategy="every_save",
+        hub_token=TOKEN,
+        hub_push_merged=True,
+        peft_config=lora(),
+    )
     pushing.train()
     assert [c.message for c in hub.commits] == [f"Training in progress, step {step}" for step in (2, 4)]
     assert len(around_pushes) == 2

@@ -17,8 +17,16 @@ class ForcedOldPass(RLOOTrainer):
 def test_skipping_the_old_logprob_pass_changes_no_metric(tmp_path):
     """One optimizer step per rollout, one epoch, beta 0: the old pass is skipped; forcing it changes nothing
     beyond float rounding."""
-    one_step = dict(rollout_batch_size=4, n_samples_per_prompt=2, train_batch_size=8, micro_train_batch_size=4,
-                    num_ppo_epochs=1, beta=0.0, max_steps=4, save_steps=4)  # fmt: skip
+    one_step = dict(
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        train_batch_size=8,
+        micro_train_batch_size=4,
+        num_ppo_epochs=1,
+        beta=0.0,
+        max_steps=4,
+        save_steps=4,
+    )
     skipped = make_trainer(tmp_path / "skipped", **one_step)
     assert not skipped.needs_old_logprobs()
     skipped.train()

@@ -43,8 +43,9 @@ def test_deepspeed_loss_scaler_numbers_round_trip_as_plain_values():
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
 
     def zero_with_scaler():
-        scaler = DynamicLossScaler(init_scale=2.0**16, scale_window=1000, min_scale=1, delayed_shift=2,
-                                   consecutive_hysteresis=False)  # fmt: skip
+        scaler = DynamicLossScaler(
+            init_scale=2.0**16, scale_window=1000, min_scale=1, delayed_shift=2, consecutive_hysteresis=False
+        )
         return types.SimpleNamespace(loss_scaler=scaler)
 
     trained = zero_with_scaler()  # as after 700 iterations, an overflow at 650 halving the scale

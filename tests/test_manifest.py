@@ -201,8 +201,11 @@ def test_a_real_checkpoint_lists_every_required_file_and_verifies(real_run):
     on_disk = {p.relative_to(real_run / "checkpoint-2").as_posix() for p in (real_run / "checkpoint-2").rglob("*")}
     assert listed == {name for name in on_disk if (real_run / "checkpoint-2" / name).is_file()} - {"manifest.json"}
     for required in checkpoint_manifest.REQUIRED_FILES["steadyrl"]:
-        assert any(name == choice or (choice.endswith("/") and name.startswith(choice))
-                   for name in listed for choice in required.split("|")), required  # fmt: skip
+        assert any(
+            name == choice or (choice.endswith("/") and name.startswith(choice))
+            for name in listed
+            for choice in required.split("|")
+        ), required
 
 
 def test_a_manifest_without_layout_is_a_steadyrl_one(out):

@@ -113,9 +113,13 @@ def rollout_with_feedback(prompts, trainer):
     prompt_ids = trainer.processing_class(prompts)["input_ids"]
     generation = trainer.generate(prompt_ids, seeds=[0] * len(prompts))
     completion_ids = [ids + ENV_IDS for ids in generation.completion_ids]
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None,
-            "env_mask": [[1] * len(ids) + [0] * len(ENV_IDS) for ids in generation.completion_ids],
-            "feedback": ["ok"] * len(prompts)}  # fmt: skip
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "logprobs": None,
+        "env_mask": [[1] * len(ids) + [0] * len(ENV_IDS) for ids in generation.completion_ids],
+        "feedback": ["ok"] * len(prompts),
+    }
 
 
 def test_rollout_func_env_tokens_get_no_gradient(tmp_path):
@@ -125,8 +129,14 @@ def test_rollout_func_env_tokens_get_no_gradient(tmp_path):
         seen.append(feedback)
         return letters_reward(completions, **kwargs)
 
-    trainer = make_trainer(tmp_path, algorithm="grpo", rollout_func=rollout_with_feedback, reward_funcs=[uses_feedback],
-                           max_steps=1, save_steps=100)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="grpo",
+        rollout_func=rollout_with_feedback,
+        reward_funcs=[uses_feedback],
+        max_steps=1,
+        save_steps=100,
+    )
     trainer.train()
     assert seen and seen[0] == ["ok"] * 8, "rollout_func's extra field reached the reward function"
     rollout = trainer.loop.buffer.rollout.to(trainer.accelerator.device)
@@ -190,8 +200,14 @@ class SecondCalculator(Calculator):
 def test_the_dict_form_picks_each_rows_environment_and_scores_it_with_its_own_reward(tmp_path):
     dataset = sum_dataset(16)
     dataset = dataset.add_column("environment", ["first", "second"] * 8)
-    trainer, buffers = train(tmp_path, "environment", train_dataset=dataset, max_steps=2, shuffle_dataset=False,
-                             environment_factory={"first": Calculator, "second": SecondCalculator})  # fmt: skip
+    trainer, buffers = train(
+        tmp_path,
+        "environment",
+        train_dataset=dataset,
+        max_steps=2,
+        shuffle_dataset=False,
+        environment_factory={"first": Calculator, "second": SecondCalculator},
+    )
     assert trainer.reward_weights.tolist() == [1.0, 1.0, 1.0, 1.0]
     names = [func.__name__ for func in trainer.reward_funcs]
     assert names[-2:] == ["Calculator", "SecondCalculator"]

@@ -35,11 +35,28 @@ def launch_machines(output_dir, *flags, cwds=(None, None), expect="success") -> 
     try:
         for rank, (cwd, log) in enumerate(zip(cwds, logs)):
             cmd = [
-                sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(MULTI_NODE),
-                "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
-                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), "--mixed_precision", "no",
-                str(TOY_RUN), str(output_dir), *flags, *TWO_PROCESSES,
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(MULTI_NODE),
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--num_processes",
+                "2",
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                str(port),
+                "--mixed_precision",
+                "no",
+                str(TOY_RUN),
+                str(output_dir),
+                *flags,
+                *TWO_PROCESSES,
+            ]
             procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
         for proc in procs:
             proc.wait(timeout=300)
@@ -89,8 +106,13 @@ def test_a_run_over_two_machines_checkpoints_the_state_of_both(uninterrupted):
     manifest = verify_checkpoint(out / "checkpoint-6")  # mid-rollout: each machine saved its share of it
     assert manifest["processes"] == 2
     for rank in (0, 1):
-        per_rank = {f"optimizer_{rank}.pt", f"rng_state_{rank}.json", f"rank_state_{rank}.json",
-                    f"rollout_buffer_{rank}.safetensors", f"rollout_buffer_{rank}.json"}  # fmt: skip
+        per_rank = {
+            f"optimizer_{rank}.pt",
+            f"rng_state_{rank}.json",
+            f"rank_state_{rank}.json",
+            f"rollout_buffer_{rank}.safetensors",
+            f"rollout_buffer_{rank}.json",
+        }
         assert per_rank <= set(manifest["files"]), rank
     # nothing of the run's ownership is left: the lock (taken by the main process only) and the shared-directory mark
     assert not [p.name for p in out.iterdir() if p.name.startswith(".steadyrl")]
@@ -128,7 +150,9 @@ def test_the_error_names_the_processes_that_cannot_see_output_dir():
     # an absolute output_dir on each machine's local disk: the same path everywhere, one process per machine
     views = [DirectoryView(rank, f"node{rank}", "/data/out", rank in (0, 3)) for rank in range(8)]
     message = str(not_shared_error("/data/out", views))
-    assert message.startswith("output_dir='/data/out' is not one directory shared by every process: process 0 on "
-                              "host node0 created a file in it that process 1 on host node1, process 2 on host node2, "
-                              "process 4 on host node4, process 5 on host node5 and 2 more cannot see.")  # fmt: skip
+    assert message.startswith(
+        "output_dir='/data/out' is not one directory shared by every process: process 0 on "
+        "host node0 created a file in it that process 1 on host node1, process 2 on host node2, "
+        "process 4 on host node4, process 5 on host node5 and 2 more cannot see."
+    )
     assert not_shared_error("/data/out", [DirectoryView(r, "node0", "/data/out", True) for r in range(2)]) is None

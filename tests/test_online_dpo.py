@@ -38,9 +38,15 @@ def trl_online_dpo_loss(model, reference, tokenizer, loss_type, pairs, output_di
         return [1.0] * P + [0.0] * P
 
     args = TRLConfig(
-        output_dir=str(output_dir), per_device_train_batch_size=P, beta=[BETA], loss_type=loss_type, report_to="none",
-        max_new_tokens=COMPLETION_LEN, use_cpu=True, bf16=False,  # float32, as the comparison demands
-    )  # fmt: skip
+        output_dir=str(output_dir),
+        per_device_train_batch_size=P,
+        beta=[BETA],
+        loss_type=loss_type,
+        report_to="none",
+        max_new_tokens=COMPLETION_LEN,
+        use_cpu=True,
+        bf16=False,  # float32, as the comparison demands
+    )
     dataset = toy_dataset(num_prompts=P)
     trainer = TRLTrainer(
         model, reference, reward_funcs=[first_half_wins], args=args, train_dataset=dataset, processing_class=tokenizer
@@ -199,8 +205,9 @@ def test_pairwise_judge_labels_the_pairs_and_trains(tmp_path):
 def test_missing_eos_penalty_with_a_judge_ranks_eos_first_and_never_ties_a_preference(tmp_path):
     """A 0/1 judge with missing_eos_penalty=1.0 (the README's setting): the completion without EOS loses to the one
     with EOS; the judge decides between two with EOS or two without; no preference becomes a tie."""
-    trainer = make_trainer(tmp_path, algorithm="online-dpo", reward_funcs=[], judge=lambda p, c: [0] * len(c),
-                           missing_eos_penalty=1.0)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path, algorithm="online-dpo", reward_funcs=[], judge=lambda p, c: [0] * len(c), missing_eos_penalty=1.0
+    )
     judged = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     no_eos = torch.tensor([True, False, False, False, True, True, False, True])
     total = trainer.penalise_missing_eos(judged, no_eos)
@@ -267,9 +274,16 @@ def test_missing_eos_penalty_decides_otherwise_equal_pairs(tmp_path):
         return [0.0] * len(completions)
 
     trainer = make_trainer(
-        tmp_path, algorithm="online-dpo", reward_funcs=[constant], missing_eos_penalty=1.0, rollout_batch_size=8,
-        micro_rollout_batch_size=16, train_batch_size=16, micro_train_batch_size=16, max_completion_length=6,
-    )  # fmt: skip
+        tmp_path,
+        algorithm="online-dpo",
+        reward_funcs=[constant],
+        missing_eos_penalty=1.0,
+        rollout_batch_size=8,
+        micro_rollout_batch_size=16,
+        train_batch_size=16,
+        micro_train_batch_size=16,
+        max_completion_length=6,
+    )
     rollout = trainer.make_rollout().rollout
     eos = trainer.processing_class.eos_token_id
     mask, ids = rollout.completion_mask, rollout.completion_ids

@@ -38,8 +38,13 @@ def runs(request, tmp_path_factory, toy_path):
     config = BACKENDS[request.param]
     full, resumed = (tmp_path_factory.mktemp(f"{request.param}-lora-{kind}") for kind in ("full", "resumed"))
     hub, server = start()
-    push = ["push_to_hub=true", "hub_strategy=every_save", "hub_push_merged=true", "hub_token=hf_x",
-            f"hub_model_id=someone/{request.param}"]  # fmt: skip
+    push = [
+        "push_to_hub=true",
+        "hub_strategy=every_save",
+        "hub_push_merged=true",
+        "hub_token=hf_x",
+        f"hub_model_id=someone/{request.param}",
+    ]
     try:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("HF_ENDPOINT", hub.url)
@@ -96,8 +101,9 @@ def test_export_of_a_checkpoint_equals_the_live_model(runs, tmp_path):
         assert torch.equal(live[name.replace(".weight", ".default.weight")], weights), name
     export_actor(full / "checkpoint-3", tmp_path / "merged")  # what `steadyrl export` runs
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(toy_model_path()),
-                                      full / "checkpoint-3" / "actor")  # fmt: skip
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(toy_model_path()), full / "checkpoint-3" / "actor"
+    )
     assert not model.load_state_dict(live, strict=False).unexpected_keys
     merged = model.merge_and_unload().state_dict()
     assert exported.keys() == merged.keys()

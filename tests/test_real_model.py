@@ -13,9 +13,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from steadyrl import ALGORITHMS
 from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy, smollm2_path
 
-SMALL = dict(rollout_batch_size=2, n_samples_per_prompt=2, micro_rollout_batch_size=4, train_batch_size=4,
-             micro_train_batch_size=2, num_ppo_epochs=1, max_completion_length=8, learning_rate=1e-5, beta=0.04,
-             max_steps=2, save_strategy="no", report_to="none", disable_tqdm=True, seed=0)  # fmt: skip
+SMALL = dict(
+    rollout_batch_size=2,
+    n_samples_per_prompt=2,
+    micro_rollout_batch_size=4,
+    train_batch_size=4,
+    micro_train_batch_size=2,
+    num_ppo_epochs=1,
+    max_completion_length=8,
+    learning_rate=1e-5,
+    beta=0.04,
+    max_steps=2,
+    save_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+    seed=0,
+)
 VLLM = dict(use_vllm=True, vllm_dtype="float32")
 SAMPLED_WEIGHT = "model.layers.0.self_attn.q_proj.weight"
 
@@ -32,8 +45,13 @@ def real_trainer(output_dir, algorithm: str, model: str, seen: list, peft_config
 
     config_class, trainer_class = ALGORITHMS[algorithm]
     args = config_class(output_dir=str(output_dir), **{**SMALL, **overrides})
-    return trainer_class(model, args=args, train_dataset=arithmetic_dataset(size=16), peft_config=peft_config,
-                         reward_funcs=[recording_correct_answer, answer_format, shorter_is_better])  # fmt: skip
+    return trainer_class(
+        model,
+        args=args,
+        train_dataset=arithmetic_dataset(size=16),
+        peft_config=peft_config,
+        reward_funcs=[recording_correct_answer, answer_format, shorter_is_better],
+    )
 
 
 def assert_trained(trainer, before: torch.Tensor, seen: list, vllm: bool) -> None:
@@ -81,8 +99,9 @@ def test_grpo_trains_the_real_model_and_its_export_generates_like_the_live_actor
     assert exported_replies == live_replies and len(set(live_replies)) > 1, (exported_replies, live_replies)
     # A user's own generate right after train(), with gradient checkpointing on (the default): the actor is left in
     # eval mode, so transformers' generate keeps its KV cache and the reply continues the question.
-    question = tokenizer.apply_chat_template(held_out[0]["prompt"], add_generation_prompt=True, return_tensors="pt",
-                                             return_dict=True)  # fmt: skip
+    question = tokenizer.apply_chat_template(
+        held_out[0]["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     live, saved = (m.generate(**question, do_sample=False, max_new_tokens=12) for m in (trainer.model, exported))
     assert torch.equal(live, saved), tokenizer.batch_decode(torch.cat([live, saved]))
 

@@ -26,15 +26,20 @@ def test_a_real_model_run_killed_mid_rollout_resumes_byte_identical(tmp_path):
     assert whole.keys() == resumed.keys() == {1, 2}
     for step in whole:
         assert {k: v for k, v in resumed[step].items() if k != "tokens_per_second"} == {
-            k: v for k, v in whole[step].items() if k != "tokens_per_second"}, step  # fmt: skip
+            k: v for k, v in whole[step].items() if k != "tokens_per_second"
+        }, step
         assert whole[step]["grad_norm"] > 0
 
 
 def test_two_processes_train_the_real_model_under_zero2(tmp_path):
     """Each process generates one prompt's 2 completions; the step all-reduces their gradients, ZeRO-2 shards
     the optimizer state, and the checkpoint and the final actor hold the whole model."""
-    run_toy(tmp_path, *GRPO, accelerate_config=ZERO["zero2"],
-            overrides=["micro_rollout_batch_size=2", "micro_train_batch_size=1", "save_steps=2"])  # fmt: skip
+    run_toy(
+        tmp_path,
+        *GRPO,
+        accelerate_config=ZERO["zero2"],
+        overrides=["micro_rollout_batch_size=2", "micro_train_batch_size=1", "save_steps=2"],
+    )
     logs = read_logs(tmp_path)
     assert set(logs) == {1, 2} and all(logs[step]["grad_norm"] > 0 for step in logs), logs
     assert (tmp_path / "checkpoint-2").is_dir() and not (tmp_path / "checkpoint-1").exists()

@@ -18,8 +18,13 @@ from steadyrl.toy import toy_model_path
 
 ALPHA, EVERY = 0.5, 2
 # save every 2 steps: each checkpoint holds the actor and the reference of a sync step (2 and 6 fall mid-rollout)
-SYNC = {"sync_ref_model": True, "ref_model_sync_steps": EVERY, "ref_model_mixup_alpha": ALPHA,
-        "save_steps": 2, "ref_reward_offload": True}  # fmt: skip
+SYNC = {
+    "sync_ref_model": True,
+    "ref_model_sync_steps": EVERY,
+    "ref_model_mixup_alpha": ALPHA,
+    "save_steps": 2,
+    "ref_reward_offload": True,
+}
 SYNC_FLAGS = ["--set", *(f"{key}={json.dumps(value)}" for key, value in SYNC.items())]
 # under ZeRO-3: two processes, each with its share of the rollout (one --set: a second would replace the first)
 ZERO3_FLAGS = [*TWO_PROCESSES, *SYNC_FLAGS[1:], "max_steps=8"]
@@ -113,8 +118,15 @@ def test_a_checkpoint_without_its_reference_is_refused(synced, tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["rloo", "ppo", "online-dpo"])
 def test_alpha_one_makes_the_reference_a_copy_of_the_policy_in_every_trainer(tmp_path, algorithm):
-    trainer = make_trainer(tmp_path, algorithm=algorithm, max_steps=3, save_strategy="no", sync_ref_model=True,
-                           ref_model_sync_steps=3, ref_model_mixup_alpha=1.0)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        algorithm=algorithm,
+        max_steps=3,
+        save_strategy="no",
+        sync_ref_model=True,
+        ref_model_sync_steps=3,
+        ref_model_mixup_alpha=1.0,
+    )
     trainer.train()
     policy, reference = trainer.model.state_dict(), trainer.ref_model.state_dict()
     assert all(torch.equal(reference[name], tensor) for name, tensor in policy.items())
@@ -146,7 +158,7 @@ def test_without_sync_the_reference_stays_the_initial_actor_and_is_not_checkpoin
         (dict(ref_model_sync_steps=True), r"ref_model_sync_steps=True is invalid"),
         (dict(sync_ref_model="yes"), r"sync_ref_model='yes' is invalid: it must be True or False\.$"),
     ],
-)  # fmt: skip
+)
 @pytest.mark.parametrize("algorithm", ["rloo", "ppo", "online-dpo"])
 def test_invalid_sync_settings_are_refused_naming_the_value(tmp_path, algorithm, settings, message):
     with pytest.raises(ValueError, match=message):

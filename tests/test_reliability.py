@@ -108,8 +108,14 @@ def tiny_model(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("tiny-model")
     tokenizer = build_tokenizer()
-    build_model(tokenizer, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
-                num_key_value_heads=1).save_pretrained(directory)  # fmt: skip
+    build_model(
+        tokenizer,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    ).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
 
@@ -117,8 +123,16 @@ def tiny_model(tmp_path_factory):
 def test_long_run_saving_every_step_keeps_the_last_three(tmp_path, tiny_model):
     watch = CheckpointWatch(tmp_path)
     steps = 300
-    trainer = make_trainer(tmp_path, model=tiny_model, callbacks=[watch], max_steps=steps, save_steps=1,
-                           save_total_limit=3, max_completion_length=4, num_ppo_epochs=4)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        model=tiny_model,
+        callbacks=[watch],
+        max_steps=steps,
+        save_steps=1,
+        save_total_limit=3,
+        max_completion_length=4,
+        num_ppo_epochs=4,
+    )
     trainer.train()
     assert watch.steps == list(range(1, steps + 1))
     for after, names in enumerate(watch.on_disk, start=1):
@@ -129,8 +143,9 @@ def test_long_run_saving_every_step_keeps_the_last_three(tmp_path, tiny_model):
     for step in remaining:
         run = tmp_path / f"resume-{step}"
         shutil.copytree(tmp_path / f"checkpoint-{step}", run / f"checkpoint-{step}")
-        resumed = make_trainer(run, model=tiny_model, max_steps=step + 1, save_steps=1, max_completion_length=4,
-                               num_ppo_epochs=4)  # fmt: skip
+        resumed = make_trainer(
+            run, model=tiny_model, max_steps=step + 1, save_steps=1, max_completion_length=4, num_ppo_epochs=4
+        )
         resumed.train(resume_from_checkpoint=True)
         assert resumed.state.global_step == step + 1
 
@@ -181,8 +196,10 @@ def test_a_signal_during_the_last_step_lets_the_run_complete(uninterrupted_run, 
 def test_second_signal_exits_at_once(tmp_path, toy_path):
     proc = subprocess.run(
         [sys.executable, str(TOY_RUN), str(tmp_path), "--signal-at", "4", "--signal-again"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == -15, proc.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["checkpoint-3"]
     assert "Stopped by" not in proc.stdout + proc.stderr

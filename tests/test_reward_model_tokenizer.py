@@ -31,9 +31,16 @@ def permuted_tokenizer(tokenizer) -> tuple[PreTrainedTokenizerFast, list[int]]:
 
 def test_reward_model_with_its_own_tokenizer_scores_the_text(tmp_path):
     policy_tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    config = Qwen2Config(vocab_size=len(policy_tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1,
-                         pad_token_id=policy_tokenizer.pad_token_id)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(policy_tokenizer),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=policy_tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     original = Qwen2ForSequenceClassification(config).eval()
     reward_tokenizer, new_id = permuted_tokenizer(policy_tokenizer)
@@ -42,12 +49,18 @@ def test_reward_model_with_its_own_tokenizer_scores_the_text(tmp_path):
         reward_model.model.embed_tokens.weight[new_id] = original.model.embed_tokens.weight.clone()
     reward_model.config.pad_token_id = reward_tokenizer.pad_token_id
 
-    trainer = make_trainer(tmp_path, reward_funcs=[], reward_model=reward_model,
-                           reward_processing_class=reward_tokenizer, n_samples_per_prompt=2)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        reward_funcs=[],
+        reward_model=reward_model,
+        reward_processing_class=reward_tokenizer,
+        n_samples_per_prompt=2,
+    )
     assert trainer.reward_funcs[0].tokenizer is reward_tokenizer, "a different vocabulary takes the text path"
     rollout = trainer.make_rollout().rollout
-    prompts = policy_tokenizer.batch_decode([ids[mask.bool()] for ids, mask in zip(rollout.prompt_ids,
-                                                                                    rollout.prompt_mask)])  # fmt: skip
+    prompts = policy_tokenizer.batch_decode(
+        [ids[mask.bool()] for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)]
+    )
     completions = policy_tokenizer.batch_decode(
         [ids[mask.bool()] for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)],
         skip_special_tokens=True,
@@ -62,8 +75,19 @@ def test_reward_model_with_its_own_tokenizer_scores_the_text(tmp_path):
 
 def test_reward_model_with_the_policys_tokenizer_keeps_the_token_ids(tmp_path):
     policy_tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    config = Qwen2Config(vocab_size=len(policy_tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1)  # fmt: skip
-    trainer = make_trainer(tmp_path, reward_funcs=[], reward_model=Qwen2ForSequenceClassification(config),
-                           reward_processing_class=AutoTokenizer.from_pretrained(toy_model_path()))  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(policy_tokenizer),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+    )
+    trainer = make_trainer(
+        tmp_path,
+        reward_funcs=[],
+        reward_model=Qwen2ForSequenceClassification(config),
+        reward_processing_class=AutoTokenizer.from_pretrained(toy_model_path()),
+    )
     assert trainer.reward_funcs[0].tokenizer is None, "an equal tokenizer keeps the fast path on the sampled ids"

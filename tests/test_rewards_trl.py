@@ -60,9 +60,15 @@ WEIGHTS = [1.0, 2.0, 0.5, -1.0]
 
 
 def reward_inputs() -> RewardInputs:
-    return RewardInputs(prompts=PROMPTS, completions=COMPLETIONS, completion_ids=[[1]] * len(PROMPTS),
-                        columns={"task": TASKS}, prompt_ids=[[1]] * len(PROMPTS), prompt_texts=PROMPTS,
-                        completion_texts=COMPLETIONS)  # fmt: skip
+    return RewardInputs(
+        prompts=PROMPTS,
+        completions=COMPLETIONS,
+        completion_ids=[[1]] * len(PROMPTS),
+        columns={"task": TASKS},
+        prompt_ids=[[1]] * len(PROMPTS),
+        prompt_texts=PROMPTS,
+        completion_texts=COMPLETIONS,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +77,24 @@ def trl_grpo(tmp_path_factory):
     import trl
 
     path = tmp_path_factory.mktemp("trl-grpo")
-    args = trl.GRPOConfig(output_dir=str(path), per_device_train_batch_size=6, num_generations=2, report_to="none",
-                          use_cpu=True, bf16=False, reward_weights=WEIGHTS, max_completion_length=4)  # fmt: skip
+    args = trl.GRPOConfig(
+        output_dir=str(path),
+        per_device_train_batch_size=6,
+        num_generations=2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        reward_weights=WEIGHTS,
+        max_completion_length=4,
+    )
     dataset = Dataset.from_dict({"prompt": PROMPTS[::2], "task": TASKS[::2]})
-    return trl.GRPOTrainer(AutoModelForCausalLM.from_pretrained(toy_model_path()), reward_funcs=REWARDS, args=args,
-                           train_dataset=dataset,
-                           processing_class=AutoTokenizer.from_pretrained(toy_model_path()))  # fmt: skip
+    return trl.GRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(toy_model_path()),
+        reward_funcs=REWARDS,
+        args=args,
+        train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(toy_model_path()),
+    )
 
 
 def test_async_and_none_rewards_sum_as_trls(trl_grpo):
@@ -110,8 +128,10 @@ def test_every_function_returning_none_names_the_sample():
     def only_first(completions, **kwargs):
         return [1.0] + [None] * (len(completions) - 1)
 
-    message = (r"every reward function \['never', 'only_first'\] returned None for sample 1 \(prompt 'abc:', "
-               r"completion 'zzz'\); 5 of 6")  # fmt: skip
+    message = (
+        r"every reward function \['never', 'only_first'\] returned None for sample 1 \(prompt 'abc:', "
+        r"completion 'zzz'\); 5 of 6"
+    )
     with pytest.raises(RewardFunctionError, match=message):
         score_completions([never, only_first], reward_inputs())
 
@@ -150,8 +170,11 @@ def test_an_async_timeout_names_the_function():
     async def quick(completions, **kwargs):
         return [1.0] * len(completions)
 
-    with pytest.raises(RewardFunctionError, match=r"async reward function 'hangs' did not return within "
-                       r"reward_timeout=0.2 seconds"):  # fmt: skip
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"async reward function 'hangs' did not return within "
+        r"reward_timeout=0.2 seconds",
+    ):
         score_completions([quick, hangs], reward_inputs(), timeout=0.2)
 
 
@@ -187,8 +210,10 @@ def test_a_parameter_no_call_passes_is_refused_when_the_trainer_is_built(tmp_pat
     def needs_answer(completions, answer):
         return [0.0] * len(completions)
 
-    message = (r"reward_funcs\[1\] 'needs_answer' needs the parameter 'answer', which no call passes: .* the "
-               r"dataset's columns besides 'prompt' are \['letters'\]")  # fmt: skip
+    message = (
+        r"reward_funcs\[1\] 'needs_answer' needs the parameter 'answer', which no call passes: .* the "
+        r"dataset's columns besides 'prompt' are \['letters'\]"
+    )
     with pytest.raises(ValueError, match=message):
         make_trainer(tmp_path, reward_funcs=[letters_reward, needs_answer])
 
@@ -197,8 +222,11 @@ def test_a_column_removed_by_remove_unused_columns_is_named(tmp_path):
     def strict_letters(completions, letters):
         return [0.0] * len(completions)
 
-    with pytest.raises(ValueError, match=r"remove_unused_columns=True passes no dataset column \(the dataset has "
-                       r"\['letters'\]\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"remove_unused_columns=True passes no dataset column \(the dataset has "
+        r"\['letters'\]\)",
+    ):
         make_trainer(tmp_path, reward_funcs=[strict_letters], remove_unused_columns=True)
 
 
@@ -232,9 +260,18 @@ def test_grpo_trains_with_an_async_and_a_multi_task_reward(tmp_path):
         scores = letters_reward(completions=completions, letters=letters)
         return [s if t == "letters" else None for s, t in zip(scores, task)]
 
-    trainer = make_trainer(tmp_path, algorithm="grpo", reward_funcs=[length_only, letters_only],
-                           train_dataset=multi_task_dataset(), num_ppo_epochs=1, max_steps=4, save_steps=100,
-                           reward_timeout=60, reward_weights=[1.0, 2.0], log_completions=True)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="grpo",
+        reward_funcs=[length_only, letters_only],
+        train_dataset=multi_task_dataset(),
+        num_ppo_epochs=1,
+        max_steps=4,
+        save_steps=100,
+        reward_timeout=60,
+        reward_weights=[1.0, 2.0],
+        log_completions=True,
+    )
     trainer.train()
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert lines and all(list(line["rewards"].values()).count(None) == 1 for line in lines), "None shows as null"
@@ -256,9 +293,16 @@ def test_grpo_normalize_then_sum_trains_with_none_rewards(tmp_path):
         scores = letters_reward(completions=completions, letters=letters)
         return [s if t == "letters" else None for s, t in zip(scores, task)]
 
-    trainer = make_trainer(tmp_path, algorithm="grpo", reward_funcs=[length_only, letters_only],
-                           train_dataset=multi_task_dataset(), num_ppo_epochs=1, max_steps=2, save_steps=100,
-                           multi_objective_aggregation="normalize_then_sum")  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="grpo",
+        reward_funcs=[length_only, letters_only],
+        train_dataset=multi_task_dataset(),
+        num_ppo_epochs=1,
+        max_steps=2,
+        save_steps=100,
+        multi_objective_aggregation="normalize_then_sum",
+    )
     trainer.train()
     assert torch.isfinite(trainer.loop.buffer.rollout.advantages).all()
     assert all(math.isfinite(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry)
@@ -278,9 +322,15 @@ def test_a_checkpoint_holding_none_rewards_resumes_identically(tmp_path):
     import shutil
 
     def run(output_dir, resume: bool):
-        trainer = make_trainer(output_dir, algorithm="grpo", reward_funcs=[half_length, half_letters],
-                               train_dataset=multi_task_dataset(), num_ppo_epochs=1, max_steps=4,
-                               save_steps=3)  # fmt: skip
+        trainer = make_trainer(
+            output_dir,
+            algorithm="grpo",
+            reward_funcs=[half_length, half_letters],
+            train_dataset=multi_task_dataset(),
+            num_ppo_epochs=1,
+            max_steps=4,
+            save_steps=3,
+        )
         trainer.train(resume_from_checkpoint=resume or None)
         trainer.save_model(str(output_dir / "final-actor"))
         return trainer
@@ -299,8 +349,13 @@ def test_a_checkpoint_holding_none_rewards_resumes_identically(tmp_path):
 def test_evaluation_means_leave_out_none(tmp_path):
     """eval_rewards/<name>/mean is the mean over the samples the function applied to; eval_reward sums the others."""
     dataset = multi_task_dataset()
-    trainer = make_trainer(tmp_path, reward_funcs=[half_length, half_letters], train_dataset=dataset,
-                           eval_dataset=dataset.select(range(4)), num_generations_eval=2)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        reward_funcs=[half_length, half_letters],
+        train_dataset=dataset,
+        eval_dataset=dataset.select(range(4)),
+        num_generations_eval=2,
+    )
     metrics = trainer.evaluate()
     assert all(math.isfinite(value) for value in metrics.values()), metrics
     assert 0 <= metrics["eval_rewards/half_letters/mean"] <= 1 and metrics["eval_rewards/half_length/mean"] > 0
@@ -308,8 +363,14 @@ def test_evaluation_means_leave_out_none(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["rloo", "ppo", "online-dpo"])
 def test_every_algorithm_trains_on_none_rewards(tmp_path, algorithm):
-    trainer = make_trainer(tmp_path, algorithm=algorithm, reward_funcs=[half_length, half_letters],
-                           train_dataset=multi_task_dataset(), max_steps=2, save_steps=100)  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        algorithm=algorithm,
+        reward_funcs=[half_length, half_letters],
+        train_dataset=multi_task_dataset(),
+        max_steps=2,
+        save_steps=100,
+    )
     trainer.train()
     rollout = trainer.loop.buffer.rollout
     assert rollout.reward_scores.isnan().any() and torch.isfinite(rollout.scores).all()

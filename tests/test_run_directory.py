@@ -151,8 +151,13 @@ def other_chat_template():
 def test_a_resume_that_changes_the_math_is_refused_naming_the_field(old_run, tmp_path, change, expected):
     change = {key: value() if callable(value) else value for key, value in change.items()}
     if "processing_class" in change:
-        trainer = RLOOTrainer(model=toy_model_path(), args=make_config(tmp_path, max_steps=6, save_steps=2),
-                              train_dataset=toy_dataset(), reward_funcs=[letters_reward], **change)  # fmt: skip
+        trainer = RLOOTrainer(
+            model=toy_model_path(),
+            args=make_config(tmp_path, max_steps=6, save_steps=2),
+            train_dataset=toy_dataset(),
+            reward_funcs=[letters_reward],
+            **change,
+        )
     else:
         trainer = make_trainer(tmp_path, max_steps=6, save_steps=2, **change)
     with pytest.raises(CheckpointError, match=f"cannot resume from .*checkpoint-4: [12] setting.*{expected}"):
@@ -169,9 +174,11 @@ def test_settings_that_do_not_change_training_may_change_and_are_logged(old_run,
     assert "max_steps 4 -> 6" in caplog.text and "save_steps 2 -> 3" in caplog.text
     # the linear schedule is rebuilt for 6 steps (warmup 2): step 4 trains at 1e-3 x (6 - 4) / (6 - 2), and the
     # resume says so, with the old schedule's rate (0: it ended at step 4) and the setting that keeps it
-    assert ("Resuming at step 4 with 4 -> 6 total steps changes the learning-rate schedule (linear, warmup 2 -> 2 "
-            "steps): at step 4 the learning rate is 0.0005, where the schedule of the run that wrote the checkpoint "
-            "gives 0. ") in caplog.text and "resume with max_steps=4." in caplog.text  # fmt: skip
+    assert (
+        "Resuming at step 4 with 4 -> 6 total steps changes the learning-rate schedule (linear, warmup 2 -> 2 "
+        "steps): at step 4 the learning rate is 0.0005, where the schedule of the run that wrote the checkpoint "
+        "gives 0. "
+    ) in caplog.text and "resume with max_steps=4." in caplog.text
     # steps 5 and 6 train at 5e-4 and 2.5e-4 (logged as their mean); the first resumed step too, not at the rate the
     # loaded optimizer held (the old schedule's 0)
     assert trainer.state.log_history[-1]["step"] == 6

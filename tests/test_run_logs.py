@@ -14,13 +14,27 @@ from conftest import TOY_RUN
 
 from steadyrl.reporting.quiet import VLLM_LOG_SETTINGS, quiet_vllm_logs
 
-TIMINGS = {"tokens_per_second", "train_runtime", "train_steps_per_second", "train_samples_per_second",
-           "train_tokens_per_second"}  # fmt: skip
+TIMINGS = {
+    "tokens_per_second",
+    "train_runtime",
+    "train_steps_per_second",
+    "train_samples_per_second",
+    "train_tokens_per_second",
+}
 
 
 def run(output_dir, *flags, overrides=()) -> str:
-    cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags,
-           "--set", "max_steps=4", "save_steps=2", "disable_tqdm=false", *overrides]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(TOY_RUN),
+        str(output_dir),
+        *flags,
+        "--set",
+        "max_steps=4",
+        "save_steps=2",
+        "disable_tqdm=false",
+        *overrides,
+    ]
     env = {name: value for name, value in os.environ.items() if name not in VLLM_LOG_SETTINGS}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

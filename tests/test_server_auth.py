@@ -57,10 +57,19 @@ class RecordingTransfer(WeightTransfer):
 
 def backend(url: str, output_dir, transfer: WeightTransfer | None = None) -> VLLMServerBackend:
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    settings = ServerSettings(base_url=url, timeout=10, weight_transfer="file", weights_dir=str(output_dir / "w"),
-                              group_host="", group_port=0, model=toy_model_path(), max_model_len=256,
-                              dtype="float32", logprobs_mode="processed_logprobs",
-                              output_dir=str(output_dir))  # fmt: skip
+    settings = ServerSettings(
+        base_url=url,
+        timeout=10,
+        weight_transfer="file",
+        weights_dir=str(output_dir / "w"),
+        group_host="",
+        group_port=0,
+        model=toy_model_path(),
+        max_model_len=256,
+        dtype="float32",
+        logprobs_mode="processed_logprobs",
+        output_dir=str(output_dir),
+    )
     return VLLMServerBackend(tokenizer, SamplingSettings(max_new_tokens=4), settings, transfer)
 
 
@@ -68,15 +77,27 @@ def backend(url: str, output_dir, transfer: WeightTransfer | None = None) -> VLL
 
 
 def test_every_route_but_health_needs_the_key_and_a_refused_request_changes_nothing(standin):
-    routes = [("GET", "/version"), ("GET", "/server_info?config_format=json"), ("POST", "/reset_prefix_cache"),
-              ("POST", "/v1/completions"), ("POST", "/steadyrl/claim"), ("GET", "/steadyrl/claim"),
-              ("POST", "/steadyrl/release"), ("GET", "/no/such/route"), ("OPTIONS", "/collective_rpc"),
-              ("POST", "/collective_rpc"), ("POST", "/update_weights"),
-              ("POST", "/init_weight_transfer_engine")]  # fmt: skip
+    routes = [
+        ("GET", "/version"),
+        ("GET", "/server_info?config_format=json"),
+        ("POST", "/reset_prefix_cache"),
+        ("POST", "/v1/completions"),
+        ("POST", "/steadyrl/claim"),
+        ("GET", "/steadyrl/claim"),
+        ("POST", "/steadyrl/release"),
+        ("GET", "/no/such/route"),
+        ("OPTIONS", "/collective_rpc"),
+        ("POST", "/collective_rpc"),
+        ("POST", "/update_weights"),
+        ("POST", "/init_weight_transfer_engine"),
+    ]
     rpc = {"method": "reload_weights", "kwargs": {"weights_path": "/tmp/anyone"}}
     for method, path in routes:
-        for key, problem in ((None, "missing key: send the header 'Authorization: Bearer <key>'"),
-                             ("not-the-key", "wrong key"), (f"{standin.key}x", "wrong key")):  # fmt: skip
+        for key, problem in (
+            (None, "missing key: send the header 'Authorization: Bearer <key>'"),
+            ("not-the-key", "wrong key"),
+            (f"{standin.key}x", "wrong key"),
+        ):
             status, body = raw(standin.url, method, path, key, rpc if method == "POST" else None)
             assert status == 401 and body["error"].startswith(problem), (method, path, key, status, body)
     assert standin.rpc_calls == [], "a request without the key reached a route"
@@ -161,7 +182,7 @@ def test_a_claim_is_released_only_by_its_run(standin, tmp_path):
 
 def test_vllm_serve_listens_on_loopback_guards_every_route_and_writes_a_private_key_it_never_prints(
     tmp_path, monkeypatch, capsys
-):  # fmt: skip
+):
     monkeypatch.setenv("STEADYRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.delenv(KEY_FILE_ENV, raising=False)
@@ -173,8 +194,11 @@ def test_vllm_serve_listens_on_loopback_guards_every_route_and_writes_a_private_
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     key = key_file.read_text().strip()
     assert len(key) >= 40 and key not in printed.out + printed.err
-    for part in ("--host 127.0.0.1", "--middleware steadyrl.generation.server_auth.ServerAuth",
-                 f"{KEY_FILE_ENV}={key_file} "):  # fmt: skip
+    for part in (
+        "--host 127.0.0.1",
+        "--middleware steadyrl.generation.server_auth.ServerAuth",
+        f"{KEY_FILE_ENV}={key_file} ",
+    ):
         assert part in printed.out, part
 
     assert steadyrl_main(["vllm-serve", "--model", "m", "--port", str(port), "--print"]) == 0
@@ -225,14 +249,28 @@ while rank == 0 and not (out / "rank1.txt").exists() and time.monotonic() < dead
 
 def test_a_push_failing_on_the_main_process_raises_on_every_process_at_once(standin, tmp_path):
     code = WORKER.format(tests=str(ROOT / "tests"), out=str(tmp_path), url=standin.url)
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # fmt: skip
-    workers = [subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for r in (0, 1)]  # fmt: skip
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     outputs = [worker.communicate(timeout=120)[0] for worker in workers]
-    outcomes = [(tmp_path / f"rank{r}.txt").read_text() if (tmp_path / f"rank{r}.txt").exists() else None
-                for r in (0, 1)]  # fmt: skip
+    outcomes = [
+        (tmp_path / f"rank{r}.txt").read_text() if (tmp_path / f"rank{r}.txt").exists() else None for r in (0, 1)
+    ]
     expected = "VLLMServerError: the run lost its vLLM server: the server could not load the weights. It stopped here"
     for rank, outcome in enumerate(outcomes):
         assert outcome is not None and outcome.startswith(expected), (rank, outcome, outputs[rank][-2000:])

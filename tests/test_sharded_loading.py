@@ -23,8 +23,17 @@ BUILD_CHECK = ROOT / "tests" / "support" / "build_check.py"
 
 def build_report(tmp_path, config: str, algorithm: str, *options: str) -> dict:
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-           str(BUILD_CHECK), str(out), algorithm, *options]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / f"{config}.yaml"),
+        str(BUILD_CHECK),
+        str(out),
+        algorithm,
+        *options,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(out.read_text())

@@ -27,8 +27,7 @@ def run_stream(output_dir, data_dir, *flags, expect_kill=False, accelerate_confi
         cmd = [*launcher, "--main_process_port", str(free_port()), *cmd[1:]]
     if overrides:
         cmd += ["--set", *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)
     output = proc.stdout + proc.stderr
     assert proc.returncode == (-9 if expect_kill else 0), f"status {proc.returncode}:\n{output[-3000:]}"
     return output

@@ -12,8 +12,9 @@ from steadyrl.models.scalar_head import RewardModelFunction
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path, toy_reward_model_path
 
 
-@pytest.mark.parametrize(("trainer_class", "algorithm"), [(RLOOTrainer, "rloo"), (GRPOTrainer, "grpo"),
-                                                          (PPOTrainer, "ppo")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("trainer_class", "algorithm"), [(RLOOTrainer, "rloo"), (GRPOTrainer, "grpo"), (PPOTrainer, "ppo")]
+)
 def test_trl_positional_order(tmp_path, trainer_class, algorithm):
     """(model, reward_funcs, args, train_dataset, eval_dataset, processing_class): as trl.RLOOTrainer /
     trl.GRPOTrainer take them (PPO: the same order, its critic and reward model by keyword)."""
@@ -42,8 +43,13 @@ def test_reward_models_inside_reward_funcs_with_their_tokenizers(tmp_path):
 
     tokenizer = AutoTokenizer.from_pretrained(toy_reward_model_path())
     args = make_config(tmp_path, reward_weights=[0.5, 2.0])
-    trainer = RLOOTrainer(toy_model_path(), [toy_reward_model_path(), letters_reward], args, toy_dataset(),
-                          reward_processing_classes=[tokenizer, None])  # fmt: skip
+    trainer = RLOOTrainer(
+        toy_model_path(),
+        [toy_reward_model_path(), letters_reward],
+        args,
+        toy_dataset(),
+        reward_processing_classes=[tokenizer, None],
+    )
     assert isinstance(trainer.reward_funcs[0], RewardModelFunction) and trainer.reward_funcs[1] is letters_reward
     assert trainer.reward_model is trainer.reward_funcs[0].model
     assert trainer.reward_weights.tolist() == [0.5, 2.0]
@@ -51,33 +57,72 @@ def test_reward_models_inside_reward_funcs_with_their_tokenizers(tmp_path):
 
 def test_given_ref_model_replaces_the_copy_in_ppo(tmp_path):
     reference = AutoModelForCausalLM.from_pretrained(toy_model_path())
-    trainer = PPOTrainer(toy_model_path(), [letters_reward], make_config(tmp_path, "ppo"), toy_dataset(),
-                         ref_model=reference)  # fmt: skip
+    trainer = PPOTrainer(
+        toy_model_path(), [letters_reward], make_config(tmp_path, "ppo"), toy_dataset(), ref_model=reference
+    )
     assert trainer.ref_model is reference
 
 
 @pytest.mark.parametrize(
     ("call", "error", "message"),
     [
-        (lambda tmp: RLOOTrainer(toy_model_path(), make_config(tmp), toy_dataset()), TypeError,
-         "RLOOTrainer takes TRL's order (model, reward_funcs, args, train_dataset"),
-        (lambda tmp: OnlineDPOTrainer(toy_model_path(), make_config(tmp, "online-dpo")), TypeError,
-         "OnlineDPOTrainer takes TRL's order (model, ref_model, reward_funcs, args"),
-        (lambda tmp: RLOOTrainer(toy_model_path(), [letters_reward], make_config(tmp), toy_dataset(),
-                                 quantization_config={"load_in_4bit": True}), ValueError,
-         "RLOOTrainer(quantization_config=...) is not supported"),
-        (lambda tmp: OnlineDPOTrainer(toy_model_path(), None, [letters_reward], make_config(tmp, "online-dpo"),
-                                      data_collator=lambda rows: rows), ValueError,
-         "OnlineDPOTrainer(data_collator=...) is not supported: steadyrl pads prompts and completions itself"),
-        (lambda tmp: GRPOTrainer(toy_model_path(), [letters_reward], make_config(tmp, "grpo", beta=0.0),
-                                 toy_dataset(), ref_model=toy_model_path()), ValueError,
-         "ref_model was given, but with beta=0.0 GRPOTrainer has no KL term"),
-        (lambda tmp: RLOOTrainer(toy_model_path(), [letters_reward], make_config(tmp), toy_dataset(),
-                                 reward_processing_classes=[None, None]), ValueError,
-         "reward_processing_classes has 2 entries but reward_funcs has 1"),
+        (
+            lambda tmp: RLOOTrainer(toy_model_path(), make_config(tmp), toy_dataset()),
+            TypeError,
+            "RLOOTrainer takes TRL's order (model, reward_funcs, args, train_dataset",
+        ),
+        (
+            lambda tmp: OnlineDPOTrainer(toy_model_path(), make_config(tmp, "online-dpo")),
+            TypeError,
+            "OnlineDPOTrainer takes TRL's order (model, ref_model, reward_funcs, args",
+        ),
+        (
+            lambda tmp: RLOOTrainer(
+                toy_model_path(),
+                [letters_reward],
+                make_config(tmp),
+                toy_dataset(),
+                quantization_config={"load_in_4bit": True},
+            ),
+            ValueError,
+            "RLOOTrainer(quantization_config=...) is not supported",
+        ),
+        (
+            lambda tmp: OnlineDPOTrainer(
+                toy_model_path(),
+                None,
+                [letters_reward],
+                make_config(tmp, "online-dpo"),
+                data_collator=lambda rows: rows,
+            ),
+            ValueError,
+            "OnlineDPOTrainer(data_collator=...) is not supported: steadyrl pads prompts and completions itself",
+        ),
+        (
+            lambda tmp: GRPOTrainer(
+                toy_model_path(),
+                [letters_reward],
+                make_config(tmp, "grpo", beta=0.0),
+                toy_dataset(),
+                ref_model=toy_model_path(),
+            ),
+            ValueError,
+            "ref_model was given, but with beta=0.0 GRPOTrainer has no KL term",
+        ),
+        (
+            lambda tmp: RLOOTrainer(
+                toy_model_path(),
+                [letters_reward],
+                make_config(tmp),
+                toy_dataset(),
+                reward_processing_classes=[None, None],
+            ),
+            ValueError,
+            "reward_processing_classes has 2 entries but reward_funcs has 1",
+        ),
     ],
     ids=["old-order", "dpo-old-order", "quantization", "data-collator", "ref-model-beta-0", "processing-classes"],
-)  # fmt: skip
+)
 def test_misplaced_or_unused_arguments_are_refused(tmp_path, call, error, message):
     with pytest.raises(error) as raised:
         call(tmp_path)

@@ -24,16 +24,29 @@ CPU = {"bf16": False, "report_to": "none"}  # TRL resolves bf16=None to True, wh
 
 
 def grpo_trainer(args, **kwargs):
-    return GRPOTrainer(model=toy_model_path(), reward_funcs=[letters_reward], args=args,
-                       train_dataset=toy_dataset(), **kwargs)  # fmt: skip
+    return GRPOTrainer(
+        model=toy_model_path(), reward_funcs=[letters_reward], args=args, train_dataset=toy_dataset(), **kwargs
+    )
 
 
 def test_a_trl_grpo_config_is_converted_keeping_the_values_set(tmp_path):
     given = trl.GRPOConfig(
-        output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=4, steps_per_generation=2,
-        max_completion_length=8, epsilon_high=0.28, loss_type="dr_grpo", beta=0.04, scale_rewards=False,
-        learning_rate=3e-6, logging_steps=5, save_steps=3, max_steps=2, seed=7, **CPU,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        num_generations=4,
+        per_device_train_batch_size=4,
+        steps_per_generation=2,
+        max_completion_length=8,
+        epsilon_high=0.28,
+        loss_type="dr_grpo",
+        beta=0.04,
+        scale_rewards=False,
+        learning_rate=3e-6,
+        logging_steps=5,
+        save_steps=3,
+        max_steps=2,
+        seed=7,
+        **CPU,
+    )
     trainer = grpo_trainer(given)
     args = trainer.args
     assert type(args) is GRPOConfig
@@ -48,12 +61,20 @@ def test_a_trl_grpo_config_is_converted_keeping_the_values_set(tmp_path):
 @pytest.mark.parametrize(
     ("trl_class", "own_class", "settings", "expected"),
     [
-        (trl.RLOOConfig, RLOOConfig, dict(num_generations=2, beta=0.1, normalize_advantages=True),
-         dict(n_samples_per_prompt=2, beta=0.1, normalize_advantages=True)),
-        (TRLOnlineDPOConfig, OnlineDPOConfig, dict(max_new_tokens=12, temperature=0.7, loss_type="ipo"),
-         dict(max_completion_length=12, temperature=0.7, loss_type="ipo")),
+        (
+            trl.RLOOConfig,
+            RLOOConfig,
+            dict(num_generations=2, beta=0.1, normalize_advantages=True),
+            dict(n_samples_per_prompt=2, beta=0.1, normalize_advantages=True),
+        ),
+        (
+            TRLOnlineDPOConfig,
+            OnlineDPOConfig,
+            dict(max_new_tokens=12, temperature=0.7, loss_type="ipo"),
+            dict(max_completion_length=12, temperature=0.7, loss_type="ipo"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_trl_rloo_and_online_dpo_configs_are_converted(tmp_path, trl_class, own_class, settings, expected):
     converted = as_own_config(trl_class(output_dir=str(tmp_path), logging_steps=3, **settings, **CPU), own_class)
     assert type(converted) is own_class

@@ -32,10 +32,15 @@ def batch(new_ratio: list[float], advantages: list[float], eos_id: int, ended: l
     old = torch.log(torch.full((len(new_ratio), 2), 0.4))
     completion_ids = torch.tensor([[1, eos_id if e else 1] for e in ended])
     rollout = Rollout(
-        prompt_ids=torch.zeros(len(new_ratio), 1, dtype=torch.long), prompt_mask=torch.ones(len(new_ratio), 1),
-        completion_ids=completion_ids, completion_mask=torch.ones_like(completion_ids), scores=torch.zeros(len(ended)),
-        ref_logprobs=old, old_logprobs=old, advantages=torch.tensor(advantages),
-    )  # fmt: skip
+        prompt_ids=torch.zeros(len(new_ratio), 1, dtype=torch.long),
+        prompt_mask=torch.ones(len(new_ratio), 1),
+        completion_ids=completion_ids,
+        completion_mask=torch.ones_like(completion_ids),
+        scores=torch.zeros(len(ended)),
+        ref_logprobs=old,
+        old_logprobs=old,
+        advantages=torch.tensor(advantages),
+    )
     model = FixedLogits(old + torch.log(torch.tensor(new_ratio))[:, None])
     return model, rollout
 
@@ -55,17 +60,26 @@ def test_epsilon_high_and_masked_truncated_completions_shape_the_loss(tmp_path):
 def test_rloo_reward_clip_range_clips_the_scores_before_the_kl_penalty(tmp_path):
     trainer = make_trainer(tmp_path, reward_clip_range=[-1.0, 1.0], beta=0.0, n_samples_per_prompt=2)
     rollout = Rollout(
-        prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1), completion_ids=torch.ones(2, 1),
-        completion_mask=torch.ones(2, 1), scores=torch.tensor([5.0, -0.5]), ref_logprobs=torch.zeros(2, 1),
+        prompt_ids=torch.zeros(2, 1, dtype=torch.long),
+        prompt_mask=torch.ones(2, 1),
+        completion_ids=torch.ones(2, 1),
+        completion_mask=torch.ones(2, 1),
+        scores=torch.tensor([5.0, -0.5]),
+        ref_logprobs=torch.zeros(2, 1),
         old_logprobs=torch.zeros(2, 1),
-    )  # fmt: skip
+    )
     added = trainer.compute_advantages(rollout)
     torch.testing.assert_close(added.advantages, torch.tensor([1.5, -1.5]))  # 1 - (-0.5) and back
 
 
 def test_generation_settings_reach_transformers_generate(tmp_path):
-    trainer = make_trainer(tmp_path, min_p=0.05, repetition_penalty=1.3, cache_implementation="static",
-                           generation_kwargs='{"no_repeat_ngram_size": 2}')  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        min_p=0.05,
+        repetition_penalty=1.3,
+        cache_implementation="static",
+        generation_kwargs='{"no_repeat_ngram_size": 2}',
+    )
     config = trainer.backend.generation_config()
     assert (config.min_p, config.repetition_penalty, config.cache_implementation) == (0.05, 1.3, "static")
     assert config.no_repeat_ngram_size == 2
@@ -88,8 +102,13 @@ def test_disable_dropout_zeroes_every_dropout_layer_of_policy_and_reference(tmp_
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=1, n_head=2, n_positions=64))
     with pytest.raises(ValueError, match="processing_class is required"):
         RLOOTrainer(model, args=make_config(tmp_path), train_dataset=toy_dataset(), reward_funcs=[letters_reward])
-    trainer = RLOOTrainer(model, args=make_config(tmp_path, disable_dropout=True), train_dataset=toy_dataset(),
-                          processing_class=tokenizer, reward_funcs=[letters_reward])  # fmt: skip
+    trainer = RLOOTrainer(
+        model,
+        args=make_config(tmp_path, disable_dropout=True),
+        train_dataset=toy_dataset(),
+        processing_class=tokenizer,
+        reward_funcs=[letters_reward],
+    )
     layers = [m for net in (trainer.model, trainer.ref_model) for m in net.modules() if isinstance(m, torch.nn.Dropout)]
     assert layers and all(m.p == 0.0 for m in layers)
 
@@ -116,13 +135,25 @@ def test_remove_unused_columns_passes_no_dataset_column_to_the_reward_functions(
 
 def test_online_dpo_loads_the_reward_model_from_reward_model_path(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, num_labels=1)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+    )
     Qwen2ForSequenceClassification(config).save_pretrained(tmp_path / "rm")
     tokenizer.save_pretrained(tmp_path / "rm")
     args = make_config(tmp_path / "out", "online-dpo", reward_model_path=str(tmp_path / "rm"))
     trainer = OnlineDPOTrainer(toy_model_path(), args=args, train_dataset=toy_dataset(num_prompts=8))
     assert trainer.reward_model is not None and trainer.reward_funcs[0].__name__ == "reward_model"
     with pytest.raises(ValueError, match="reward_model and args.reward_model_path"):
-        OnlineDPOTrainer(toy_model_path(), args=args, train_dataset=toy_dataset(num_prompts=8),
-                         reward_model=str(tmp_path / "rm"), reward_funcs=[letters_reward])  # fmt: skip
+        OnlineDPOTrainer(
+            toy_model_path(),
+            args=args,
+            train_dataset=toy_dataset(num_prompts=8),
+            reward_model=str(tmp_path / "rm"),
+            reward_funcs=[letters_reward],
+        )

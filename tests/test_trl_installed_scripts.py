@@ -39,11 +39,30 @@ def test_trls_installed_script_runs_with_only_the_trainer_import_changed(tmp_pat
     toy_dataset(16).to_json(str(data / "train.jsonl"))
     output_dir = tmp_path / "out"
     cmd = [
-        sys.executable, str(with_steadyrl_trainer(algorithm, tmp_path)), "--model_name_or_path", toy_path,
-        "--dataset_name", str(data), "--output_dir", str(output_dir), "--reward_funcs", "steadyrl.toy.letters_reward",
-        "--max_steps", "2", "--save_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "4",
-        "--max_completion_length", "8", "--report_to", "none", *PRECISION[algorithm],
-    ]  # fmt: skip
+        sys.executable,
+        str(with_steadyrl_trainer(algorithm, tmp_path)),
+        "--model_name_or_path",
+        toy_path,
+        "--dataset_name",
+        str(data),
+        "--output_dir",
+        str(output_dir),
+        "--reward_funcs",
+        "steadyrl.toy.letters_reward",
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "8",
+        "--report_to",
+        "none",
+        *PRECISION[algorithm],
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

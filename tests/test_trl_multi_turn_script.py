@@ -17,8 +17,13 @@ TRL_IMPORT = "from trl import GRPOTrainer  # the line a user changes\n"
 
 def run_script(path, kind, output_dir) -> list[dict]:
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(path), kind, tool_model_path(), str(output_dir)], capture_output=True,
-                          text=True, env=env, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(path), kind, tool_model_path(), str(output_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -162,10 +162,13 @@ def test_every_trl_field_is_in_the_readme_table_and_declared(trl):
 # TRL's defaults that steadyrl does not share (docs/coming-from-trl.md says so for each)
 DEFAULT_DIFFERENCES = {
     "rloo": {"num_generations": (2, 4), "max_completion_length": (512, 64), "epsilon_high": (None, 0.2)},
-    "grpo": {"max_completion_length": (512, 64), "epsilon_high": (None, 0.2),
-             "vllm_importance_sampling_correction": (True, False)},
+    "grpo": {
+        "max_completion_length": (512, 64),
+        "epsilon_high": (None, 0.2),
+        "vllm_importance_sampling_correction": (True, False),
+    },
     "online-dpo": {"temperature": (0.9, 1.0), "vllm_gpu_memory_utilization": (0.55, 0.3), "max_length": (512, 576)},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("algorithm", sorted(OURS))
@@ -197,8 +200,7 @@ def refused_rows() -> list[tuple[str, object, str]]:
 
 
 @pytest.mark.parametrize("name, value, message", refused_rows(), ids=lambda v: v if isinstance(v, str) else "")
-@pytest.mark.parametrize("config_class", [RLOOConfig, OnlineDPOConfig, PPOConfig, GRPOConfig],
-                         ids=lambda c: c.__name__)  # fmt: skip
+@pytest.mark.parametrize("config_class", [RLOOConfig, OnlineDPOConfig, PPOConfig, GRPOConfig], ids=lambda c: c.__name__)
 def test_each_refused_trl_field_says_why(tmp_path, config_class, name, value, message):
     """Each refused row holds for every config that declares the field (GRPO's own ones for GRPO alone)."""
     rules = config_class.unsupported_trl_fields
@@ -220,10 +222,22 @@ def test_a_trl_style_rloo_script_trains(tmp_path):
     from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
     args = RLOOConfig(
-        output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2, steps_per_generation=4,
-        num_generations=2, num_iterations=2, epsilon=0.2, epsilon_high=0.28, max_completion_length=4, max_steps=4,
-        learning_rate=1e-3, report_to="none", disable_tqdm=True, save_strategy="no", logging_steps=1,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+        num_generations=2,
+        num_iterations=2,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        max_completion_length=4,
+        max_steps=4,
+        learning_rate=1e-3,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
     assert (args.rollout_batch_size, args.train_batch_size, args.steps_per_rollout) == (4, 4, 4)
     trainer = RLOOTrainer(model=toy_model_path(), args=args, train_dataset=toy_dataset(), reward_funcs=[letters_reward])
     trainer.train()

@@ -38,8 +38,13 @@ def greedy_agreement(trainer) -> tuple[list, list]:
     actor.eval()  # mid-training: in train mode a gradient-checkpointed model generates without its KV cache
     with torch.no_grad():
         for ids in prompts:
-            out = actor.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_tokens,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+            out = actor.generate(
+                torch.tensor([ids]),
+                do_sample=False,
+                max_new_tokens=max_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
             hf.append(out[0, len(ids) :].tolist())
     actor.train(was_training)
     return [list(o.outputs[0].token_ids) for o in outputs], hf
@@ -196,7 +201,7 @@ def test_unservable_model_is_refused_when_the_trainer_is_built(tmp_path):
         num_key_value_heads=2,
         max_position_embeddings=64,
         tie_word_embeddings=True,
-    )  # fmt: skip  (head_dim 16: vLLM's CPU attention refuses it)
+    )  # head_dim 16: vLLM's CPU attention refuses it
     Qwen2ForCausalLM(config).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     with pytest.raises(ValueError, match=r"cannot serve this model on CPU: its head_dim is 16 .*supports head_dim in"):
@@ -229,10 +234,14 @@ def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorit
     """GRPO's (and RLOO's) loss uses log-probs at the sampling temperature (vLLM's processed log-probs); online DPO's
     use the policy's own distribution (vLLM's raw log-probs). Either way the health metric compares like with like.
     GRPO runs with the truncated importance-sampling correction: its weights pi_trainer / pi_vLLM sit at 1."""
-    extra = {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
-             "beta": 0.04} if algorithm == "grpo" else {}  # fmt: skip
-    trainer = make_trainer(tmp_path, algorithm=algorithm, temperature=0.7, max_steps=8, **VLLM, **ONE_STEP_ROLLOUTS,
-                           **extra)  # fmt: skip
+    extra = (
+        {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate", "beta": 0.04}
+        if algorithm == "grpo"
+        else {}
+    )
+    trainer = make_trainer(
+        tmp_path, algorithm=algorithm, temperature=0.7, max_steps=8, **VLLM, **ONE_STEP_ROLLOUTS, **extra
+    )
     trainer.train()
     diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
     assert len(diffs) == 8 and max(diffs) < 1e-4, diffs

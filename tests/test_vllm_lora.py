@@ -23,14 +23,16 @@ from steadyrl.toy import toy_model_path
 
 # one optimizer step per rollout: every rollout follows an update, and the save at 2 falls between rollouts
 # 'adapter': on CPU, 'auto' pushes merged weights (vLLM's CPU LoRA kernels generate slower than that saves)
-RUN = dict(use_vllm=True, vllm_dtype="float32", vllm_lora_sync="adapter", max_steps=4, save_steps=2,
-           **ONE_STEP_ROLLOUTS)  # fmt: skip
+RUN = dict(
+    use_vllm=True, vllm_dtype="float32", vllm_lora_sync="adapter", max_steps=4, save_steps=2, **ONE_STEP_ROLLOUTS
+)
 MAX_LOGPROB_DIFF = 1e-4  # as tests/test_vllm.py
 
 
 def lora_config(**changes) -> LoraConfig:
-    settings = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"],
-                    init_lora_weights=False)  # fmt: skip
+    settings = dict(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"], init_lora_weights=False
+    )
     return LoraConfig(**{**settings, **changes})
 
 
@@ -51,13 +53,21 @@ def greedy_pair(trainer) -> tuple[list, list]:
     tok, backend, actor = trainer.processing_class, trainer.backend, trainer.model
     prompts = [tok(p)["input_ids"] for p in trainer.train_dataset["prompt"][:8]]
     greedy = SamplingParams(max_tokens=trainer.args.max_completion_length, temperature=0.0)
-    outputs = backend.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], greedy, use_tqdm=False,
-                                   lora_request=backend.lora_request)  # fmt: skip
+    outputs = backend.llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], greedy, use_tqdm=False, lora_request=backend.lora_request
+    )
     was_training = actor.training
     actor.eval()
-    hf = [actor.generate(input_ids=torch.tensor([ids]), do_sample=False, max_new_tokens=greedy.max_tokens,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[0, len(ids):].tolist()
-          for ids in prompts]  # fmt: skip
+    hf = [
+        actor.generate(
+            input_ids=torch.tensor([ids]),
+            do_sample=False,
+            max_new_tokens=greedy.max_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )[0, len(ids) :].tolist()
+        for ids in prompts
+    ]
     actor.train(was_training)
     return [list(o.outputs[0].token_ids) for o in outputs], hf
 
@@ -149,7 +159,7 @@ def test_a_resumed_run_generates_with_the_restored_adapter_and_ends_identical(ad
     for log in (log for log in resumed.state.log_history if "loss" in log):
         assert {k: v for k, v in log.items() if k != "tokens_per_second"} == {
             k: v for k, v in steps[log["step"]].items() if k != "tokens_per_second"
-        }  # fmt: skip
+        }
 
 
 # ---- the fallback to merged weights ----------------------------------------------------------------------------------
@@ -168,8 +178,7 @@ def toy_model():
         (dict(r=600), "rank 600 is above the 512 vLLM allows"),
     ],
 )
-def test_an_adapter_vllm_cannot_serve_falls_back_to_merged_weights_and_says_why(toy_model, caplog, changes,
-                                                                                  reason):  # fmt: skip
+def test_an_adapter_vllm_cannot_serve_falls_back_to_merged_weights_and_says_why(toy_model, caplog, changes, reason):
     model = get_peft_model(toy_model, lora_config(**changes))
     try:
         with caplog.at_level(logging.INFO, logger="steadyrl.generation.lora_sync"):
@@ -208,10 +217,19 @@ def test_a_server_without_lora_gets_merged_weights_and_says_why(caplog, tmp_path
 
     url, server = start(model_config())  # reports no lora_config: started without --max-lora-rank
     settings = ServerSettings(
-        base_url=url, timeout=30, weight_transfer="file", weights_dir=str(tmp_path / "w"), group_host="",
-        group_port=0, model=toy_model_path(), max_model_len=256, dtype="float32", logprobs_mode="processed_logprobs",
-        output_dir=str(tmp_path), adapter_rank=4,
-    )  # fmt: skip
+        base_url=url,
+        timeout=30,
+        weight_transfer="file",
+        weights_dir=str(tmp_path / "w"),
+        group_host="",
+        group_port=0,
+        model=toy_model_path(),
+        max_model_len=256,
+        dtype="float32",
+        logprobs_mode="processed_logprobs",
+        output_dir=str(tmp_path),
+        adapter_rank=4,
+    )
     tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
     try:
         with caplog.at_level(logging.INFO, logger="steadyrl.generation.vllm_server"):

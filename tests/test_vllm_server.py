@@ -60,11 +60,24 @@ def perturbed_model(seed: int = 0):
 
 def server_backend(url, tokenizer, settings, tmp_path, **changes) -> VLLMServerBackend:
     """A backend for the run of output_dir ``tmp_path`` (which claims the server until ``close()``)."""
-    return VLLMServerBackend(tokenizer, settings, ServerSettings(
-        base_url=url, timeout=60, weight_transfer="file", weights_dir=str(tmp_path / "weights"), group_host="",
-        group_port=0, model=toy_model_path(), max_model_len=MAX_MODEL_LEN, dtype="float32",
-        logprobs_mode="processed_logprobs", output_dir=str(tmp_path), **changes,
-    ))  # fmt: skip
+    return VLLMServerBackend(
+        tokenizer,
+        settings,
+        ServerSettings(
+            base_url=url,
+            timeout=60,
+            weight_transfer="file",
+            weights_dir=str(tmp_path / "weights"),
+            group_host="",
+            group_port=0,
+            model=toy_model_path(),
+            max_model_len=MAX_MODEL_LEN,
+            dtype="float32",
+            logprobs_mode="processed_logprobs",
+            output_dir=str(tmp_path),
+            **changes,
+        ),
+    )
 
 
 def test_completions_equal_the_colocated_engines_for_the_same_weights_and_seeds(server, tmp_path):
@@ -98,8 +111,9 @@ def test_completions_equal_the_colocated_engines_for_the_same_weights_and_seeds(
 
 @torch.no_grad()
 def hf_greedy(model, ids: list[int], eos_token_id: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10, pad_token_id=0,
-                         eos_token_id=eos_token_id)  # fmt: skip
+    out = model.generate(
+        torch.tensor([ids]), do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=eos_token_id
+    )
     return out[0, len(ids) :].tolist()
 
 
@@ -160,8 +174,16 @@ def test_a_lora_actor_pushes_its_adapter_alone_over_the_keyed_api(server, tmp_pa
 
 def test_a_lora_run_samples_with_its_adapter_on_the_server(server, tmp_path):
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    trainer = make_trainer(tmp_path, peft_config=lora, max_steps=3, train_batch_size=8, micro_train_batch_size=4,
-                           num_ppo_epochs=1, vllm_lora_sync="adapter", **server_flags(server))  # fmt: skip
+    trainer = make_trainer(
+        tmp_path,
+        peft_config=lora,
+        max_steps=3,
+        train_batch_size=8,
+        micro_train_batch_size=4,
+        num_ppo_epochs=1,
+        vllm_lora_sync="adapter",
+        **server_flags(server),
+    )
     trainer.train()
     assert trainer.backend.adapter_rank == 4 and trainer.backend.pushes == 3
     diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history if "generation_logprob_diff" in log]
@@ -174,8 +196,7 @@ def test_a_lora_run_samples_with_its_adapter_on_the_server(server, tmp_path):
 def unkeyed(url: str, method: str, path: str, body: dict | None = None) -> int:
     """The status of a request without the key."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status
@@ -186,8 +207,9 @@ def unkeyed(url: str, method: str, path: str, body: dict | None = None) -> int:
 def test_without_the_key_every_route_but_health_is_refused_and_changes_nothing(server, tmp_path):
     keyed = ServerClient(server, 30)
     spec = keyed.request("GET", "/openapi.json")
-    routes = [(method.upper(), re.sub(r"{[^}]*}", "x", path)) for path, item in spec["paths"].items()
-              for method in item] + [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/metrics")]  # fmt: skip
+    routes = [
+        (method.upper(), re.sub(r"{[^}]*}", "x", path)) for path, item in spec["paths"].items() for method in item
+    ] + [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/metrics")]
     assert {("POST", "/collective_rpc"), ("POST", "/update_weights"), ("POST", "/v1/completions")} <= set(routes)
     open_routes = [(method, path) for method, path in routes if unkeyed(server, method, path) != 401]
     assert open_routes == [("GET", "/health")]
@@ -311,8 +333,9 @@ class StopAfterSave(TrainerCallback):
             self.proxy.stop()
 
 
-def test_the_server_going_down_mid_run_stops_it_clearly_and_a_resume_ends_identical(server, uninterrupted, tmp_path,
-                                                                                      capsys, monkeypatch):  # fmt: skip
+def test_the_server_going_down_mid_run_stops_it_clearly_and_a_resume_ends_identical(
+    server, uninterrupted, tmp_path, capsys, monkeypatch
+):
     port = int(server.rsplit(":", 1)[1])
     proxy = Proxy(port)
     url = f"http://127.0.0.1:{proxy.port}"
@@ -348,14 +371,41 @@ def test_a_server_of_another_model_or_a_shorter_context_is_refused_before_any_wo
 
 def test_vllm_serve_prints_the_command_it_runs(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_ENV, raising=False)
-    assert steadyrl_main(["vllm-serve", "--model", "m", "--port", "8001", "--max-model-len", "512", "--print",
-                          "--key-file", str(tmp_path / "key"), "--", "--max-num-seqs", "64"]) == 0  # fmt: skip
+    assert (
+        steadyrl_main(
+            [
+                "vllm-serve",
+                "--model",
+                "m",
+                "--port",
+                "8001",
+                "--max-model-len",
+                "512",
+                "--print",
+                "--key-file",
+                str(tmp_path / "key"),
+                "--",
+                "--max-num-seqs",
+                "64",
+            ]
+        )
+        == 0
+    )
     line = capsys.readouterr().out
     assert line.startswith("VLLM_SERVER_DEV_MODE=1 ")
-    for flag in ("-m vllm.entrypoints.openai.api_server", "--model m", "--port 8001", "--max-model-len 512",
-                 "--dtype float32", "--logprobs-mode processed_logprobs", "--generation-config vllm",
-                 "--max-num-seqs 64", "--host 127.0.0.1", "--middleware steadyrl.generation.server_auth.ServerAuth",
-                 f"STEADYRL_VLLM_SERVER_KEY_FILE={tmp_path / 'key'} "):  # fmt: skip
+    for flag in (
+        "-m vllm.entrypoints.openai.api_server",
+        "--model m",
+        "--port 8001",
+        "--max-model-len 512",
+        "--dtype float32",
+        "--logprobs-mode processed_logprobs",
+        "--generation-config vllm",
+        "--max-num-seqs 64",
+        "--host 127.0.0.1",
+        "--middleware steadyrl.generation.server_auth.ServerAuth",
+        f"STEADYRL_VLLM_SERVER_KEY_FILE={tmp_path / 'key'} ",
+    ):
         assert flag in line, flag
 
 

@@ -16,16 +16,19 @@ def _call(name: str, arguments: dict) -> list[dict]:
 
 
 def render(tokenizer, messages: list[dict], chat_template_kwargs: dict, tools=None, generation_prompt=False) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **chat_template_kwargs)  # fmt: skip
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt, **chat_template_kwargs
+    )
 
 
 def check_tool_template(tokenizer, chat_template_kwargs: dict) -> None:
     """Refuse a chat template that cannot show the model a tool call and its result (it drops either)."""
     name, key, value, content = _SENTINELS
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "", "tool_calls": _call(name, {key: value})},
-                {"role": "tool", "name": name, "content": content}]  # fmt: skip
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": _call(name, {key: value})},
+        {"role": "tool", "name": name, "content": content},
+    ]
     try:
         text = render(tokenizer, messages, chat_template_kwargs)
     except (TemplateError, TypeError) as err:
@@ -80,11 +83,14 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     """The ids that follow an assistant turn ending in EOS: the tool messages, then the next assistant turn's
     opening. Rendered after a stand-in turn with the same tool name and cut after its EOS, as TRL does; the append-only
     check at build time makes this equal to rendering the real conversation."""
-    head = [{"role": "user", "content": "x"},
-            {"role": "assistant", "content": "", "tool_calls": _call(tool_messages[0]["name"], {})}]  # fmt: skip
+    head = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": _call(tool_messages[0]["name"], {})},
+    ]
     before = tokenizer.apply_chat_template(head, tokenize=True, return_dict=False, **chat_template_kwargs)
-    after = tokenizer.apply_chat_template(head + tool_messages, tokenize=True, return_dict=False,
-                                          add_generation_prompt=True, **chat_template_kwargs)  # fmt: skip
+    after = tokenizer.apply_chat_template(
+        head + tool_messages, tokenize=True, return_dict=False, add_generation_prompt=True, **chat_template_kwargs
+    )
     eos = [i for i, token in enumerate(before) if token == tokenizer.eos_token_id]
     before = before[: eos[-1] + 1] if eos else before
     if after[: len(before)] != before:
@@ -132,6 +138,6 @@ def tokenize_with_tools(prompts: list, tokenizer, tools_per_row: list[list[Calla
             tokenizer.apply_chat_template(
                 p, tools=t or None, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
             )
-        )  # fmt: skip
+        )
         for p, t in zip(prompts, tools_per_row)
     ]

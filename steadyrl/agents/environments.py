@@ -33,8 +33,10 @@ class Environments:
         for name, factory in self.factories.items():
             label = "environment_factory" + (f"[{name!r}]" if self.multi else "")
             if not callable(factory):
-                raise TypeError(f"{label}={factory!r} is not callable: give a class or a function that returns an "
-                                "environment instance (with a reset() method).")  # fmt: skip
+                raise TypeError(
+                    f"{label}={factory!r} is not callable: give a class or a function that returns an "
+                    "environment instance (with a reset() method)."
+                )
             instance = factory()
             if not callable(getattr(instance, "reset", None)):
                 raise ValueError(
@@ -67,8 +69,10 @@ class Environments:
             )
         unknown = sorted({str(n) for n in names if n not in self.factories})
         if unknown:
-            raise ValueError(f"examples name environment {unknown}, which environment_factory does not have: it has "
-                             f"{list(self.factories)}.")  # fmt: skip
+            raise ValueError(
+                f"examples name environment {unknown}, which environment_factory does not have: it has "
+                f"{list(self.factories)}."
+            )
         return list(names)
 
     def instances(self, names: list) -> list:

@@ -12,20 +12,25 @@ REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
 def _rows(value, key: str, rows: int) -> list:
     if not isinstance(value, (list, tuple)) or len(value) != rows:
         got = f"{len(value)} rows" if isinstance(value, (list, tuple)) else type(value).__name__
-        raise ValueError(f"rollout_func returned {key!r} with {got} for {rows} prompts: give one entry per prompt row "
-                         "(the prompts it receives are each prompt repeated once per sample).")  # fmt: skip
+        raise ValueError(
+            f"rollout_func returned {key!r} with {got} for {rows} prompts: give one entry per prompt row "
+            "(the prompts it receives are each prompt repeated once per sample)."
+        )
     return list(value)
 
 
 def trajectories_from(output, rows: int) -> tuple[list[list[int]], Trajectories]:
     """Check ``rollout_func``'s output for ``rows`` prompt rows and return ``(prompt_ids, trajectories)``."""
     if not isinstance(output, dict):
-        raise TypeError(f"rollout_func must return a dict with keys {list(REQUIRED)}; it returned a "
-                        f"{type(output).__name__}.")  # fmt: skip
+        raise TypeError(
+            f"rollout_func must return a dict with keys {list(REQUIRED)}; it returned a {type(output).__name__}."
+        )
     missing = [key for key in REQUIRED if key not in output]
     if missing:
-        raise ValueError(f"rollout_func must return keys {list(REQUIRED)} in its dict; {missing} missing (it "
-                         f"returned {sorted(output)}).")  # fmt: skip
+        raise ValueError(
+            f"rollout_func must return keys {list(REQUIRED)} in its dict; {missing} missing (it "
+            f"returned {sorted(output)})."
+        )
     prompt_ids = [list(map(int, ids)) for ids in _rows(output["prompt_ids"], "prompt_ids", rows)]
     completion_ids = [list(map(int, ids)) for ids in _rows(output["completion_ids"], "completion_ids", rows)]
     logprobs = output["logprobs"]
@@ -39,11 +44,15 @@ def trajectories_from(output, rows: int) -> tuple[list[list[int]], Trajectories]
             raise ValueError(f"rollout_func returned empty prompt_ids for row {i}: the scoring pass needs the prompt.")
         for key, values in (("logprobs", logprobs), ("env_mask", env_mask)):
             if values is not None and len(values[i]) != len(ids):
-                raise ValueError(f"rollout_func's {key}[{i}] has {len(values[i])} entries for {len(ids)} completion "
-                                 "ids: give one per completion token.")  # fmt: skip
+                raise ValueError(
+                    f"rollout_func's {key}[{i}] has {len(values[i])} entries for {len(ids)} completion "
+                    "ids: give one per completion token."
+                )
         if env_mask is not None and set(env_mask[i]) - {0, 1}:
-            raise ValueError(f"rollout_func's env_mask[{i}] holds {sorted(set(env_mask[i]) - {0, 1})}: use 1 for a "
-                             "token the policy sampled and 0 for one the environment wrote.")  # fmt: skip
+            raise ValueError(
+                f"rollout_func's env_mask[{i}] holds {sorted(set(env_mask[i]) - {0, 1})}: use 1 for a "
+                "token the policy sampled and 0 for one the environment wrote."
+            )
     extra = {key: _rows(value, key, rows) for key, value in output.items() if key not in (*REQUIRED, "env_mask")}
     extra.pop("logprob_token_ids", None)  # TRL's: the top-k ids of each logprob; steadyrl reads the sampled ids only
     return prompt_ids, Trajectories(completion_ids, logprobs, env_mask=env_mask, reward_kwargs=extra)

@@ -15,8 +15,9 @@ class RLProgressCallback(ProgressCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         """The bar starts at ``global_step`` (a resumed run's), which its rate and time left leave out."""
         if state.is_world_process_zero:
-            self.training_bar = tqdm(total=state.max_steps, initial=state.global_step, desc="steadyrl",
-                                     dynamic_ncols=True)  # fmt: skip
+            self.training_bar = tqdm(
+                total=state.max_steps, initial=state.global_step, desc="steadyrl", dynamic_ncols=True
+            )
         self.current_step = state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):

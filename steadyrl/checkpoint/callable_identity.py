@@ -21,8 +21,19 @@ logger = logging.get_logger(__name__)
 MAX_DEPTH = 4  # objects inside a callable object's attributes described at most this deep; deeper ones unchecked
 SHOWN_LENGTH = 200  # characters of a value an identity shows; a longer one is shown as its digest
 SPECIAL_TOKEN_NAMES = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}
-SECRET_WORDS = {"password", "passwd", "secret", "secrets", "apikey", "credential", "credentials", "auth",
-                "authorization", "cookie", "cookies"}  # fmt: skip
+SECRET_WORDS = {
+    "password",
+    "passwd",
+    "secret",
+    "secrets",
+    "apikey",
+    "credential",
+    "credentials",
+    "auth",
+    "authorization",
+    "cookie",
+    "cookies",
+}
 SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key")}
 
 
@@ -88,8 +99,12 @@ class CallableIdentifier:
         plain = {name: value for name, value in reads.items() if _is_plain(value)}
         defaults = {"defaults": func.__defaults__, "kwdefaults": func.__kwdefaults__}
         defaults = {name: value for name, value in defaults.items() if value}
-        return {"code": _code_digest(code), **self.mapping(defaults, where), **self.mapping(closure, where),
-                **self.mapping(plain, where)}  # fmt: skip
+        return {
+            "code": _code_digest(code),
+            **self.mapping(defaults, where),
+            **self.mapping(closure, where),
+            **self.mapping(plain, where),
+        }
 
     def mapping(self, values: dict, where: str) -> dict:
         items = sorted(values.items(), key=lambda item: str(item[0]))  # keys of any type

@@ -226,8 +226,12 @@ class Checkpointer:
             (tmp / STATE_NAME).write_text(json.dumps(shared))
         # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
         buffer = loop["buffer"]
-        rank_state = {"pending_metrics": loop["pending_metrics"], "has_buffer": buffer is not None,
-                      "meter": loop.get("meter"), "queue": loop.get("queue", [])}  # fmt: skip
+        rank_state = {
+            "pending_metrics": loop["pending_metrics"],
+            "has_buffer": buffer is not None,
+            "meter": loop.get("meter"),
+            "queue": loop.get("queue", []),
+        }
         (tmp / rank_file("rank_state.json", self.rank)).write_text(json.dumps(rank_state))
         if buffer is not None:
             tensors = {name: value.contiguous() for name, value in buffer["rollout"].items()}
@@ -275,8 +279,13 @@ class Checkpointer:
             buffer = json.loads((directory / self._buffer_file(".json")).read_text())
             buffer["rollout"] = load_file(directory / self._buffer_file(".safetensors"))
         loop = {key: shared[key] for key in ("sampler", "rollouts", "algorithm")}
-        return {**loop, "pending_metrics": rank_state["pending_metrics"], "buffer": buffer,
-                "meter": rank_state.get("meter"), "queue": rank_state.get("queue", [])}  # fmt: skip
+        return {
+            **loop,
+            "pending_metrics": rank_state["pending_metrics"],
+            "buffer": buffer,
+            "meter": rank_state.get("meter"),
+            "queue": rank_state.get("queue", []),
+        }
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         load_model_weights(module.model, directory / module.name)

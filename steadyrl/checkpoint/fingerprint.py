@@ -30,44 +30,127 @@ logger = logging.get_logger(__name__)
 
 # Settings a resumed run may change: they extend the run, or change logging, evaluation, saving, publishing, where
 # files go and how processes and devices are set up, never the updates themselves.
-FREE_SETTINGS = frozenset({
-    "max_steps", "num_train_epochs",
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint",
-    "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter", "log_level",
-    "log_level_replica", "log_on_each_node", "report_to", "run_name", "project", "trackio_space_id",
-    "trackio_bucket_id", "trackio_static_space_id", "disable_tqdm", "skip_memory_metrics",
-    "include_num_input_tokens_seen", "log_completions", "num_completions_to_print", "log_unique_prompts",
-    "log_multimodal",
-    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "save_on_each_node", "save_final_checkpoint",
-    "stop_on_signal", "restore_callback_states_from_checkpoint",
-    "eval_strategy", "eval_steps", "eval_delay", "eval_on_start", "eval_accumulation_steps", "eval_do_concat_batches",
-    "eval_use_gather_object", "per_device_eval_batch_size", "num_generations_eval", "bf16_full_eval",
-    "fp16_full_eval", "batch_eval_metrics", "prediction_loss_only", "include_for_metrics", "metric_for_best_model",
-    "greater_is_better", "load_best_model_at_end", "do_train", "do_eval", "do_predict",
-    "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push", "hub_revision",
-    "hub_push_merged",
-    "dataloader_drop_last", "dataloader_in_order", "dataloader_multiprocessing_context", "dataloader_num_workers",
-    "dataloader_persistent_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
-    "local_rank", "use_cpu", "deepspeed", "accelerator_config", "ddp_backend", "ddp_timeout", "ddp_broadcast_buffers",
-    "ddp_bucket_cap_mb", "ddp_find_unused_parameters", "ddp_static_graph", "debug", "torch_empty_cache_steps",
-    "torch_compile", "torch_compile_backend", "torch_compile_mode",
-    "gradient_checkpointing", "gradient_checkpointing_kwargs", "ref_reward_offload", "allow_low_precision_weights",
-    "vllm_gpu_memory_utilization", "vllm_kv_cache_space", "vllm_enable_sleep_mode", "vllm_server_base_url",
-    "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_server_weight_transfer",
-    "vllm_server_weights_dir",
-})  # fmt: skip
+FREE_SETTINGS = frozenset(
+    {
+        "max_steps",
+        "num_train_epochs",
+        "output_dir",
+        "overwrite_output_dir",
+        "resume_from_checkpoint",
+        "logging_steps",
+        "logging_strategy",
+        "logging_first_step",
+        "logging_nan_inf_filter",
+        "log_level",
+        "log_level_replica",
+        "log_on_each_node",
+        "report_to",
+        "run_name",
+        "project",
+        "trackio_space_id",
+        "trackio_bucket_id",
+        "trackio_static_space_id",
+        "disable_tqdm",
+        "skip_memory_metrics",
+        "include_num_input_tokens_seen",
+        "log_completions",
+        "num_completions_to_print",
+        "log_unique_prompts",
+        "log_multimodal",
+        "save_steps",
+        "save_strategy",
+        "save_total_limit",
+        "save_only_model",
+        "save_on_each_node",
+        "save_final_checkpoint",
+        "stop_on_signal",
+        "restore_callback_states_from_checkpoint",
+        "eval_strategy",
+        "eval_steps",
+        "eval_delay",
+        "eval_on_start",
+        "eval_accumulation_steps",
+        "eval_do_concat_batches",
+        "eval_use_gather_object",
+        "per_device_eval_batch_size",
+        "num_generations_eval",
+        "bf16_full_eval",
+        "fp16_full_eval",
+        "batch_eval_metrics",
+        "prediction_loss_only",
+        "include_for_metrics",
+        "metric_for_best_model",
+        "greater_is_better",
+        "load_best_model_at_end",
+        "do_train",
+        "do_eval",
+        "do_predict",
+        "push_to_hub",
+        "hub_model_id",
+        "hub_strategy",
+        "hub_token",
+        "hub_private_repo",
+        "hub_always_push",
+        "hub_revision",
+        "hub_push_merged",
+        "dataloader_drop_last",
+        "dataloader_in_order",
+        "dataloader_multiprocessing_context",
+        "dataloader_num_workers",
+        "dataloader_persistent_workers",
+        "dataloader_pin_memory",
+        "dataloader_prefetch_factor",
+        "local_rank",
+        "use_cpu",
+        "deepspeed",
+        "accelerator_config",
+        "ddp_backend",
+        "ddp_timeout",
+        "ddp_broadcast_buffers",
+        "ddp_bucket_cap_mb",
+        "ddp_find_unused_parameters",
+        "ddp_static_graph",
+        "debug",
+        "torch_empty_cache_steps",
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+        "gradient_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "ref_reward_offload",
+        "allow_low_precision_weights",
+        "vllm_gpu_memory_utilization",
+        "vllm_kv_cache_space",
+        "vllm_enable_sleep_mode",
+        "vllm_server_base_url",
+        "vllm_server_host",
+        "vllm_server_port",
+        "vllm_server_timeout",
+        "vllm_group_port",
+        "vllm_server_weight_transfer",
+        "vllm_server_weights_dir",
+    }
+)
 # Free settings a checkpoint does not record: where the run happens to be (a checkpoint's content does not depend on
 # its directory, so a run directory can be moved) and secrets.
 WHERE = frozenset({"output_dir", "run_name", "resume_from_checkpoint", "local_rank", "deepspeed", "hub_token"})
 # TRL's names for steadyrl's fields (trl_names.py): they restate a setting the fingerprint holds under its own name.
-MIRRORS = frozenset({synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)} |
-                    {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"})  # fmt: skip
+MIRRORS = frozenset(
+    {synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)}
+    | {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"}
+)
 SAMPLED_VALUES = 64  # per tensor, in the weight digest
 SAMPLED_ROWS = 256  # in the dataset digest
 SAMPLED_STREAM_ROWS = 16  # the first rows of a stream, in its digest
 PEFT_CONFIG_IGNORED = {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping"}
-MODEL_CONFIG_IGNORED = {"_name_or_path", "transformers_version", "use_cache", "output_attentions",
-                        "output_hidden_states", "return_dict"}  # fmt: skip
+MODEL_CONFIG_IGNORED = {
+    "_name_or_path",
+    "transformers_version",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+}
 
 
 def _sha(data) -> str:
@@ -166,8 +249,9 @@ def tokenizer_digest(tokenizer) -> str | None:
     if tokenizer is None:
         return None
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
-    return _sha([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens,
-                 getattr(tokenizer, "chat_template", None)])  # fmt: skip
+    return _sha(
+        [sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens, getattr(tokenizer, "chat_template", None)]
+    )
 
 
 def dataset_digest(dataset) -> str:
@@ -187,9 +271,14 @@ def dataset_identity(dataset) -> dict:
         return {"dataset": dataset_digest(dataset), "num_prompts": len(dataset)}
     head = first_rows(dataset, SAMPLED_STREAM_ROWS)
     columns = dataset.column_names or (list(head[0]) if head else [])
-    return {"dataset": "datasets.IterableDataset", "num_prompts": None, "dataset.columns": columns,
-            "dataset.first_rows": _sha(head), "dataset.num_shards": dataset.num_shards,
-            "dataset.files": stream_file_names(dataset)}  # fmt: skip
+    return {
+        "dataset": "datasets.IterableDataset",
+        "num_prompts": None,
+        "dataset.columns": columns,
+        "dataset.first_rows": _sha(head),
+        "dataset.num_shards": dataset.num_shards,
+        "dataset.files": stream_file_names(dataset),
+    }
 
 
 def stream_file_names(dataset) -> list[str] | None:
@@ -228,9 +317,11 @@ def deepspeed_identity(config: dict | None) -> dict:
     if config is None:
         return {}
     offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
-    return {"deepspeed.offload_optimizer": offload.get("device") or "none",
-            "deepspeed.optimizer": _plain(config.get("optimizer")),
-            "deepspeed.scheduler": _plain(config.get("scheduler"))}  # fmt: skip
+    return {
+        "deepspeed.offload_optimizer": offload.get("device") or "none",
+        "deepspeed.optimizer": _plain(config.get("optimizer")),
+        "deepspeed.scheduler": _plain(config.get("scheduler")),
+    }
 
 
 def peft_identity(model) -> dict:
@@ -274,18 +365,31 @@ def reward_models_identity(reward_funcs: list) -> dict:
     return identity
 
 
-def run_identity(model, reward_funcs: list, tokenizer, dataset, reference, uses_reference: bool,
-                 mixed_precision: str, deepspeed_config: dict | None) -> dict:  # fmt: skip
+def run_identity(
+    model,
+    reward_funcs: list,
+    tokenizer,
+    dataset,
+    reference,
+    uses_reference: bool,
+    mixed_precision: str,
+    deepspeed_config: dict | None,
+) -> dict:
     """What a run starts from, taken when the trainer is built, before any update: the models (config and initial
     weights; the reference; LoRA's settings), tokenizers, dataset, reward functions, and the precision and DeepSpeed
     optimizer the launcher chose. Warns about parts of reward functions that cannot be recorded."""
     policy = model_identity("model", model)
     identity = {
-        **policy, **reward_models_identity(reward_funcs), **reference_identity(reference, uses_reference, policy),
-        **peft_identity(model), "tokenizer": tokenizer_digest(tokenizer), **dataset_identity(dataset),
+        **policy,
+        **reward_models_identity(reward_funcs),
+        **reference_identity(reference, uses_reference, policy),
+        **peft_identity(model),
+        "tokenizer": tokenizer_digest(tokenizer),
+        **dataset_identity(dataset),
         "reward_funcs": [callable_name(func) for func in reward_funcs],
-        "mixed_precision": mixed_precision, **deepspeed_identity(deepspeed_config),
-    }  # fmt: skip
+        "mixed_precision": mixed_precision,
+        **deepspeed_identity(deepspeed_config),
+    }
     identifier = CallableIdentifier(_value_digest)
     for index, func in enumerate(reward_funcs):
         if not isinstance(func, RewardModelFunction):  # reward models: recorded above
@@ -320,8 +424,11 @@ def redact_secrets(value):
 
 def _redacted_settings(settings: dict) -> dict:
     """Settings (``args.<field>``) as checkpoints hold them: secrets removed (older checkpoints may hold some)."""
-    return {k: redact_secrets(v) if k.startswith("args.") else v for k, v in settings.items()
-            if not (k.startswith("args.") and is_secret(k))}  # fmt: skip
+    return {
+        k: redact_secrets(v) if k.startswith("args.") else v
+        for k, v in settings.items()
+        if not (k.startswith("args.") and is_secret(k))
+    }
 
 
 def split_settings(args) -> tuple[dict, dict]:
@@ -340,16 +447,19 @@ def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: 
     saved_free, current_free = _redacted_settings(saved_free), _redacted_settings(current_free)
     changed = {key: (saved[key], value) for key, value in current.items() if key in saved and saved[key] != value}
     if changed:
-        details = "; ".join(f"{key.removeprefix('args.')}: checkpoint {old!r}, now {new!r}"
-                            for key, (old, new) in changed.items())  # fmt: skip
+        details = "; ".join(
+            f"{key.removeprefix('args.')}: checkpoint {old!r}, now {new!r}" for key, (old, new) in changed.items()
+        )
         raise CheckpointError(
             f"cannot resume from {directory}: {len(changed)} setting(s) that change training differ from the run that "
             f"wrote it ({details}). Resume with the same settings, or start a new run in another output_dir."
         )
     unrecorded = sorted(set(current) - set(saved))
     if unrecorded:
-        logger.info(f"{directory} does not record {len(unrecorded)} setting(s) (an older steadyrl wrote it): "
-                    f"{', '.join(unrecorded[:10])}{' ...' if len(unrecorded) > 10 else ''}")  # fmt: skip
+        logger.info(
+            f"{directory} does not record {len(unrecorded)} setting(s) (an older steadyrl wrote it): "
+            f"{', '.join(unrecorded[:10])}{' ...' if len(unrecorded) > 10 else ''}"
+        )
     moved = {k: (saved_free[k], v) for k, v in current_free.items() if k in saved_free and saved_free[k] != v}
     if moved:
         details = "; ".join(f"{key.removeprefix('args.')} {old!r} -> {new!r}" for key, (old, new) in moved.items())

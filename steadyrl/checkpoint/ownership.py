@@ -130,8 +130,11 @@ def checkpoint_dirs(output_dir: Path) -> list[tuple[int, Path]]:
 def remove_checkpoints(output_dir: Path) -> list[str]:
     """``overwrite_output_dir``: delete every checkpoint and partial checkpoint, each renamed away first so that a
     crash leaves no half-deleted ``checkpoint-N``; return their names."""
-    doomed = [p for p in output_dir.iterdir() if p.is_dir() and (CHECKPOINT_PATTERN.match(p.name) or
-                                                                    TEMP_PATTERN.match(p.name))]  # fmt: skip
+    doomed = [
+        p
+        for p in output_dir.iterdir()
+        if p.is_dir() and (CHECKPOINT_PATTERN.match(p.name) or TEMP_PATTERN.match(p.name))
+    ]
     for path in doomed:
         discard_checkpoint(path)
     return sorted(p.name for p in doomed)
@@ -202,13 +205,18 @@ def refuse_run_without_checkpoints(output_dir: Path, left: list[str], start: str
     ``resume_from_checkpoint=True`` continues a run stopped before its first save (from step 0)."""
     listed = ", ".join(left)
     if resuming and not run_finished(output_dir):
-        logger.warning(f"{output_dir} holds a run stopped before its first checkpoint ({listed}): "
-                       "resume_from_checkpoint=True starts it again from step 0.")  # fmt: skip
+        logger.warning(
+            f"{output_dir} holds a run stopped before its first checkpoint ({listed}): "
+            "resume_from_checkpoint=True starts it again from step 0."
+        )
         return
     if resuming:
         start = "resume_from_checkpoint=True finds no checkpoint to continue it from, and starting from step 0"
-    harm = [what for what, names in (("truncate its logs", RUN_LOGS), ("overwrite its saved actor", SAVED_ACTOR))
-            if any(name.rstrip("/") in names for name in left)]  # fmt: skip
+    harm = [
+        what
+        for what, names in (("truncate its logs", RUN_LOGS), ("overwrite its saved actor", SAVED_ACTOR))
+        if any(name.rstrip("/") in names for name in left)
+    ]
     raise CheckpointError(
         f"output_dir={str(output_dir)!r} holds a run without checkpoints ({listed}). {start} would "
         f"{' and '.join(harm)}. Pass overwrite_output_dir=True to replace that run (its logs are deleted first), or "
@@ -226,5 +234,7 @@ def supersede_newer(output_dir: str | os.PathLike, checkpoint: Path) -> None:
     newer = [path for n, path in checkpoint_dirs(output_dir) if n > step]
     if newer:
         aside = move_aside(output_dir, newer)
-        logger.warning(f"Resumed from {checkpoint.name}: moved the newer {', '.join(p.name for p in newer)} to "
-                       f"{aside} (nothing is deleted).")  # fmt: skip
+        logger.warning(
+            f"Resumed from {checkpoint.name}: moved the newer {', '.join(p.name for p in newer)} to "
+            f"{aside} (nothing is deleted)."
+        )

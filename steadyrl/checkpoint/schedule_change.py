@@ -26,8 +26,13 @@ def lr_factor(args, horizon: int):
     parameter = torch.zeros(1, requires_grad=True)
     optimizer = torch.optim.SGD([parameter], lr=1.0)
     warmup = args.get_warmup_steps(horizon)
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=horizon,
-                              scheduler_specific_kwargs=args.lr_scheduler_kwargs)  # fmt: skip
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=horizon,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
     lambdas = getattr(scheduler, "lr_lambdas", None)
     return lambdas[0] if lambdas else None
 
@@ -65,8 +70,9 @@ def resume_schedules(args, checkpoint: Path, step: int, horizon: int, schedulers
         return
     for scheduler in schedulers:
         if getattr(scheduler, "lr_lambdas", None):
-            rates = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs,
-                                                                                 scheduler.lr_lambdas)]  # fmt: skip
+            rates = [
+                base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)
+            ]
             for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
                 group["lr"] = rate
             scheduler._last_lr = rates

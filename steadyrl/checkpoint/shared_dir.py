@@ -68,8 +68,9 @@ def not_shared_error(output_dir: str | os.PathLike, views: list[DirectoryView]) 
         named += f" and {len(blind) - NAMED} more"
     resolved = ""
     if blind[0].path != main.path:  # a relative output_dir under different working directories
-        resolved = (f" (it resolves to {main.path} on process {main.rank} but to {blind[0].path} on process "
-                    f"{blind[0].rank})")  # fmt: skip
+        resolved = (
+            f" (it resolves to {main.path} on process {main.rank} but to {blind[0].path} on process {blind[0].rank})"
+        )
     return OutputDirNotShared(
         f"output_dir={str(output_dir)!r} is not one directory shared by every process{resolved}: process "
         f"{main.rank} on host {main.host} created a file in it that {named} cannot see. Every process writes its "

@@ -117,14 +117,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"steadyrl push: error: {args.source} does not exist", file=sys.stderr)
             return 2
         try:
-            url = push_from_directory(Path(args.source), args.repo_id, args.token, args.merged, args.private,
-                                      args.revision)  # fmt: skip
+            url = push_from_directory(
+                Path(args.source), args.repo_id, args.token, args.merged, args.private, args.revision
+            )
         except (CheckpointError, FileNotFoundError) as err:
             print(f"steadyrl push: error: {err}", file=sys.stderr)
             return 2
         except network_errors() as err:
-            print(f"steadyrl push: error: could not push to {args.repo_id!r}: {hub_failure(err)}. Run the same command "
-                  "again once the Hub is reachable (and HF_HUB_OFFLINE is unset).", file=sys.stderr)  # fmt: skip
+            print(
+                f"steadyrl push: error: could not push to {args.repo_id!r}: {hub_failure(err)}. Run the same command "
+                "again once the Hub is reachable (and HF_HUB_OFFLINE is unset).",
+                file=sys.stderr,
+            )
             return 2
         print(f"Pushed the actor of {args.source} to {args.repo_id}: {url}")
     elif args.command == "checkpoints":

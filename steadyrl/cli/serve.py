@@ -38,38 +38,77 @@ def build_parser() -> argparse.ArgumentParser:
         "after -- go to vLLM unchanged.",
     )
     parser.add_argument("--model", required=True, help="the actor's model (path or name), as the trainer loads it")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0: all)")  # fmt: skip
-    parser.add_argument("--key-file", default=None,
-                        help=f"the key's file, made if missing (default: ${KEY_FILE_ENV}, else a new key in "
-                        f"{default_key_file(0).parent}/port-PORT.key); ${KEY_ENV} replaces it")  # fmt: skip
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0: all)"
+    )
+    parser.add_argument(
+        "--key-file",
+        default=None,
+        help=f"the key's file, made if missing (default: ${KEY_FILE_ENV}, else a new key in "
+        f"{default_key_file(0).parent}/port-PORT.key); ${KEY_ENV} replaces it",
+    )
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000, TRL's vllm_server_port)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context length: at least max_prompt_length + max_completion_length")  # fmt: skip
-    parser.add_argument("--dtype", default="float32",
-                        help="the actor's dtype (float32, as steadyrl loads models) or vllm_dtype")  # fmt: skip
-    parser.add_argument("--logprobs-mode", default="processed_logprobs",
-                        choices=["processed_logprobs", "raw_logprobs"],
-                        help="log-probs after temperature (default, as the trainer) or before")  # fmt: skip
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context length: at least max_prompt_length + max_completion_length",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="the actor's dtype (float32, as steadyrl loads models) or vllm_dtype"
+    )
+    parser.add_argument(
+        "--logprobs-mode",
+        default="processed_logprobs",
+        choices=["processed_logprobs", "raw_logprobs"],
+        help="log-probs after temperature (default, as the trainer) or before",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the engine's seed (each request brings its own)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the server shards the model over")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None, help="share of GPU memory (GPUs)")
     parser.add_argument("--kv-cache-space", type=int, default=1, help="GiB of KV cache on CPU (default 1)")
-    parser.add_argument("--weight-transfer", choices=["file", "nccl"], default="file",
-                        help="the run's vllm_server_weight_transfer ('nccl': vLLM's NCCL weight transfer)")  # fmt: skip
-    parser.add_argument("--max-lora-rank", type=int, default=None,
-                        help="serve LoRA adapters up to this rank (the run's LoraConfig r): a LoRA run then pushes its "
-                        "adapter only after each update (vllm_lora_sync); default: no adapters")  # fmt: skip
+    parser.add_argument(
+        "--weight-transfer",
+        choices=["file", "nccl"],
+        default="file",
+        help="the run's vllm_server_weight_transfer ('nccl': vLLM's NCCL weight transfer)",
+    )
+    parser.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        help="serve LoRA adapters up to this rank (the run's LoraConfig r): a LoRA run then pushes its "
+        "adapter only after each update (vllm_lora_sync); default: no adapters",
+    )
     parser.add_argument("--print", action="store_true", help="print the command line and exit")
     return parser
 
 
 def serve_command(args: argparse.Namespace, extra: list[str], on_cuda: bool) -> tuple[list[str], dict[str, str]]:
     """The server's argv and the environment variables it needs."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
-            "--host", args.host, "--port", str(args.port), "--dtype", args.dtype, "--seed", str(args.seed),
-            "--logprobs-mode", args.logprobs_mode, "--generation-config", "vllm",
-            "--tensor-parallel-size", str(args.tensor_parallel_size), "--middleware", MIDDLEWARE]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        args.model,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--dtype",
+        args.dtype,
+        "--seed",
+        str(args.seed),
+        "--logprobs-mode",
+        args.logprobs_mode,
+        "--generation-config",
+        "vllm",
+        "--tensor-parallel-size",
+        str(args.tensor_parallel_size),
+        "--middleware",
+        MIDDLEWARE,
+    ]
     if args.max_model_len is not None:
         argv += ["--max-model-len", str(args.max_model_len)]
     if not on_cuda:
@@ -91,8 +130,10 @@ def served_lora_rank(rank: int) -> int:
     from ..generation.lora_sync import VLLM_MAX_LORA_RANKS, engine_rank
 
     if not 1 <= rank <= VLLM_MAX_LORA_RANKS[-1]:
-        raise SystemExit(f"steadyrl vllm-serve: --max-lora-rank {rank} is invalid: vLLM serves LoRA ranks 1 to "
-                         f"{VLLM_MAX_LORA_RANKS[-1]}.")  # fmt: skip
+        raise SystemExit(
+            f"steadyrl vllm-serve: --max-lora-rank {rank} is invalid: vLLM serves LoRA ranks 1 to "
+            f"{VLLM_MAX_LORA_RANKS[-1]}."
+        )
     return engine_rank(rank)
 
 
@@ -140,13 +181,19 @@ def main(argv: list[str]) -> int:
         print(line)
         return 0
     print(f"steadyrl vllm-serve: {line}", file=sys.stderr)
-    print(f"steadyrl vllm-serve: every request needs the key in {key_place}, which a trainer on this machine "
-          f"finds there; elsewhere set {KEY_ENV} to it, or {KEY_FILE_ENV} to a copy of its file.",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"steadyrl vllm-serve: every request needs the key in {key_place}, which a trainer on this machine "
+        f"finds there; elsewhere set {KEY_ENV} to it, or {KEY_FILE_ENV} to a copy of its file.",
+        file=sys.stderr,
+    )
     if args.host not in LOOPBACK:
-        print(f"steadyrl vllm-serve: listening on {args.host}: the key travels in clear (HTTP), and the NCCL "
-              "rendezvous port of --weight-transfer nccl has no key: keep both ports reachable from the trainer's "
-              "hosts only (docs/vllm-server.md).", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"steadyrl vllm-serve: listening on {args.host}: the key travels in clear (HTTP), and the NCCL "
+            "rendezvous port of --weight-transfer nccl has no key: keep both ports reachable from the trainer's "
+            "hosts only (docs/vllm-server.md).",
+            file=sys.stderr,
+            flush=True,
+        )
     sys.stderr.flush()
     os.execvpe(command[0], command, {**os.environ, **env})
     return 0  # not reached

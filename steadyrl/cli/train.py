@@ -37,23 +37,29 @@ class ScriptArguments:
     )
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "A Hub dataset id, or a local .json/.jsonl/.parquet/.csv file or folder of data files, "
-                  "with a 'prompt' column of strings or of chat messages (required with --model_name_or_path)."},
-    )  # fmt: skip
+        metadata={
+            "help": "A Hub dataset id, or a local .json/.jsonl/.parquet/.csv file or folder of data files, "
+            "with a 'prompt' column of strings or of chat messages (required with --model_name_or_path)."
+        },
+    )
     dataset_split: str = field(default="train", metadata={"help": "The split to train on (a single file's is train)."})
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "A sequence classifier (num_labels=1) scoring completions, if any."}
     )
     reward_funcs: list[str] = field(
         default_factory=list,
-        metadata={"help": "Reward functions as module:function or path/to/file.py:function (TRL's calling "
-                  "convention); with --toy the default is steadyrl.toy:letters_reward."},
-    )  # fmt: skip
+        metadata={
+            "help": "Reward functions as module:function or path/to/file.py:function (TRL's calling "
+            "convention); with --toy the default is steadyrl.toy:letters_reward."
+        },
+    )
     toy: bool = field(
         default=False,
-        metadata={"help": "Train the embedded toy task (a tiny model, its prompts and the letters_reward rule; "
-                  "minutes on a CPU) instead of --model_name_or_path on --dataset_name."},
-    )  # fmt: skip
+        metadata={
+            "help": "Train the embedded toy task (a tiny model, its prompts and the letters_reward rule; "
+            "minutes on a CPU) instead of --model_name_or_path on --dataset_name."
+        },
+    )
 
 
 def parse(config_class, argv: list[str], prog: str | None = None) -> tuple[ScriptArguments, object]:
@@ -92,14 +98,20 @@ def missing_or_conflicting_inputs(script: ScriptArguments) -> str | None:
         own = {"--model_name_or_path": script.model_name_or_path, "--dataset_name": script.dataset_name}
         given = " and ".join(flag for flag, value in own.items() if value)
         if given:
-            return (f"--toy cannot be combined with {given}: --toy trains the embedded toy model on its own prompts. "
-                    f"Drop --toy to train your own model, or drop {given}.")  # fmt: skip
+            return (
+                f"--toy cannot be combined with {given}: --toy trains the embedded toy model on its own prompts. "
+                f"Drop --toy to train your own model, or drop {given}."
+            )
     elif not script.model_name_or_path:
-        return ("--model_name_or_path is required: give a model path or Hub id (with --dataset_name), "
-                "or --toy to train the embedded toy task.")  # fmt: skip
+        return (
+            "--model_name_or_path is required: give a model path or Hub id (with --dataset_name), "
+            "or --toy to train the embedded toy task."
+        )
     elif not script.dataset_name:
-        return ("--dataset_name is required with --model_name_or_path: give a dataset path or Hub id "
-                "with a 'prompt' column.")  # fmt: skip
+        return (
+            "--dataset_name is required with --model_name_or_path: give a dataset path or Hub id "
+            "with a 'prompt' column."
+        )
     else:
         return local_dataset_problem(script.dataset_name)
     return None
@@ -206,9 +218,12 @@ def train(
     prog = prog or Path(sys.argv[0]).name
     with refusals_as_errors(prog, (ValueError, TypeError, CheckpointError)):  # the trainer's checks of its input
         trainer = trainer_class(
-            model=model, args=config, train_dataset=dataset, reward_model=script.reward_model_name_or_path,
+            model=model,
+            args=config,
+            train_dataset=dataset,
+            reward_model=script.reward_model_name_or_path,
             **trainer_kwargs,
-        )  # fmt: skip
+        )
     with refusals_as_errors(prog, (CheckpointError, OutputDirNotShared)):  # output_dir and resume checks, saves
         trainer.train()
     trainer.save_model(f"{config.output_dir}/actor")

@@ -72,8 +72,9 @@ def check_prompts(dataset, argument: str, tokenizer) -> bool:
     return conversational
 
 
-def tokenize_prompts(prompts: Sequence, tokenizer, conversational: bool,
-                     chat_template_kwargs: dict | None) -> list[list[int]]:  # fmt: skip
+def tokenize_prompts(
+    prompts: Sequence, tokenizer, conversational: bool, chat_template_kwargs: dict | None
+) -> list[list[int]]:
     """The token ids the model sees for each prompt (a conversation ends with the assistant's turn opening)."""
     if not conversational:
         return tokenizer(list(prompts))["input_ids"]
@@ -116,8 +117,9 @@ class UserTurns:
         def render(*contents: str) -> str:
             roles = ["user", "assistant"] * len(contents)
             messages = [{"role": role, "content": text} for role, text in zip(roles, contents)]
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                 **(chat_template_kwargs or {}))  # fmt: skip
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+            )
 
         try:
             one, three = render(a), render(a, b, c)

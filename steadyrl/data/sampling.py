@@ -59,8 +59,9 @@ class PromptSampler:
         self.consumed, self.seed = state["consumed"], state["seed"]
 
 
-def make_sampler(dataset, seed: int, shuffle: bool,
-                 conversational: bool | None = None) -> PromptSampler | StreamSampler:  # fmt: skip
+def make_sampler(
+    dataset, seed: int, shuffle: bool, conversational: bool | None = None
+) -> PromptSampler | StreamSampler:
     """A ``StreamSampler`` for a ``datasets.IterableDataset`` (read in its own order: ``shuffle`` does not apply),
     else a ``PromptSampler`` over the dataset's rows."""
     if is_stream(dataset):

@@ -98,8 +98,9 @@ class StreamSampler:
         check_prompt(row.get("prompt"), f"{where}: its prompt")
         if self.conversational is not None and is_conversation(row["prompt"]) != self.conversational:
             kind, others = ("a string", "conversations") if self.conversational else ("a conversation", "strings")
-            raise ValueError(f"{where} holds {kind} among {others}: a stream holds one kind of prompt. Remove or "
-                             "fix that row.")  # fmt: skip
+            raise ValueError(
+                f"{where} holds {kind} among {others}: a stream holds one kind of prompt. Remove or fix that row."
+            )
 
     def next(self, count: int) -> list[dict]:
         """The next ``count`` rows, across epochs."""
@@ -114,8 +115,13 @@ class StreamSampler:
 
     def state_dict(self) -> dict:
         """Plain JSON: the stream's own state dict, the epoch, and the rows drawn."""
-        return {"stream": self._position, "epoch": self.epoch_index, "rows_in_epoch": self.rows_in_epoch,
-                "consumed": self.consumed, "epoch_rows": self.epoch_rows}  # fmt: skip
+        return {
+            "stream": self._position,
+            "epoch": self.epoch_index,
+            "rows_in_epoch": self.rows_in_epoch,
+            "consumed": self.consumed,
+            "epoch_rows": self.epoch_rows,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if "stream" not in state:
@@ -129,8 +135,10 @@ class StreamSampler:
         if has_shuffle_buffer(self.dataset):
             # datasets restores a shuffle buffer empty and refills it from the rows after it, so the stream would go
             # on with other rows; reading the epoch again up to the position gives the very rows a run would draw.
-            logger.info(f"Resuming a shuffled stream: re-reading the {self.rows_in_epoch} rows of epoch "
-                        f"{self.epoch_index} drawn before the checkpoint to restore its shuffle buffer.")  # fmt: skip
+            logger.info(
+                f"Resuming a shuffled stream: re-reading the {self.rows_in_epoch} rows of epoch "
+                f"{self.epoch_index} drawn before the checkpoint to restore its shuffle buffer."
+            )
             self._replay = self.rows_in_epoch
             return
         self.dataset.load_state_dict(state["stream"])  # applies when this epoch's next iteration starts (_next_row)

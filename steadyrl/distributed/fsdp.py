@@ -140,8 +140,14 @@ def load_optimizer_shard_state(optimizer, saved: dict) -> None:
         restored = {}
         for name, value in entry.items():
             if isinstance(param, DTensor) and torch.is_tensor(value) and value.shape == param.to_local().shape:
-                value = DTensor.from_local(value.to(param.device), param.device_mesh, param.placements,
-                                           run_check=False, shape=param.shape, stride=param.stride())  # fmt: skip
+                value = DTensor.from_local(
+                    value.to(param.device),
+                    param.device_mesh,
+                    param.placements,
+                    run_check=False,
+                    shape=param.shape,
+                    stride=param.stride(),
+                )
             restored[name] = value
         state[int(key)] = restored
     optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})

@@ -220,8 +220,9 @@ def load_frozen_sharded(model_class, path: str, init_kwargs: dict, **config_over
         rows = _local_rows(param.shape[0], rank, world)
         local = read_rows(where[keys[name]], keys[name], rows).to(param.dtype)
         local = local.to(param.device_mesh.device_type)
-        state[name] = DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
-                                         shape=param.shape, stride=param.stride())  # fmt: skip
+        state[name] = DTensor.from_local(
+            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+        )
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     return model.eval().requires_grad_(False)
@@ -326,11 +327,14 @@ def load_split_weights(model: torch.nn.Module, files: list[Path], source_key=Non
     file_key = source_key or (lambda name: name)
     expected: set[str] = set()
     for prefix, module in model.named_modules():
-        params = [(file_key(f"{prefix}.{name}" if prefix else name), p)
-                  for name, p in module.named_parameters(recurse=False)]  # fmt: skip
-        buffers = [(file_key(f"{prefix}.{name}" if prefix else name), b)
-                   for name, b in module.named_buffers(recurse=False)
-                   if name not in module._non_persistent_buffers_set]  # fmt: skip
+        params = [
+            (file_key(f"{prefix}.{name}" if prefix else name), p) for name, p in module.named_parameters(recurse=False)
+        ]
+        buffers = [
+            (file_key(f"{prefix}.{name}" if prefix else name), b)
+            for name, b in module.named_buffers(recurse=False)
+            if name not in module._non_persistent_buffers_set
+        ]
         expected.update(key for key, _ in params + buffers)
         for key, param in params:
             if key not in where:

@@ -109,8 +109,11 @@ def copy_weights(source: torch.nn.Module, target: torch.nn.Module, source_name=l
     must call it."""
     sources = {source_name(name): param for name, param in source.named_parameters()}
     for prefix, module in target.named_modules():
-        pairs = [(param, sources[key]) for name, param in module.named_parameters(recurse=False)
-                 if (key := f"{prefix}.{name}" if prefix else name) in sources]  # fmt: skip
+        pairs = [
+            (param, sources[key])
+            for name, param in module.named_parameters(recurse=False)
+            if (key := f"{prefix}.{name}" if prefix else name) in sources
+        ]
         alike = [(t, s) for t, s in pairs if hasattr(t, "ds_tensor") and getattr(s, "ds_numel", -1) == t.ds_numel]
         for into, value in alike:  # partitions of parameters of the same size hold the same elements
             compat.zero3_partition(into)[0].copy_(compat.zero3_partition(value)[0])

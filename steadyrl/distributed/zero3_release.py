@@ -38,8 +38,11 @@ def zero3_buffer_sizes(model: torch.nn.Module) -> dict[str, int]:
     sizes = {"stage3_max_live_parameters": max(1, model_numel(model) // SHARE_LIVE), "stage3_max_reuse_distance": 0}
     hidden = getattr(base_config(model), "hidden_size", None) if hasattr(model, "config") else None
     if isinstance(hidden, int):
-        sizes.update(reduce_bucket_size=hidden * hidden, stage3_prefetch_bucket_size=int(0.9 * hidden * hidden),
-                     stage3_param_persistence_threshold=10 * hidden)  # fmt: skip
+        sizes.update(
+            reduce_bucket_size=hidden * hidden,
+            stage3_prefetch_bucket_size=int(0.9 * hidden * hidden),
+            stage3_param_persistence_threshold=10 * hidden,
+        )
     return sizes
 
 
@@ -51,6 +54,8 @@ def bound_zero3_buffers(deepspeed_config: dict, model: torch.nn.Module) -> dict[
     chosen = {name: value for name, value in zero3_buffer_sizes(model).items() if zero.get(name, "auto") == "auto"}
     zero.update(chosen)
     if chosen:
-        logger.info("ZeRO-3 buffers for this model: %s (set them in the DeepSpeed config to override).",
-                    ", ".join(f"{name}={value}" for name, value in chosen.items()))  # fmt: skip
+        logger.info(
+            "ZeRO-3 buffers for this model: %s (set them in the DeepSpeed config to override).",
+            ", ".join(f"{name}={value}" for name, value in chosen.items()),
+        )
     return chosen

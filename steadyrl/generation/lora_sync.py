@@ -25,8 +25,10 @@ logger = logging.getLogger(__name__)
 SERVABLE_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (vLLM 0.32)
 # measured on SmolLM2-135M, r=16 on every projection: bench/lora_sync_bytes.py, in BENCHMARKS.md
-CPU_COST = ("vLLM runs on the CPU, where its LoRA kernels generated 5x slower than merged weights, which costs more "
-            "than the merged push saves; set vllm_lora_sync='adapter' to push the adapter only anyway")  # fmt: skip
+CPU_COST = (
+    "vLLM runs on the CPU, where its LoRA kernels generated 5x slower than merged weights, which costs more "
+    "than the merged push saves; set vllm_lora_sync='adapter' to push the adapter only anyway"
+)
 ADAPTER_CONFIG_KEY = "adapter_config"  # the safetensors metadata entry holding adapter_config.json
 
 

@@ -81,8 +81,11 @@ class AdapterStore:
             raise AdapterError(400, f"name={name!r} is invalid: steadyrl-<letters, digits, . _ ->")
         serving = getattr(app.state, "openai_serving_models", None)
         if serving is None or getattr(serving.engine_client.vllm_config, "lora_config", None) is None:
-            raise AdapterError(400, "this server serves no LoRA adapters: start it with steadyrl vllm-serve "
-                               "--max-lora-rank R (R: the run's LoRA rank)")  # fmt: skip
+            raise AdapterError(
+                400,
+                "this server serves no LoRA adapters: start it with steadyrl vllm-serve "
+                "--max-lora-rank R (R: the run's LoRA rank)",
+            )
         path = self.write(name, blob)
         for old in [
             request for request in serving.lora_requests.values() if request.lora_name.startswith(ADAPTER_PREFIX)

@@ -107,13 +107,20 @@ def run_id(output_dir: str | os.PathLike) -> str:
 
 
 def claim_body(output_dir: str | os.PathLike) -> dict:
-    return dict(run=run_id(output_dir), output_dir=os.path.realpath(output_dir), host=socket.gethostname(),
-                pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+    return dict(
+        run=run_id(output_dir),
+        output_dir=os.path.realpath(output_dir),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        since=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
 
 
 def describe_holder(holder: dict) -> str:
-    return (f"output_dir={holder.get('output_dir')!r} (process {holder.get('pid')} on host {holder.get('host')}, "
-            f"claimed since {holder.get('since')})")  # fmt: skip
+    return (
+        f"output_dir={holder.get('output_dir')!r} (process {holder.get('pid')} on host {holder.get('host')}, "
+        f"claimed since {holder.get('since')})"
+    )
 
 
 class ServerAuth:
@@ -161,8 +168,10 @@ class ServerAuth:
 
     async def load_adapter(self, scope, receive, send, run: str | None) -> None:
         if self.holder is None or run != self.holder.get("run"):
-            problem = {"error": f"only the run that claimed the server loads adapters: send {RUN_HEADER} after "
-                       f"POST {CLAIM_PATH}"}  # fmt: skip
+            problem = {
+                "error": f"only the run that claimed the server loads adapters: send {RUN_HEADER} after "
+                f"POST {CLAIM_PATH}"
+            }
             return await reply(scope, receive, send, 409, problem)
         try:
             answer = await self.adapters.load(scope["app"], scope.get("query_string", b""), await read_body(receive))
@@ -174,8 +183,10 @@ class ServerAuth:
         """Why ``authorization`` does not pass (None: it does)."""
         scheme, _, given = (authorization or "").partition(" ")
         if not authorization or scheme.lower() != "bearer":
-            return ("missing key: send the header 'Authorization: Bearer <key>' with the key steadyrl vllm-serve "
-                    f"printed (${KEY_ENV} or its key file)")  # fmt: skip
+            return (
+                "missing key: send the header 'Authorization: Bearer <key>' with the key steadyrl vllm-serve "
+                f"printed (${KEY_ENV} or its key file)"
+            )
         if not hmac.compare_digest(given.strip().encode(), self.key):
             return f"wrong key: this server checks another key than the one sent (${KEY_ENV} or its key file)"
         return None

@@ -54,8 +54,9 @@ class ServerClient:
         settings = client.model_settings()
     """
 
-    def __init__(self, base_url: str, timeout: float, key: KeySource | None = None,
-                 output_dir: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, base_url: str, timeout: float, key: KeySource | None = None, output_dir: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         url = urlparse(self.base_url)
@@ -118,8 +119,9 @@ class ServerClient:
                 "killed, restart the server, or resume that run (the same output_dir claims it again)",
                 status=status,
             )
-        return VLLMServerError(f"the vLLM server at {self.base_url} answered {status} to {doing}: {detail}",
-                               status=status)  # fmt: skip
+        return VLLMServerError(
+            f"the vLLM server at {self.base_url} answered {status} to {doing}: {detail}", status=status
+        )
 
     def claim(self) -> None:
         """Bind the server to this client's run (``output_dir``): refused while another run holds it."""

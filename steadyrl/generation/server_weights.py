@@ -137,8 +137,9 @@ class NCCLTransfer(WeightTransfer):
         answer = self.client.request("GET", "/get_world_size", what="reading its world size")
         world_size = int(answer["world_size"]) + 1  # the server's workers and this trainer process
         init = NCCLTrainerInitInfo(master_address=self.host, master_port=self.group_port, world_size=world_size, rank=0)
-        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=keyed_sync_client(self.client),
-                                                                   source=source)  # fmt: skip
+        self.engine = NCCLTrainerWeightTransferEngine.trainer_init(
+            init, client=keyed_sync_client(self.client), source=source
+        )
 
     def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
         source = DictSource(weights)

@@ -157,8 +157,10 @@ class VLLMGenerationBackend(GenerationBackend):
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if self.llm is None:
             if self.engine.lora_rank is not None and is_sharded(model):
-                logger.info("vllm_lora_sync: pushing merged weights to vLLM, not the adapter only: the actor is "
-                            "sharded by FSDP2, whose adapter steadyrl does not gather alone.")  # fmt: skip
+                logger.info(
+                    "vllm_lora_sync: pushing merged weights to vLLM, not the adapter only: the actor is "
+                    "sharded by FSDP2, whose adapter steadyrl does not gather alone."
+                )
                 self.engine.lora_rank = None
             self._start(model)
         if self._asleep:
@@ -200,9 +202,16 @@ class VLLMGenerationBackend(GenerationBackend):
 
         s = self.settings
         return SamplingParams(
-            max_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-            min_p=s.min_p or 0.0, repetition_penalty=s.repetition_penalty, seed=seed, logprobs=0, **s.extra,
-        )  # fmt: skip
+            max_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p or 0.0,
+            repetition_penalty=s.repetition_penalty,
+            seed=seed,
+            logprobs=0,
+            **s.extra,
+        )
 
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
         from vllm.inputs import TokensPrompt
@@ -210,8 +219,12 @@ class VLLMGenerationBackend(GenerationBackend):
         tok = self.tokenizer
         params = [self.sampling_params(seed) for seed in seeds]
         with rng_untouched():
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False,
-                                        lora_request=self.lora_request)  # fmt: skip
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
+                params,
+                use_tqdm=False,
+                lora_request=self.lora_request,
+            )
         completions, logprobs = [], []
         for output in outputs:
             sample = output.outputs[0]

@@ -143,19 +143,30 @@ def served_adapter_rank(settings: dict, s: ServerSettings, url: str) -> int | No
         device = settings.get("device_config") or {}
         if s.adapter_required or "cpu" not in (str(device.get("device_type", "")), str(device.get("device", ""))):
             return rank
-        logger.info("vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: "
-                    "%s.", url, CPU_COST)  # fmt: skip
+        logger.info(
+            "vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: %s.",
+            url,
+            CPU_COST,
+        )
         return None
-    problem = (f"the server's max_lora_rank={limit} is below the adapter's rank {rank}" if lora_config
-               else "the server serves no LoRA adapters")  # fmt: skip
+    problem = (
+        f"the server's max_lora_rank={limit} is below the adapter's rank {rank}"
+        if lora_config
+        else "the server serves no LoRA adapters"
+    )
     fix = f"restart it with 'steadyrl vllm-serve --model {s.model} --max-lora-rank {rank} ...'"
     if s.adapter_required:
         raise VLLMServerError(
             f"vllm_lora_sync='adapter' needs the vLLM server at {url} to serve the actor's LoRA adapter, and "
             f"{problem}: {fix}, or set vllm_lora_sync='auto' or 'merged' (merged weights)"
         )
-    logger.info("vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: %s "
-                "(to push the adapter only, %s).", url, problem, fix)  # fmt: skip
+    logger.info(
+        "vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: %s "
+        "(to push the adapter only, %s).",
+        url,
+        problem,
+        fix,
+    )
     return None
 
 
@@ -177,8 +188,9 @@ class VLLMServerBackend(GenerationBackend):
 
     runs_training_model = False
 
-    def __init__(self, tokenizer, settings: SamplingSettings, server: ServerSettings,
-                 transfer: WeightTransfer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, tokenizer, settings: SamplingSettings, server: ServerSettings, transfer: WeightTransfer | None = None
+    ) -> None:
         super().__init__(tokenizer, settings)
         self.server = server
         self.client = ServerClient(server.base_url, server.timeout, output_dir=server.output_dir)
@@ -205,8 +217,10 @@ class VLLMServerBackend(GenerationBackend):
         from ..checkpoint.output_dir import on_main_process  # here: the trainers import this module
 
         if self.adapter_rank is not None and is_sharded(model):
-            logger.info("vllm_lora_sync: pushing merged weights to the vLLM server, not the adapter only: the actor "
-                        "is sharded by FSDP2, whose adapter steadyrl does not gather alone.")  # fmt: skip
+            logger.info(
+                "vllm_lora_sync: pushing merged weights to the vLLM server, not the adapter only: the actor "
+                "is sharded by FSDP2, whose adapter steadyrl does not gather alone."
+            )
             self.adapter_rank, self.served_name = None, self.base_name
         adapter_only = self.adapter_rank is not None
         name = f"{ADAPTER_PREFIX}{self._adapter_tag}-v{version}-{self.pushes}"
@@ -233,8 +247,13 @@ class VLLMServerBackend(GenerationBackend):
                 self.push(weights, version)
             self._synced_version, self.served_name, self._base_synced = version, self.base_name, False
 
-    def push(self, weights: dict[str, torch.Tensor] | None, version: int, adapter: tuple | None = None,
-             adapter_name: str = "") -> None:  # fmt: skip
+    def push(
+        self,
+        weights: dict[str, torch.Tensor] | None,
+        version: int,
+        adapter: tuple | None = None,
+        adapter_name: str = "",
+    ) -> None:
         # claimed again before its weights change: after close() released it, or a restart of the server freed it
         self.client.claim()
         self.claimed = True
@@ -258,10 +277,19 @@ class VLLMServerBackend(GenerationBackend):
     def request_body(self, prompt: list[int], seed: int) -> dict:
         s = self.settings
         return dict(
-            model=self.served_name, prompt=prompt, max_tokens=s.max_new_tokens, temperature=s.temperature,
-            top_p=s.top_p, top_k=s.top_k, min_p=s.min_p or 0.0, repetition_penalty=s.repetition_penalty, seed=seed,
-            logprobs=0, return_token_ids=True, **s.extra,
-        )  # fmt: skip
+            model=self.served_name,
+            prompt=prompt,
+            max_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p or 0.0,
+            repetition_penalty=s.repetition_penalty,
+            seed=seed,
+            logprobs=0,
+            return_token_ids=True,
+            **s.extra,
+        )
 
     def _one(self, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
         choice = self.client.complete(self.request_body(prompt, seed))

@@ -22,8 +22,14 @@ def check_mergeable(model: torch.nn.Module) -> None:
             f"use_vllm=True pushes the actor with its adapters merged, which steadyrl supports for LoRA only; "
             f"this model's adapters are {sorted(kinds)}. Use a LoraConfig, or use_vllm=False."
         )
-    variants = sorted({f"{option}=True" for config in model.peft_config.values() for option in ("use_dora", "lora_bias")
-                       if getattr(config, option, False)})  # fmt: skip
+    variants = sorted(
+        {
+            f"{option}=True"
+            for config in model.peft_config.values()
+            for option in ("use_dora", "lora_bias")
+            if getattr(config, option, False)
+        }
+    )
     if variants:
         raise ValueError(
             f"use_vllm=True pushes the actor with its LoRA adapters merged as W + scale x BA; {', '.join(variants)} "
@@ -46,8 +52,9 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
 
 
 @torch.no_grad()
-def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | None = None,
-                     merged: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+def plain_state_dict(
+    model: torch.nn.Module, adapted_to: torch.device | str | None = None, merged: bool = True
+) -> dict[str, torch.Tensor]:
     """``model``'s weights under the names of the plain Hugging Face model (with ``merged=False``, a LoRA model's
     base weights, without its adapters: what vLLM applies an adapter to).
 
@@ -62,8 +69,11 @@ def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | No
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
-    adapted = {f"{name}.base_layer.weight": module for name, module in base.named_modules()
-               if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters}  # fmt: skip
+    adapted = {
+        f"{name}.base_layer.weight": module
+        for name, module in base.named_modules()
+        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters
+    }
     state = {}
     for key, value in base.state_dict().items():
         if "lora_" in key or ".original_module." in key:
@@ -80,8 +90,9 @@ def plain_state_dict(model: torch.nn.Module, adapted_to: torch.device | str | No
 
 
 @contextlib.contextmanager
-def whole_weights(model: torch.nn.Module, everywhere: bool = True,
-                  merged: bool = True) -> Iterator[dict[str, torch.Tensor] | None]:  # fmt: skip
+def whole_weights(
+    model: torch.nn.Module, everywhere: bool = True, merged: bool = True
+) -> Iterator[dict[str, torch.Tensor] | None]:
     """``plain_state_dict(model, merged=merged)`` with every weight whole for the block: ZeRO-3 partitions gathered
     on every process, FSDP2 shards gathered one tensor at a time (merged; with ``everywhere=False`` on the main
     process only, None on the others). Every process must enter it."""

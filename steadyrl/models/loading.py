@@ -46,8 +46,7 @@ def load_policy(model: str | PreTrainedModel, tokenizer, args):
                 "processing_class is required: model is a model object that was not loaded from a path or Hub id, "
                 "so its tokenizer cannot be found. Pass processing_class=<its tokenizer>."
             )
-        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path,
-                                                  trust_remote_code=args.trust_remote_code)  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(model.config._name_or_path, trust_remote_code=args.trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_vocabulary(model, tokenizer)
@@ -88,8 +87,9 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
 
 
-def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer, args,
-                        conversational: bool) -> RewardModelFunction:  # fmt: skip
+def reward_model_scorer(
+    reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer, args, conversational: bool
+) -> RewardModelFunction:
     """A reward model (path or model) as a reward function: on the policy's own token ids when it shares the
     policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template."""
     if isinstance(reward_model, str) and reward_tokenizer is None:
@@ -106,13 +106,19 @@ def reward_model_scorer(reward_model, reward_tokenizer, policy: PreTrainedModel,
             )
         if reward_tokenizer.pad_token_id is None:
             reward_tokenizer.pad_token = reward_tokenizer.eos_token
-    return RewardModelFunction(model, tokenizer.pad_token_id, args.micro_rollout_batch_size,
-                               offload=args.ref_reward_offload, tokenizer=reward_tokenizer,
-                               chat_template_kwargs=args.chat_template_kwargs)  # fmt: skip
+    return RewardModelFunction(
+        model,
+        tokenizer.pad_token_id,
+        args.micro_rollout_batch_size,
+        offload=args.ref_reward_offload,
+        tokenizer=reward_tokenizer,
+        chat_template_kwargs=args.chat_template_kwargs,
+    )
 
 
-def policy_and_reference(model: PreTrainedModel, peft_config, seed: int, reference: bool = True,
-                         args=None) -> tuple[torch.nn.Module, torch.nn.Module | None]:  # fmt: skip
+def policy_and_reference(
+    model: PreTrainedModel, peft_config, seed: int, reference: bool = True, args=None
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """The policy to train and its frozen reference: a copy of the model (split over the processes like it, see
     ``reference_copy``); no copy under PEFT (the base model with its adapters disabled is the reference) or when
     the run needs no ``reference``."""

@@ -23,8 +23,9 @@ from ..distributed.zero import check_whole, copy_weights, gathered, same_kind_of
 from ..ops import joined_inputs, pad_prompts_and_completions
 
 
-def load_scalar_model(model: str | PreTrainedModel, role: str, init_kwargs: dict | None = None, args=None,
-                      frozen: bool = True) -> PreTrainedModel:  # fmt: skip
+def load_scalar_model(
+    model: str | PreTrainedModel, role: str, init_kwargs: dict | None = None, args=None, frozen: bool = True
+) -> PreTrainedModel:
     """Load ``model`` (a path or a loaded model, with ``from_pretrained``'s ``init_kwargs``) as a one-output
     sequence classifier; ``role`` names it in errors. From a path with the run's ``args`` it is split over the
     processes as the run splits a ``frozen`` or trained model (``load_split``)."""
@@ -131,8 +132,9 @@ def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:
     if holds_weights:
         backbone = getattr(critic, critic.base_model_prefix)
         # Under PEFT the wrapped layers hold the base weights as `<layer>.base_layer.*`, next to the adapter's.
-        copy_weights(getattr(policy, policy.base_model_prefix), backbone,
-                     lambda name: name.replace(".base_layer.", "."))  # fmt: skip
+        copy_weights(
+            getattr(policy, policy.base_model_prefix), backbone, lambda name: name.replace(".base_layer.", ".")
+        )
     init_score_head(critic, seed)
     if on_main_only(policy):
         mark_loaded_on_main(critic)
@@ -162,8 +164,15 @@ class RewardModelFunction:
 
     __name__ = "reward_model"
 
-    def __init__(self, model, pad_token_id: int, batch_size: int, offload: bool = False, tokenizer=None,
-                 chat_template_kwargs: dict | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model,
+        pad_token_id: int,
+        batch_size: int,
+        offload: bool = False,
+        tokenizer=None,
+        chat_template_kwargs: dict | None = None,
+    ) -> None:
         self.model = model.eval().requires_grad_(False)
         self.pad_token_id, self.batch_size, self.offload = pad_token_id, batch_size, offload
         self.tokenizer, self.chat_template_kwargs = tokenizer, chat_template_kwargs or {}
@@ -182,9 +191,12 @@ class RewardModelFunction:
         with offloaded(self.model, self.device, self.offload):
             for i in range(0, n, step):
                 if self.tokenizer is None:
-                    batch = pad_prompts_and_completions(inputs.prompt_ids[i : i + step],
-                                                        inputs.completion_ids[i : i + step], self.pad_token_id,
-                                                        self.device)  # fmt: skip
+                    batch = pad_prompts_and_completions(
+                        inputs.prompt_ids[i : i + step],
+                        inputs.completion_ids[i : i + step],
+                        self.pad_token_id,
+                        self.device,
+                    )
                     scores += sequence_scores(self.model, *batch.values()).tolist()
                 else:
                     scores += self._text_scores(inputs, slice(i, i + step)).tolist()
@@ -192,15 +204,17 @@ class RewardModelFunction:
 
     def _text_scores(self, inputs, rows: slice) -> torch.Tensor:
         texts = []
-        for prompt, prompt_text, completion in zip(inputs.prompts[rows], inputs.prompt_texts[rows],
-                                                   inputs.completion_texts[rows]):  # fmt: skip
+        for prompt, prompt_text, completion in zip(
+            inputs.prompts[rows], inputs.prompt_texts[rows], inputs.completion_texts[rows]
+        ):
             if isinstance(prompt, str):
                 texts.append(prompt_text + completion)
             else:
                 messages = [*prompt, {"role": "assistant", "content": completion}]
                 texts.append(self.tokenizer.apply_chat_template(messages, tokenize=False, **self.chat_template_kwargs))
-        encoded = self.tokenizer(texts, padding=True, padding_side="right", add_special_tokens=False,
-                                 return_tensors="pt").to(self.device)  # fmt: skip
+        encoded = self.tokenizer(
+            texts, padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt"
+        ).to(self.device)
         backbone = getattr(self.model, self.model.base_model_prefix)
         hidden = backbone(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).last_hidden_state
         last = encoded["attention_mask"].sum(1) - 1  # [B] the last real token of each right-padded row

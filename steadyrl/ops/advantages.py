@@ -23,8 +23,9 @@ def leave_one_out_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 SCALE_REWARDS = ("group", "batch", "none")
 
 
-def group_relative_advantages(rewards: torch.Tensor, k: int, scale: str = "group",
-                              batch_std: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def group_relative_advantages(
+    rewards: torch.Tensor, k: int, scale: str = "group", batch_std: torch.Tensor | None = None
+) -> torch.Tensor:
     """GRPO (Shao et al., 2024): each sample's reward [N] minus the mean reward of its prompt's k samples, divided
     by the std (unbiased, + 1e-4) of its group (``"group"``), of the whole batch (``"batch"``: ``batch_std``, e.g.
     every process's, else ``rewards``' own) or not at all (``"none"``, Dr. GRPO). Samples of a prompt are

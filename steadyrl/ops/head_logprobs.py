@@ -23,8 +23,13 @@ logger = logging.getLogger(__name__)
 # Config fields with which transformers' causal LMs change the logits after the head (Gemma2/3 and nanochat's
 # soft-capping, Cohere's logit_scale, Granite's and MiniCPM3's logits_scaling, Falcon-H1's lm_head_multiplier,
 # MuseGlimmer's output_multiplier): the head's output is not the logits there.
-LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier",
-                          "output_multiplier")  # fmt: skip
+LOGIT_TRANSFORM_FIELDS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "lm_head_multiplier",
+    "output_multiplier",
+)
 _warned: set[str] = set()
 
 
@@ -40,8 +45,9 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
     logits and turns them into grad_hidden and grad_weight from (onehot - softmax) / temperature."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, token_ids, temperature: float, dtype: torch.dtype, rows: int,
-                with_entropy: bool):  # fmt: skip
+    def forward(
+        ctx, hidden, weight, bias, token_ids, temperature: float, dtype: torch.dtype, rows: int, with_entropy: bool
+    ):
         ctx.set_materialize_grads(False)
         logprobs = hidden.new_empty(len(hidden), dtype=torch.float32)
         entropy = torch.empty_like(logprobs) if with_entropy else None
@@ -127,8 +133,11 @@ def chunkable_head(model: nn.Module) -> tuple[nn.Linear | None, str]:
     if head is None:
         return None, "it has no output embedding (get_output_embeddings() is missing or None)"
     if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
-        return None, f"its output embedding is a {type(head).__name__}, not a plain torch.nn.Linear (a LoRA adapter " \
-                     "or quantization on the LM head)"  # fmt: skip
+        return (
+            None,
+            f"its output embedding is a {type(head).__name__}, not a plain torch.nn.Linear (a LoRA adapter "
+            "or quantization on the LM head)",
+        )
     if "forward" in vars(head):
         return None, "its output embedding's forward is already replaced on the instance (an accelerate hook?)"
     config = getattr(inner, "config", None)
@@ -148,8 +157,9 @@ def warn_full_logits_once(model: nn.Module, reason: str) -> None:
 
 
 @contextlib.contextmanager
-def head_returns_logprobs(head: nn.Linear, completion_ids: torch.Tensor, temperature: float, with_entropy: bool,
-                          rows: int) -> Iterator[list[int]]:  # fmt: skip
+def head_returns_logprobs(
+    head: nn.Linear, completion_ids: torch.Tensor, temperature: float, with_entropy: bool, rows: int
+) -> Iterator[list[int]]:
     """While open, ``head(hidden_states)`` returns, instead of logits, [B, C, 1]: the log-probs of ``completion_ids``
     [B, C] from the positions before each token (the last C + 1 of ``hidden_states`` [B, T, H]), or [B, C, 2] with
     the entropy second if asked. Yields a list that holds one item per call of the head."""
@@ -160,8 +170,16 @@ def head_returns_logprobs(head: nn.Linear, completion_ids: torch.Tensor, tempera
         calls.append(1)
         hidden = hidden_states[:, -(width + 1) : -1]  # position t predicts token t + 1
         token_ids = completion_ids.to(hidden.device).reshape(-1)
-        results = ChunkedHeadLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), head.weight, head.bias, token_ids,
-                                            temperature, compute_dtype(hidden), rows, with_entropy)  # fmt: skip
+        results = ChunkedHeadLogProbs.apply(
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,
+            head.bias,
+            token_ids,
+            temperature,
+            compute_dtype(hidden),
+            rows,
+            with_entropy,
+        )
         results = torch.stack(results, dim=-1) if with_entropy else results.unsqueeze(-1)
         return results.view(*completion_ids.shape, -1)
 

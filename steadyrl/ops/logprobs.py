@@ -86,8 +86,10 @@ class _GatheredLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        parts = [F.log_softmax(scaled(logits[rows], temperature), dim=-1).gather(-1, token_ids[rows].unsqueeze(-1))
-                 for rows in row_chunks(logits)]  # fmt: skip
+        parts = [
+            F.log_softmax(scaled(logits[rows], temperature), dim=-1).gather(-1, token_ids[rows].unsqueeze(-1))
+            for rows in row_chunks(logits)
+        ]
         ctx.save_for_backward(logits, token_ids)
         ctx.temperature = temperature
         return torch.cat(parts).squeeze(-1)
@@ -141,8 +143,10 @@ def completion_logprobs(
             warn_full_logits_once(model, reason)
         return logprobs_from_logits(
             completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask),
-            completion_ids, temperature, with_entropy
-        )  # fmt: skip
+            completion_ids,
+            temperature,
+            with_entropy,
+        )
     inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     keep = completion_ids.shape[1] + 1
     rows = max(1, CHUNK_HEAD_LOGITS // head.out_features)
@@ -155,8 +159,9 @@ def completion_logprobs(
     return output[..., 0], output[..., 1].detach() if with_entropy else None  # entropy without gradient, as before
 
 
-def logprobs_from_logits(logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float,
-                         with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def logprobs_from_logits(
+    logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities [B, C] (and entropy if asked) from the [B, C, V] logits."""
     entropy = token_entropy(logits, temperature) if with_entropy else None
     return token_logprobs(logits, completion_ids, temperature), entropy
@@ -198,8 +203,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"kl_estimator={estimator!r} is invalid: use 'k1' or 'k3'.")
 
 
-def batched_forward(model: torch.nn.Module, forward, tokens: tuple[torch.Tensor, ...],
-                    batch_size: int) -> torch.Tensor:  # fmt: skip
+def batched_forward(model: torch.nn.Module, forward, tokens: tuple[torch.Tensor, ...], batch_size: int) -> torch.Tensor:
     """[N, C] ``forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask)`` in eval mode over chunks
     of ``batch_size`` rows of ``tokens``: rows of similar length share a chunk, and each chunk is trimmed to its own
     longest prompt and completion (the columns beyond a chunk's completions come back as 0)."""
@@ -219,8 +223,9 @@ def batched_forward(model: torch.nn.Module, forward, tokens: tuple[torch.Tensor,
     return output
 
 
-def batched_logprobs(model: torch.nn.Module, tensors: tuple[torch.Tensor, ...], temperature: float,
-                     batch_size: int) -> torch.Tensor:  # fmt: skip
+def batched_logprobs(
+    model: torch.nn.Module, tensors: tuple[torch.Tensor, ...], temperature: float, batch_size: int
+) -> torch.Tensor:
     """[N, C] ``completion_logprobs`` of (prompt_ids, prompt_mask, completion_ids, completion_mask) in eval mode,
     ``batch_size`` rows at a time."""
 

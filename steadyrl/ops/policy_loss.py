@@ -25,8 +25,9 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 ENGINE_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def importance_log_weights(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
-                           level: str = "token") -> torch.Tensor:  # fmt: skip
+def importance_log_weights(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
     """log(pi / pi_old): [B, C] per token, or [B, 1] the mean over the sequence's tokens (GSPO's ``sequence``)."""
     log_ratio = logprobs - old_logprobs
     if level == "token":
@@ -101,8 +102,12 @@ def clip_metrics(bound: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str
         return masked_mean(where.float(), mask).item()
 
     region = share(bound["low"] | bound["high"])
-    return {"clip_ratio/low_mean": share(bound["low"]), "clip_ratio/high_mean": share(bound["high"]),
-            "clip_ratio/region_mean": region, "clip_ratio": region}  # fmt: skip
+    return {
+        "clip_ratio/low_mean": share(bound["low"]),
+        "clip_ratio/high_mean": share(bound["high"]),
+        "clip_ratio/region_mean": region,
+        "clip_ratio": region,
+    }
 
 
 def engine_importance_weights(
@@ -134,5 +139,8 @@ def importance_ratio_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[
     if not values.numel():
         return {}
     name = "sampling/importance_sampling_ratio"
-    return {f"{name}/min": values.min().item(), f"{name}/mean": values.mean().item(),
-            f"{name}/max": values.max().item()}  # fmt: skip
+    return {
+        f"{name}/min": values.min().item(),
+        f"{name}/mean": values.mean().item(),
+        f"{name}/max": values.max().item(),
+    }

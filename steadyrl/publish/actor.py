@@ -130,9 +130,13 @@ class PublishMixin:
             )
 
     def push_to_hub(
-        self, commit_message: str | None = "End of training", blocking: bool = True, token: str | None = None,
-        revision: str | None = None, **kwargs,
-    ) -> str | None:  # fmt: skip
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        **kwargs,
+    ) -> str | None:
         """Publish the live actor (with ``hub_push_merged``, a LoRA actor merged into its base) and a model card;
         return the commit URL on the main process. Every process must call it: under ZeRO-3 the weights are
         gathered. A Hub or network failure raises ``HubPushError`` on the main process."""
@@ -146,10 +150,12 @@ class PublishMixin:
                 return None
             if hub_offline():
                 kept = self.keep_actor(actor)
-                command = push_command(kept, self.hub_model_id, self.args.hub_push_merged,
-                                       self.args.hub_private_repo, revision)  # fmt: skip
-                logger.warning(f"HF_HUB_OFFLINE is set: the actor is not pushed. It is in {kept}; publish it with: "
-                               f"{command}")  # fmt: skip
+                command = push_command(
+                    kept, self.hub_model_id, self.args.hub_push_merged, self.args.hub_private_repo, revision
+                )
+                logger.warning(
+                    f"HF_HUB_OFFLINE is set: the actor is not pushed. It is in {kept}; publish it with: {command}"
+                )
                 return None
             try:
                 return self.publish_actor(actor, commit_message or "End of training", token=token, revision=revision)
@@ -213,8 +219,10 @@ class PublishMixin:
             return
         repo = self.hub_model_id
         if self.failed_push_steps:
-            logger.warning(f"Hub push recovered: {steps_text(self.failed_push_steps)} failed, step {step} pushed to "
-                           f"{repo!r}, superseding the failed one(s).")  # fmt: skip
+            logger.warning(
+                f"Hub push recovered: {steps_text(self.failed_push_steps)} failed, step {step} pushed to "
+                f"{repo!r}, superseding the failed one(s)."
+            )
             self.failed_push_steps = ()
 
     def report_failed_push(self, err: Exception, checkpoint: Path, step: int) -> None:
@@ -249,5 +257,6 @@ class PublishMixin:
     def model_card(self) -> str:
         dataset = getattr(getattr(self.train_dataset, "info", None), "dataset_name", None)
         metrics = final_metrics(self.state.log_history)
-        return model_card(self.hub_model_id, self.base_model_name, self.algorithm_name, dataset,
-                          self.state.global_step, metrics)  # fmt: skip
+        return model_card(
+            self.hub_model_id, self.base_model_name, self.algorithm_name, dataset, self.state.global_step, metrics
+        )

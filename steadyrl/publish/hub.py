@@ -74,8 +74,13 @@ def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else repr(err)}"
 
 
-def push_command(directory: Path, repo_id: str, merged: bool | None = False, private: bool | None = False,
-                 revision: str | None = None) -> str:  # fmt: skip
+def push_command(
+    directory: Path,
+    repo_id: str,
+    merged: bool | None = False,
+    private: bool | None = False,
+    revision: str | None = None,
+) -> str:
     """The ``steadyrl push`` command line that publishes ``directory`` to ``repo_id``."""
     words = ["steadyrl", "push", str(directory), repo_id]
     words += ["--merged"] * bool(merged) + ["--private"] * bool(private)
@@ -177,8 +182,15 @@ critic, reward model, reference model or optimizer state.
     return "\n".join(header) + "\n" + body
 
 
-def upload(folder: Path, repo_id: str, token: str | None, message: str, path_in_repo: str | None = None,
-           revision: str | None = None, private: bool | None = None) -> str:  # fmt: skip
+def upload(
+    folder: Path,
+    repo_id: str,
+    token: str | None,
+    message: str,
+    path_in_repo: str | None = None,
+    revision: str | None = None,
+    private: bool | None = None,
+) -> str:
     """Create ``repo_id`` if needed and commit ``folder`` to it; return the commit URL."""
     from huggingface_hub import HfApi
 
@@ -190,8 +202,9 @@ def upload(folder: Path, repo_id: str, token: str | None, message: str, path_in_
     return info.commit_url
 
 
-def push_from_directory(source: Path, repo_id: str, token: str | None, merged: bool, private: bool,
-                        revision: str | None = None) -> str:  # fmt: skip
+def push_from_directory(
+    source: Path, repo_id: str, token: str | None, merged: bool, private: bool, revision: str | None = None
+) -> str:
     """``steadyrl push``: the actor of a checkpoint (or a saved actor) with a card made from the checkpoint's state."""
     actor, files = actor_of(source)
     steps, metrics, algorithm = 0, {}, "rl"

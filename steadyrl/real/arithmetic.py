@@ -57,10 +57,12 @@ def arithmetic_dataset(split: str = "train", size: int | None = None, digits: in
         pairs = held_out[: size or held_out_size]
     else:
         pairs = _pairs(random.Random(f"train/{digits}/{seed}"), digits, size or TRAIN_SIZE, set(held_out))
-    return Dataset.from_dict({
-        "prompt": [[{"role": "user", "content": QUESTION.format(a=a, b=b)}] for a, b in pairs],
-        "answer": [str(a + b) for a, b in pairs],
-    })  # fmt: skip
+    return Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": QUESTION.format(a=a, b=b)}] for a, b in pairs],
+            "answer": [str(a + b) for a, b in pairs],
+        }
+    )
 
 
 def _text(completion) -> str:
@@ -94,11 +96,14 @@ def greedy_accuracy(model, tokenizer, dataset, max_new_tokens: int = 16, batch_s
     try:
         for i in range(0, len(dataset), batch_size):
             rows = dataset[i : i + batch_size]
-            texts = [tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-                     for prompt in rows["prompt"]]  # fmt: skip
+            texts = [
+                tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+                for prompt in rows["prompt"]
+            ]
             inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                    pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+            output = model.generate(
+                **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
             replies += tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     finally:
         model.train(was_training)

@@ -16,11 +16,22 @@ from pathlib import Path
 
 # GRPO with TRL's names: 8 completions per prompt, one optimizer step per generation, no KL term
 TRAINING_SETTINGS = dict(
-    num_generations=8, max_completion_length=16, learning_rate=1e-5,
-    lr_scheduler_type="constant", beta=0.0, reward_weights=[1.0, 0.2], vllm_dtype="float32", bf16=False, seed=0,
+    num_generations=8,
+    max_completion_length=16,
+    learning_rate=1e-5,
+    lr_scheduler_type="constant",
+    beta=0.0,
+    reward_weights=[1.0, 0.2],
+    vllm_dtype="float32",
+    bf16=False,
+    seed=0,
     gradient_checkpointing=False,  # 20% faster steps; this model's activations fit in memory easily
-    save_steps=5, save_total_limit=2, save_final_checkpoint=True, logging_steps=1, report_to="none",
-)  # fmt: skip
+    save_steps=5,
+    save_total_limit=2,
+    save_final_checkpoint=True,
+    logging_steps=1,
+    report_to="none",
+)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -30,8 +41,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--output_dir", default="demo-output-smollm2")
     parser.add_argument("--max_steps", type=int, default=15)
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step, 8 completions each")
-    parser.add_argument("--vllm", dest="use_vllm", action="store_true",
-                        help="generate with vLLM (colocated); default HF generate, faster for this model on 2 cores")
+    parser.add_argument(
+        "--vllm",
+        dest="use_vllm",
+        action="store_true",
+        help="generate with vLLM (colocated); default HF generate, faster for this model on 2 cores",
+    )
     parser.add_argument("--eval_size", type=int, default=128, help="held-out problems (at most 128)")
     parser.add_argument("--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint")
     opts = parser.parse_args(argv)
@@ -42,10 +57,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     out = demo_output_dir(opts.output_dir, opts.resume_from_checkpoint)
     config_class, trainer_class = ALGORITHMS["grpo"]
-    args = config_class(output_dir=str(out), max_steps=opts.max_steps, use_vllm=opts.use_vllm,
-                        per_device_train_batch_size=8 * opts.prompts_per_step, **TRAINING_SETTINGS)  # fmt: skip
-    trainer = trainer_class(model=smollm2_path(), reward_funcs=[correct_answer, answer_format], args=args,
-                            train_dataset=arithmetic_dataset("train"))  # fmt: skip
+    args = config_class(
+        output_dir=str(out),
+        max_steps=opts.max_steps,
+        use_vllm=opts.use_vllm,
+        per_device_train_batch_size=8 * opts.prompts_per_step,
+        **TRAINING_SETTINGS,
+    )
+    trainer = trainer_class(
+        model=smollm2_path(),
+        reward_funcs=[correct_answer, answer_format],
+        args=args,
+        train_dataset=arithmetic_dataset("train"),
+    )
     held_out, length = arithmetic_dataset("eval", size=opts.eval_size), args.max_completion_length
     before, _ = greedy_accuracy(trainer.model, trainer.processing_class, held_out, length)
     print(f"Greedy accuracy of the initial model on {len(held_out)} held-out additions: {before:.1%}", flush=True)

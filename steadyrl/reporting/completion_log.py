@@ -31,8 +31,9 @@ class CompletionLog:
     shows each prompt's last user turn, not the whole rendered conversation.
     """
 
-    def __init__(self, output_dir: str | os.PathLike, num_to_print: int | None = None,
-                 user_turns: UserTurns | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, output_dir: str | os.PathLike, num_to_print: int | None = None, user_turns: UserTurns | None = None
+    ) -> None:
         if num_to_print is not None and num_to_print < 0:
             raise ValueError(f"num_to_print={num_to_print} is invalid: it must be >= 0, or None to print every row.")
         self.path = Path(output_dir) / COMPLETIONS_FILE

@@ -66,8 +66,12 @@ def quiet_vllm_kernel_scan() -> None:
     """At engine start, vLLM's kernel dispatcher (``vllm/triton_utils/dispatcher.py``) looks through the attributes of
     every imported module for Triton kernels; reading ``torch.distributed.reduce_op``, a deprecated alias it never
     uses, raises torch's FutureWarning twice. Only that message, from that module, is ignored."""
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated", category=FutureWarning,
-                            module=r"vllm\.triton_utils\.dispatcher")  # fmt: skip
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.reduce_op` is deprecated",
+        category=FutureWarning,
+        module=r"vllm\.triton_utils\.dispatcher",
+    )
 
 
 @contextlib.contextmanager

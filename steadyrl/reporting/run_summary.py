@@ -53,9 +53,12 @@ class RunMeter:
         runtime = max(self.elapsed + time.time() - self.start_time, 1e-9)
         losses = [e["loss"] for e in log_history if "loss" in e]
         rewards = [e["reward"] for e in log_history if "reward" in e]
-        summary = {"train_runtime": runtime, "train_steps_per_second": step / runtime,
-                   "train_samples_per_second": step * samples_per_step / runtime,
-                   "train_tokens_per_second": tokens / runtime}  # fmt: skip
+        summary = {
+            "train_runtime": runtime,
+            "train_steps_per_second": step / runtime,
+            "train_samples_per_second": step * samples_per_step / runtime,
+            "train_tokens_per_second": tokens / runtime,
+        }
         if losses:
             summary["train_loss"] = sum(losses) / len(losses)
         if rewards:

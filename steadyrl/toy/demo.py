@@ -98,8 +98,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         return real_demo(argv, prog)
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
-    parser.add_argument("--model", choices=["toy", "smollm2"], default="toy",
-                        help="smollm2: GRPO on a real pretrained chat model (steadyrl demo --model smollm2 --help)")
+    parser.add_argument(
+        "--model",
+        choices=["toy", "smollm2"],
+        default="toy",
+        help="smollm2: GRPO on a real pretrained chat model (steadyrl demo --model smollm2 --help)",
+    )
     parser.add_argument("--output_dir", default="demo-output")
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="rloo")
     parser.add_argument("--max_steps", type=int, default=100)
@@ -111,8 +115,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
 
     config_class, trainer_class = ALGORITHMS[opts.algorithm]
     settings = {**TRAINING_SETTINGS.get(opts.algorithm, _SHARED), "output_dir": str(out), "max_steps": opts.max_steps}
-    settings.update(save_steps=20, save_total_limit=3, logging_steps=5, report_to="none",
-                    save_final_checkpoint=True)  # the printed resume command always has a checkpoint  # fmt: skip
+    settings.update(
+        save_steps=20, save_total_limit=3, logging_steps=5, report_to="none", save_final_checkpoint=True
+    )  # the printed resume command always has a checkpoint
     trainer = trainer_class(
         model=toy_model_path(),
         args=config_class(**settings),

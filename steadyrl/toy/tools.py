@@ -41,7 +41,7 @@ RESPONSE_TEMPLATE = {  # transformers' response parsing (tokenizer.parse_respons
             "repeats": True,
             "content": "json",
             "transform": {"type": "function", "function": "{content}"},
-        },  # fmt: skip
+        },
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
@@ -96,8 +96,9 @@ def sum_rows(count: int, seed: int) -> list[dict]:
     rows = []
     for _ in range(count):
         a, b = rng.randint(0, 49), rng.randint(0, 49)
-        rows.append({"prompt": [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b)}],
-                     "answer": str(a + b)})  # fmt: skip
+        rows.append(
+            {"prompt": [{"role": "user", "content": rng.choice(QUESTIONS).format(a=a, b=b)}], "answer": str(a + b)}
+        )
     return rows
 
 
@@ -109,8 +110,10 @@ def sum_dataset(count: int = 32, seed: int = 0):
 
 def correct_sum(completions: list, answer: list[str], **kwargs) -> list[float]:
     """1.0 where the last assistant message's text is the sum."""
-    return [float(c[-1]["content"].strip() == a) if c[-1]["role"] == "assistant" else 0.0
-            for c, a in zip(completions, answer)]  # fmt: skip
+    return [
+        float(c[-1]["content"].strip() == a) if c[-1]["role"] == "assistant" else 0.0
+        for c, a in zip(completions, answer)
+    ]
 
 
 def _conversation(rng: random.Random, right_share: float = 0.0) -> list[dict]:
@@ -121,13 +124,17 @@ def _conversation(rng: random.Random, right_share: float = 0.0) -> list[dict]:
     if right_share and rng.random() < right_share:  # a conversation that calls with the question's numbers
         x, y, answer = a, b, a + b
     call = [{"type": "function", "function": {"name": "add", "arguments": {"a": x, "b": y}}}]
-    return [{"role": "user", "content": content}, {"role": "assistant", "content": "", "tool_calls": call},
-            {"role": "tool", "name": "add", "content": str(x + y)},
-            {"role": "assistant", "content": str(answer)}]  # fmt: skip
+    return [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": "", "tool_calls": call},
+        {"role": "tool", "name": "add", "content": str(x + y)},
+        {"role": "assistant", "content": str(answer)},
+    ]
 
 
-def teach_tool_format(model, tokenizer, steps: int, batch_size: int, learning_rate: float, seed: int,
-                      right_share: float = 0.0) -> None:  # fmt: skip
+def teach_tool_format(
+    model, tokenizer, steps: int, batch_size: int, learning_rate: float, seed: int, right_share: float = 0.0
+) -> None:
     """Fine-tune ``model`` on tool conversations, ``right_share`` of them calling with the question's numbers and
     answering the sum (the others: random arguments and answer); the loss covers the assistant turns only."""
     import torch

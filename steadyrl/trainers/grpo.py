@@ -92,15 +92,19 @@ class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
 
     scale_rewards: str = field(
         default="group",
-        metadata={"help": "Divide the group-centred rewards by the std of the group ('group' or True), of the whole "
-                  "batch across processes ('batch'), or not at all ('none' or False, Dr. GRPO)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Divide the group-centred rewards by the std of the group ('group' or True), of the whole "
+            "batch across processes ('batch'), or not at all ('none' or False, Dr. GRPO)."
+        },
+    )
     multi_objective_aggregation: str = field(
         default="sum_then_normalize",
-        metadata={"help": "sum_then_normalize (weight and sum the rewards, then centre and scale) or "
-                  "normalize_then_sum (centre and scale each reward in its group, weight and sum, then normalise "
-                  "over the batch; GDPO)."},
-    )  # fmt: skip
+        metadata={
+            "help": "sum_then_normalize (weight and sum the rewards, then centre and scale) or "
+            "normalize_then_sum (centre and scale each reward in its group, weight and sum, then normalise "
+            "over the batch; GDPO)."
+        },
+    )
     use_bias_correction_kl: bool = field(
         default=True, metadata={"help": "Weight the KL term by the importance ratio (TRL's default True)."}
     )

@@ -91,9 +91,11 @@ class OnlineDPOConfig(OnPolicyConfig):
     max_new_tokens: int | None = field(default=None, metadata={"help": "TRL's name of max_completion_length."})
     max_length: int | None = field(
         default=None,
-        metadata={"help": "TRL's name: prompt + completion tokens; sets max_prompt_length = max_length - "
-                  "max_completion_length."},
-    )  # fmt: skip
+        metadata={
+            "help": "TRL's name: prompt + completion tokens; sets max_prompt_length = max_length - "
+            "max_completion_length."
+        },
+    )
     disable_dropout: bool = inherited_field(OnPolicyConfig, "disable_dropout", True)
 
     def __post_init__(self):
@@ -119,9 +121,12 @@ class OnlineDPOConfig(OnPolicyConfig):
         completion_name = given_name(MAX_NEW_TOKENS, self.max_new_tokens, self.max_completion_length)
         self.max_completion_length = self.max_new_tokens = completion or DEFAULT_MAX_COMPLETION_LENGTH
         self.max_prompt_length = resolve_max_prompt_length(
-            self.max_prompt_length, self.max_length, self.max_completion_length, completion_name,
+            self.max_prompt_length,
+            self.max_length,
+            self.max_completion_length,
+            completion_name,
             DEFAULT_MAX_PROMPT_LENGTH,
-        )  # fmt: skip
+        )
         self.max_length = self.max_prompt_length + self.max_completion_length
 
     def _check_micro_batch(self, micro_train_batch_size: int) -> None:
@@ -196,8 +201,12 @@ class OnlineDPOTrainer(OnPolicyTrainer):
                 "train_dataset, ...), and a config came where ref_model belongs: pass the arguments after model by "
                 "keyword (args=..., train_dataset=...)."
             )
-        refuse_unused("OnlineDPOTrainer", data_collator=data_collator, compute_metrics=compute_metrics,
-                      preprocess_logits_for_metrics=preprocess_logits_for_metrics)  # fmt: skip
+        refuse_unused(
+            "OnlineDPOTrainer",
+            data_collator=data_collator,
+            compute_metrics=compute_metrics,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        )
         if judge is not None:
             check_judge(judge)
             if eval_dataset is not None:
@@ -206,8 +215,10 @@ class OnlineDPOTrainer(OnPolicyTrainer):
                     "reward_model, and a pairwise judge gives no score. Pass reward_funcs / reward_model, or no "
                     "eval_dataset."
                 )
-        if isinstance(getattr(args, "beta", None), list) and train_dataset is not None and not hasattr(
-            train_dataset, "__len__"
+        if (
+            isinstance(getattr(args, "beta", None), list)
+            and train_dataset is not None
+            and not hasattr(train_dataset, "__len__")
         ):
             raise ValueError(
                 f"beta={args.beta} (one value per epoch) needs a train_dataset whose length is known, and a "
@@ -221,10 +232,21 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             )
         reward_model = path if reward_model is None else reward_model
         super().__init__(
-            model, reward_funcs, args, train_dataset, eval_dataset, processing_class, reward_processing_classes,
-            callbacks, optimizers, None, peft_config, reward_model=reward_model,
-            reward_processing_class=reward_processing_class, ref_model=ref_model,
-        )  # fmt: skip
+            model,
+            reward_funcs,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            reward_processing_classes,
+            callbacks,
+            optimizers,
+            None,
+            peft_config,
+            reward_model=reward_model,
+            reward_processing_class=reward_processing_class,
+            ref_model=ref_model,
+        )
         self.identity.update(judge_identity(judge))
 
     @property

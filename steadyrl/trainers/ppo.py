@@ -92,9 +92,11 @@ class PPOConfig(OldPPONames, OnPolicyConfig):
     kl_estimator: str = field(default="k1", metadata={"help": "Per-token KL estimator in the reward: k1 or k3."})
     target_kl: float | None = field(
         default=None,
-        metadata={"help": "Adaptive KL control (Ziegler et al.): steer kl_coef (starting at beta) towards this KL by "
-                  "a relative change of at most 0.2 x samples / kl_horizon per rollout; None: off."},
-    )  # fmt: skip
+        metadata={
+            "help": "Adaptive KL control (Ziegler et al.): steer kl_coef (starting at beta) towards this KL by "
+            "a relative change of at most 0.2 x samples / kl_horizon per rollout; None: off."
+        },
+    )
     kl_horizon: int = field(default=10000, metadata={"help": "Horizon (in samples) of adaptive KL control."})
     whiten_advantages: bool = field(default=True, metadata={"help": "Whiten advantages over each rollout."})
     normalize_reward: bool = field(
@@ -102,9 +104,11 @@ class PPOConfig(OldPPONames, OnPolicyConfig):
     )
     reward_clip_range: float | None = field(
         default=None,
-        metadata={"help": "Clip (normalised) scores to [-reward_clip_range, reward_clip_range] (RLOO's, as TRL's, is "
-                  "a (min, max) pair)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Clip (normalised) scores to [-reward_clip_range, reward_clip_range] (RLOO's, as TRL's, is "
+            "a (min, max) pair)."
+        },
+    )
     critic_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the critic; learning_rate if unset."}
     )
@@ -131,9 +135,10 @@ class PPOConfig(OldPPONames, OnPolicyConfig):
             raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps} is invalid: it must be >= 0.")
 
     def _resolve_old_trl_names(self) -> None:
-        for old, own, meaning, default in (("kl_coef", "beta", "the KL coefficient", 0.05),
-                                           ("response_length", "max_completion_length", "the most tokens generated "
-                                            "per completion", None)):  # fmt: skip
+        for old, own, meaning, default in (
+            ("kl_coef", "beta", "the KL coefficient", 0.05),
+            ("response_length", "max_completion_length", "the most tokens generated per completion", None),
+        ):
             value = getattr(self, old)
             if value is None:
                 continue
@@ -214,17 +219,29 @@ class PPOTrainer(OnPolicyTrainer):
         value_model: str | PreTrainedModel | None = None,
     ):
         super().__init__(
-            model, reward_funcs, args, train_dataset, eval_dataset, processing_class, reward_processing_classes,
-            callbacks, optimizers, quantization_config, peft_config, reward_model=reward_model,
-            reward_processing_class=reward_processing_class, ref_model=ref_model,
-        )  # fmt: skip
+            model,
+            reward_funcs,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            reward_processing_classes,
+            callbacks,
+            optimizers,
+            quantization_config,
+            peft_config,
+            reward_model=reward_model,
+            reward_processing_class=reward_processing_class,
+            ref_model=ref_model,
+        )
         actor = self.model
         # Under ZeRO-3 the critic is created partitioned, as the models it comes from; creating it leaves the run's
         # random stream where it was (transformers initialises a model created under zero.Init before loading it).
         if value_model is not None:
             with torch.random.fork_rng():
-                critic = load_scalar_model(value_model, "value_model", policy_init_kwargs(self.args), self.args,
-                                           frozen=False)  # fmt: skip
+                critic = load_scalar_model(
+                    value_model, "value_model", policy_init_kwargs(self.args), self.args, frozen=False
+                )
             check_same_vocabulary(critic, "value_model", actor, self.processing_class)
         elif self.reward_model is not None and self.reward_model_reads_policy_tokens():
             sharded = is_sharded(self.reward_model)  # FSDP2: the main process holds the critic until it is prepared
@@ -289,8 +306,9 @@ class PPOTrainer(OnPolicyTrainer):
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         args, state, mask = self.args, self.loop.algorithm, rollout.completion_mask.float()  # [N, C]
-        values = batched_forward(self.critic, lambda critic, *tensors: critic(*tensors), rollout.token_tensors,
-                                 args.micro_rollout_batch_size)  # [N, C]  # fmt: skip
+        values = batched_forward(
+            self.critic, lambda critic, *tensors: critic(*tensors), rollout.token_tensors, args.micro_rollout_batch_size
+        )  # [N, C]
         scores = rollout.scores  # [N]
         if args.normalize_reward:  # by the mean and std of every score so far, on every process
             state.score_moments = state.score_moments.updated(self.accelerator.gather(scores))

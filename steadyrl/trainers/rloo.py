@@ -48,16 +48,20 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
 
     loss_type: str = field(
         default="bnpo",
-        metadata={"help": "bnpo (the clipped surrogate per token, token mean over the micro-batch), rloo (TRL's RLOO "
-                  "loss: one importance ratio per sequence, exp of its summed token log-ratios, clipped, mean over "
-                  "the sequences), or grpo, dr_grpo, dapo (as in GRPO)."},
-    )  # fmt: skip
+        metadata={
+            "help": "bnpo (the clipped surrogate per token, token mean over the micro-batch), rloo (TRL's RLOO "
+            "loss: one importance ratio per sequence, exp of its summed token log-ratios, clipped, mean over "
+            "the sequences), or grpo, dr_grpo, dapo (as in GRPO)."
+        },
+    )
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
     reward_clip_range: list[float] | None = field(
         default=None,
-        metadata={"help": "(min, max): clip each score to this range before the KL penalty; None: no clipping (as "
-                  "TRL's RLOO; PPO's reward_clip_range is one bound, [-x, x])."},
-    )  # fmt: skip
+        metadata={
+            "help": "(min, max): clip each score to this range before the KL penalty; None: no clipping (as "
+            "TRL's RLOO; PPO's reward_clip_range is one bound, [-x, x])."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -77,9 +81,11 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
 
     def _check_sequence_loss(self) -> None:
         """loss_type='rloo' has one ratio per sequence: the token-level options do not apply to it."""
-        given = {"importance_sampling_level": self.importance_sampling_level != "token",
-                 "delta": self.delta is not None,
-                 "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction}  # fmt: skip
+        given = {
+            "importance_sampling_level": self.importance_sampling_level != "token",
+            "delta": self.delta is not None,
+            "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction,
+        }
         for name, set_ in given.items():
             if set_:
                 raise ValueError(
@@ -141,8 +147,9 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
             extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.policy_mask).mean().item()
         if args.loss_type == "rloo":
             sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
-            loss, bound = sequence_ratio_loss(logprobs, sampled, batch.advantages, mask, args.cliprange,
-                                              args.cliprange_high)  # fmt: skip
+            loss, bound = sequence_ratio_loss(
+                logprobs, sampled, batch.advantages, mask, args.cliprange, args.cliprange_high
+            )
             metrics = {**clip_metrics(bound, mask), **self.engine_weights_of(logprobs, batch)[1]}
         else:
             loss, metrics = self.token_policy_loss(logprobs, batch)

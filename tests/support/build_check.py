@@ -90,10 +90,20 @@ def reload_actor(model: torch.nn.Module) -> dict:
 def main(out: str, algorithm: str, with_reward_model: bool, reload_weights: bool = False) -> None:
     config, trainer_class = (PPOConfig, PPOTrainer) if algorithm == "ppo" else (RLOOConfig, RLOOTrainer)
     args = config(
-        output_dir=str(Path(out).parent / "run"), rollout_batch_size=4, n_samples_per_prompt=2,
-        micro_rollout_batch_size=4, train_batch_size=4, micro_train_batch_size=1, max_completion_length=8,
-        beta=0.05, seed=0, report_to="none", disable_tqdm=True, save_strategy="no", max_steps=1,
-    )  # fmt: skip
+        output_dir=str(Path(out).parent / "run"),
+        rollout_batch_size=4,
+        n_samples_per_prompt=2,
+        micro_rollout_batch_size=4,
+        train_batch_size=4,
+        micro_train_batch_size=1,
+        max_completion_length=8,
+        beta=0.05,
+        seed=0,
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        max_steps=1,
+    )
     reward = {"reward_model": toy_reward_model_path()} if with_reward_model else {}
     loaded = record_loaded_actor()
     trainer = trainer_class(toy_model_path(), [letters_reward], args, toy_dataset(), **reward)
@@ -110,10 +120,15 @@ def main(out: str, algorithm: str, with_reward_model: bool, reload_weights: bool
     reload = reload_actor(trainer.model) if reload_weights else None
     if trainer.accelerator.is_main_process:
         report = {
-            name: {"held": held(model), "local_elements": int(size), "whole_elements": int(
-                sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters()))}
+            name: {
+                "held": held(model),
+                "local_elements": int(size),
+                "whole_elements": int(
+                    sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+                ),
+            }
             for (name, model), size in zip(models.items(), largest)
-        }  # fmt: skip
+        }
         report["identity"] = trainer.identity
         report["actor_copied_after_load"] = bool(moved)
         report["reload"] = reload

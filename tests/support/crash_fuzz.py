@@ -135,8 +135,15 @@ def fuzz(work: Path, algorithm: str, kills: int, seed: int, overrides: dict) -> 
             raise AssertionError(f"a training attempt in {run} failed with status {code}")
         killed = code == -signal.SIGKILL
         complete, rejected = check_checkpoints(run, reference)
-        events.append(dict(mode=mode, killed=killed, after_s=round(time.monotonic() - started, 3),
-                           complete=complete, rejected=rejected))  # fmt: skip
+        events.append(
+            dict(
+                mode=mode,
+                killed=killed,
+                after_s=round(time.monotonic() - started, 3),
+                complete=complete,
+                rejected=rejected,
+            )
+        )
         print(f"attempt {len(events)}: {events[-1]}", flush=True)
         if not killed:  # the run finished before the kill: start another one, keeping the checks so far
             final_check(run, reference)
@@ -151,6 +158,7 @@ def final_check(run: Path, reference: Path) -> None:
         reference / "final-actor" / "model.safetensors"
     ).read_bytes():
         raise AssertionError(f"{run}/final-actor differs from the uninterrupted run's")
+
     def timing(key: str) -> bool:  # wall-clock measures: a resumed run's differ
         return key == "tokens_per_second" or (key.startswith("async/") and key.endswith("_s"))
 

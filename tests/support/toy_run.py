@@ -68,10 +68,18 @@ DATASETS = {"online-dpo": dict(num_prompts=8)}
 # --real: SmolLM2-135M-Instruct on the arithmetic task. 2 prompts x 2 samples; train_batch_size 2 -> 2 steps per
 # rollout, so checkpoint-1 falls in the middle of the first rollout.
 REAL_DEFAULTS = dict(
-    rollout_batch_size=2, n_samples_per_prompt=2, micro_rollout_batch_size=4, train_batch_size=2,
-    micro_train_batch_size=1, num_ppo_epochs=1, max_completion_length=8, learning_rate=1e-5, warmup_steps=0,
-    max_steps=2, save_steps=1,
-)  # fmt: skip
+    rollout_batch_size=2,
+    n_samples_per_prompt=2,
+    micro_rollout_batch_size=4,
+    train_batch_size=2,
+    micro_train_batch_size=1,
+    num_ppo_epochs=1,
+    max_completion_length=8,
+    learning_rate=1e-5,
+    warmup_steps=0,
+    max_steps=2,
+    save_steps=1,
+)
 
 
 def shorter_is_better(completions, **kwargs) -> list[float]:
@@ -84,17 +92,25 @@ def real_task() -> dict:
     """The trainer arguments of a real-model run: SmolLM2-135M-Instruct, the arithmetic dataset and its rewards."""
     from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, smollm2_path
 
-    return dict(model=smollm2_path(), train_dataset=arithmetic_dataset(size=64),
-                reward_funcs=[correct_answer, answer_format, shorter_is_better])  # fmt: skip
+    return dict(
+        model=smollm2_path(),
+        train_dataset=arithmetic_dataset(size=64),
+        reward_funcs=[correct_answer, answer_format, shorter_is_better],
+    )
 
 
 def tool_task(kind: str) -> dict:
     """The trainer arguments of a multi-turn run on the tool fixture: ``tools=[add]``, or ``Calculator``."""
     from steadyrl.toy.tools import Calculator, add, correct_sum, sum_dataset, tool_model_path, tool_tokenizer
 
-    task = dict(model=tool_model_path(), processing_class=tool_tokenizer(), train_dataset=sum_dataset(16),
-                reward_funcs=[correct_sum, shorter_is_better], max_completion_length=128,
-                max_tool_calling_iterations=2)  # fmt: skip
+    task = dict(
+        model=tool_model_path(),
+        processing_class=tool_tokenizer(),
+        train_dataset=sum_dataset(16),
+        reward_funcs=[correct_sum, shorter_is_better],
+        max_completion_length=128,
+        max_tool_calling_iterations=2,
+    )
     return {**task, "tools": [add]} if kind == "tools" else {**task, "environment_factory": Calculator}
 
 
@@ -104,15 +120,38 @@ def make_config(output_dir, algorithm="rloo", **overrides):
 
 
 def make_trainer(
-    output_dir, callbacks=None, reward_funcs=None, train_dataset=None, trainer_cls=None, algorithm="rloo", judge=None,
-    peft_config=None, model=None, eval_dataset=None, reward_model=None, reward_processing_class=None, ref_model=None,
-    processing_class=None, tools=None, environment_factory=None, rollout_func=None, **overrides,
-):  # fmt: skip
+    output_dir,
+    callbacks=None,
+    reward_funcs=None,
+    train_dataset=None,
+    trainer_cls=None,
+    algorithm="rloo",
+    judge=None,
+    peft_config=None,
+    model=None,
+    eval_dataset=None,
+    reward_model=None,
+    reward_processing_class=None,
+    ref_model=None,
+    processing_class=None,
+    tools=None,
+    environment_factory=None,
+    rollout_func=None,
+    **overrides,
+):
     trainer_cls = trainer_cls or ALGORITHMS[algorithm].trainer_class
-    extra = {"judge": judge, "peft_config": peft_config, "eval_dataset": eval_dataset, "reward_model": reward_model,
-             "reward_processing_class": reward_processing_class, "ref_model": ref_model,
-             "processing_class": processing_class, "tools": tools, "environment_factory": environment_factory,
-             "rollout_func": rollout_func}  # fmt: skip
+    extra = {
+        "judge": judge,
+        "peft_config": peft_config,
+        "eval_dataset": eval_dataset,
+        "reward_model": reward_model,
+        "reward_processing_class": reward_processing_class,
+        "ref_model": ref_model,
+        "processing_class": processing_class,
+        "tools": tools,
+        "environment_factory": environment_factory,
+        "rollout_func": rollout_func,
+    }
     extra = {key: value for key, value in extra.items() if value is not None}
     return trainer_cls(
         model=model or toy_model_path(),
@@ -289,8 +328,12 @@ def main() -> None:
 
         overrides["peft_config"] = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     if opts.eval_prompts:
-        overrides.update(eval_dataset=toy_dataset(num_prompts=opts.eval_prompts, seed=1), eval_strategy="steps",
-                         eval_steps=2, per_device_eval_batch_size=4)  # fmt: skip
+        overrides.update(
+            eval_dataset=toy_dataset(num_prompts=opts.eval_prompts, seed=1),
+            eval_strategy="steps",
+            eval_steps=2,
+            per_device_eval_batch_size=4,
+        )
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)

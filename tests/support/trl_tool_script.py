@@ -55,9 +55,20 @@ def main() -> None:
     for _ in range(8):
         a, b = rng.randint(0, 49), rng.randint(0, 49)
         rows.append({"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)})
-    args = GRPOConfig(output_dir=output_dir, per_device_train_batch_size=4, num_generations=2, max_steps=2,
-                      max_completion_length=128, max_tool_calling_iterations=2, learning_rate=1e-4, logging_steps=1,
-                      report_to="none", save_strategy="no", seed=0, use_cpu=True)  # fmt: skip
+    args = GRPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_steps=2,
+        max_completion_length=128,
+        max_tool_calling_iterations=2,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        use_cpu=True,
+    )
     agent = {"tools": [add]} if kind == "tools" else {"environment_factory": CalculatorEnv}
     trainer = GRPOTrainer(model=model, reward_funcs=correct, args=args, train_dataset=Dataset.from_list(rows), **agent)
     trainer.train()

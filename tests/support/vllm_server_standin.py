@@ -28,8 +28,13 @@ from steadyrl.toy import toy_model_path
 def model_config(**changes) -> dict:
     """What a server of the toy model started by ``steadyrl vllm-serve --max-model-len 256`` reports, changed."""
     model = toy_model_path()
-    config = dict(model=model, served_model_name=model, max_model_len=256, dtype="torch.float32",
-                  logprobs_mode="processed_logprobs")  # fmt: skip
+    config = dict(
+        model=model,
+        served_model_name=model,
+        max_model_len=256,
+        dtype="torch.float32",
+        logprobs_mode="processed_logprobs",
+    )
     return {**config, **changes}
 
 
@@ -47,13 +52,15 @@ class StandIn:
         write_new_key(self.key_file)
         atexit.register(self.key_file.unlink, missing_ok=True)  # also where a test never shuts it down
         self.key = read_key_file(self.key_file)
-        app = Starlette(routes=[
-            Route("/health", lambda request: Response(b""), methods=["GET"]),
-            Route("/version", lambda request: JSONResponse({"version": version}), methods=["GET"]),
-            Route("/server_info", self.server_info(config), methods=["GET"]),
-            Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
-            Route("/reset_prefix_cache", lambda request: Response(b""), methods=["POST"]),
-        ])  # fmt: skip
+        app = Starlette(
+            routes=[
+                Route("/health", lambda request: Response(b""), methods=["GET"]),
+                Route("/version", lambda request: JSONResponse({"version": version}), methods=["GET"]),
+                Route("/server_info", self.server_info(config), methods=["GET"]),
+                Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
+                Route("/reset_prefix_cache", lambda request: Response(b""), methods=["POST"]),
+            ]
+        )
         if auth:
             app.add_middleware(ServerAuth, key=self.key)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))

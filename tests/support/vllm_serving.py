@@ -22,8 +22,19 @@ def serving(model: str, max_model_len: int, *flags: str) -> Iterator[str]:
     """The URL of the server while the block runs; it listens on 127.0.0.1 with a new key in its port's key file,
     where trainers find it."""
     port = free_port()
-    cmd = [sys.executable, "-m", "steadyrl", "vllm-serve", "--model", model, "--port", str(port),
-           "--max-model-len", str(max_model_len), *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "steadyrl",
+        "vllm-serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        *flags,
+    ]
     log = open(os.environ.get("STEADYRL_VLLM_SERVER_LOG", os.devnull), "w")  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

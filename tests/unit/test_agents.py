@@ -44,8 +44,17 @@ def call(name, **arguments):
 
 def test_tool_calls_answer_in_call_order_and_failures_become_errors():
     box = ToolBox([add, slow_double, broken])
-    results = run_tool_calls([call("slow_double", x=4), call("add", a=1, b=2), call("broken", x=1), call("nope"),
-                              call("add", a=1), {"type": "code", "name": "x"}], box)  # fmt: skip
+    results = run_tool_calls(
+        [
+            call("slow_double", x=4),
+            call("add", a=1, b=2),
+            call("broken", x=1),
+            call("nope"),
+            call("add", a=1),
+            {"type": "code", "name": "x"},
+        ],
+        box,
+    )
     contents = [message["content"] for message in results.messages]
     assert [m["name"] for m in results.messages] == ["slow_double", "add", "broken", "nope", "add", "x"]
     assert contents[:2] == ["8", "3"]
@@ -75,8 +84,17 @@ def scripted(turns: dict[int, list[list[int]]]):
 def test_the_turn_loop_appends_replies_masks_them_and_keeps_the_sampled_ids():
     turns = {0: [[1, 7, 9], [2, 7, 9], [3, 9]], 1: [[4, 9]]}  # row 0 calls twice, row 1 never
     first = Generation([turns[0][0], turns[1][0]], [[-0.5] * 3, [-0.5] * 2])
-    out = run_turns(scripted(turns), parse, lambda messages: REPLY, [[100], [101]], first, [ToolBox([add])] * 2,
-                    max_completion_length=64, max_iterations=None, context_length=512)  # fmt: skip
+    out = run_turns(
+        scripted(turns),
+        parse,
+        lambda messages: REPLY,
+        [[100], [101]],
+        first,
+        [ToolBox([add])] * 2,
+        max_completion_length=64,
+        max_iterations=None,
+        context_length=512,
+    )
     assert out.completion_ids[0] == [1, 7, 9, 50, 51, 2, 7, 9, 50, 51, 3, 9]
     assert out.env_mask[0] == [1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1]
     assert out.logprobs[0] == [-0.5, -0.5, -0.5, 0.0, 0.0, -0.5, -0.5, -0.5, 0.0, 0.0, -0.5, -0.5]

@@ -20,8 +20,15 @@ from steadyrl.checkpoint import (
 )
 
 # what a steadyrl checkpoint of one process must hold (manifest.REQUIRED_FILES), with made-up contents
-ONE_PROCESS = ("trainer_state.json", "steadyrl_state.json", "scheduler.pt", "optimizer.pt", "rng_state_0.json",
-               "rank_state_0.json", "actor/model.safetensors")  # fmt: skip
+ONE_PROCESS = (
+    "trainer_state.json",
+    "steadyrl_state.json",
+    "scheduler.pt",
+    "optimizer.pt",
+    "rng_state_0.json",
+    "rank_state_0.json",
+    "actor/model.safetensors",
+)
 
 
 def fill(directory: Path, names=ONE_PROCESS) -> Path:

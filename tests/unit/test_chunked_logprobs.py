@@ -22,8 +22,15 @@ VOCAB = 1000
 
 def tiny_qwen(tied: bool = True, head_bias: bool = False) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tied,
+    )
     model = Qwen2ForCausalLM(config)
     if head_bias:
         model.lm_head = torch.nn.Linear(32, VOCAB, bias=True)
@@ -41,8 +48,9 @@ def padded_tokens() -> dict[str, torch.Tensor]:
 def run_path(model, tokens, chunked_head: bool, temperature: float):
     """Log-probs, entropy, a weighted loss over the completion tokens and the gradient of each trained parameter."""
     model.zero_grad()
-    logprobs, entropy = completion_logprobs(model, *tokens.values(), temperature=temperature, with_entropy=True,
-                                            chunked_head=chunked_head)  # fmt: skip
+    logprobs, entropy = completion_logprobs(
+        model, *tokens.values(), temperature=temperature, with_entropy=True, chunked_head=chunked_head
+    )
     mask = tokens["completion_mask"]
     weights = torch.linspace(-1.0, 2.0, mask.numel()).view(mask.shape)
     loss = (logprobs * weights * mask).sum()
@@ -93,8 +101,13 @@ def test_chunked_head_never_returns_vocabulary_wide_outputs(small_chunks):
 
 
 def test_chunked_head_with_lora_trains_the_adapter_and_modules_to_save_like_the_logits_path(small_chunks):
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens"],
-                        init_lora_weights=False)  # fmt: skip
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        modules_to_save=["embed_tokens"],
+        init_lora_weights=False,
+    )
     model = get_peft_model(tiny_qwen(tied=False), config)
     assert head_module.chunkable_head(model)[0] is model.get_output_embeddings()
     assert_paths_equal(model, padded_tokens(), temperature=0.7)
@@ -116,8 +129,16 @@ def test_chunked_head_under_bf16_autocast_matches_the_logits_path(small_chunks):
 
 def soft_capped_gemma2() -> Gemma2ForCausalLM:
     torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, head_dim=16,
-                          num_attention_heads=2, num_key_value_heads=1, final_logit_softcapping=30.0)  # fmt: skip
+    config = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        head_dim=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        final_logit_softcapping=30.0,
+    )
     return Gemma2ForCausalLM(config)
 
 

@@ -45,6 +45,14 @@ def test_every_shared_field_but_the_trl_ones_is_in_a_group_of_its_own():
 def test_only_refused_trl_fields_sit_under_accepted_only_at_trls_default():
     refused_here = {f.name for f in dataclasses.fields(TRLDefaultOnlyFields)}
     assert refused_here == set(UNSUPPORTED)
-    for name in ("vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
-                 "vllm_group_port", "vllm_server_weight_transfer", "vllm_server_weights_dir"):  # fmt: skip
+    for name in (
+        "vllm_mode",
+        "vllm_server_base_url",
+        "vllm_server_host",
+        "vllm_server_port",
+        "vllm_server_timeout",
+        "vllm_group_port",
+        "vllm_server_weight_transfer",
+        "vllm_server_weights_dir",
+    ):
         assert field_owner(OnPolicyConfig, name).settings_group == "vLLM (colocated and server)"

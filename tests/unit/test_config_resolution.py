@@ -26,9 +26,11 @@ def test_default_hierarchy_is_trls(tmp_path):
     for config_class, expected in [
         (RLOOConfig, dict(micro_train_batch_size=8, train_batch_size=8, rollout_batch_size=2, n_samples_per_prompt=4)),
         (PPOConfig, dict(micro_train_batch_size=8, train_batch_size=8, rollout_batch_size=2, n_samples_per_prompt=4)),
-        (OnlineDPOConfig,
-         dict(micro_train_batch_size=16, train_batch_size=16, rollout_batch_size=8, n_samples_per_prompt=2)),
-    ]:  # fmt: skip
+        (
+            OnlineDPOConfig,
+            dict(micro_train_batch_size=16, train_batch_size=16, rollout_batch_size=8, n_samples_per_prompt=2),
+        ),
+    ]:
         config, error = build(config_class, tmp_path)
         assert error is None, error
         assert {key: getattr(config, key) for key in expected} == expected, config_class.__name__
@@ -79,29 +81,56 @@ PER_DEVICE = "per device x 1 process(es)"  # steps_per_generation's term, after 
 
 
 CONTRADICTIONS = [  # config class, settings, the message's start
-    (RLOOConfig, dict(num_generations=8, n_samples_per_prompt=4),
-     "num_generations=8 contradicts n_samples_per_prompt=4"),
-    (RLOOConfig, dict(per_device_train_batch_size=4, micro_train_batch_size=8),
-     "per_device_train_batch_size=4 contradicts micro_train_batch_size=8"),
-    (OnlineDPOConfig, dict(per_device_train_batch_size=4, micro_train_batch_size=4),
-     "per_device_train_batch_size=4 contradicts micro_train_batch_size=4: online DPO's"),
-    (RLOOConfig, dict(train_batch_size=16, gradient_accumulation_steps=4, micro_train_batch_size=8),
-     "gradient_accumulation_steps=4 contradicts the batch hierarchy, which derives 2 (train_batch_size=16"),
-    (RLOOConfig, dict(rollout_batch_size=4, generation_batch_size=32),
-     "generation_batch_size=32 contradicts rollout_batch_size=4"),
-    (RLOOConfig, dict(rollout_batch_size=4, steps_per_generation=4),
-     f"steps_per_generation=4 x 8 completions {PER_DEVICE} = 32 contradicts rollout_batch_size=4"),
-    (RLOOConfig, dict(generation_batch_size=16, steps_per_generation=1),
-     f"steps_per_generation=1 x 8 completions {PER_DEVICE} = 8 contradicts generation_batch_size=16"),
+    (
+        RLOOConfig,
+        dict(num_generations=8, n_samples_per_prompt=4),
+        "num_generations=8 contradicts n_samples_per_prompt=4",
+    ),
+    (
+        RLOOConfig,
+        dict(per_device_train_batch_size=4, micro_train_batch_size=8),
+        "per_device_train_batch_size=4 contradicts micro_train_batch_size=8",
+    ),
+    (
+        OnlineDPOConfig,
+        dict(per_device_train_batch_size=4, micro_train_batch_size=4),
+        "per_device_train_batch_size=4 contradicts micro_train_batch_size=4: online DPO's",
+    ),
+    (
+        RLOOConfig,
+        dict(train_batch_size=16, gradient_accumulation_steps=4, micro_train_batch_size=8),
+        "gradient_accumulation_steps=4 contradicts the batch hierarchy, which derives 2 (train_batch_size=16",
+    ),
+    (
+        RLOOConfig,
+        dict(rollout_batch_size=4, generation_batch_size=32),
+        "generation_batch_size=32 contradicts rollout_batch_size=4",
+    ),
+    (
+        RLOOConfig,
+        dict(rollout_batch_size=4, steps_per_generation=4),
+        f"steps_per_generation=4 x 8 completions {PER_DEVICE} = 32 contradicts rollout_batch_size=4",
+    ),
+    (
+        RLOOConfig,
+        dict(generation_batch_size=16, steps_per_generation=1),
+        f"steps_per_generation=1 x 8 completions {PER_DEVICE} = 8 contradicts generation_batch_size=16",
+    ),
     (RLOOConfig, dict(num_iterations=2, num_ppo_epochs=1), "num_iterations=2 contradicts num_ppo_epochs=1"),
     (RLOOConfig, dict(epsilon=0.1, cliprange=0.2), "epsilon=0.1 contradicts cliprange=0.2"),
     (RLOOConfig, dict(epsilon_high=0.28, cliprange_high=0.2), "epsilon_high=0.28 contradicts cliprange_high=0.2"),
-    (RLOOConfig, dict(vllm_max_model_length=2048, vllm_max_model_len=1024),
-     "vllm_max_model_length=2048 contradicts vllm_max_model_len=1024"),
-    (OnlineDPOConfig, dict(max_new_tokens=32, max_completion_length=64),
-     "max_new_tokens=32 contradicts max_completion_length=64"),
+    (
+        RLOOConfig,
+        dict(vllm_max_model_length=2048, vllm_max_model_len=1024),
+        "vllm_max_model_length=2048 contradicts vllm_max_model_len=1024",
+    ),
+    (
+        OnlineDPOConfig,
+        dict(max_new_tokens=32, max_completion_length=64),
+        "max_new_tokens=32 contradicts max_completion_length=64",
+    ),
     (OnlineDPOConfig, dict(max_length=300, max_prompt_length=512), "max_length=300 contradicts max_prompt_length=512"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("config_class, settings, message", CONTRADICTIONS, ids=lambda v: getattr(v, "__name__", None))
@@ -116,8 +145,16 @@ def test_contradictions_are_refused_naming_both_values(tmp_path, config_class, s
 
 
 def test_both_names_with_the_same_value_are_accepted(tmp_path):
-    same = dict(num_generations=4, n_samples_per_prompt=4, epsilon=0.2, cliprange=0.2, num_iterations=2,
-                num_ppo_epochs=2, per_device_train_batch_size=4, micro_train_batch_size=4)  # fmt: skip
+    same = dict(
+        num_generations=4,
+        n_samples_per_prompt=4,
+        epsilon=0.2,
+        cliprange=0.2,
+        num_iterations=2,
+        num_ppo_epochs=2,
+        per_device_train_batch_size=4,
+        micro_train_batch_size=4,
+    )
     config, error = build(RLOOConfig, tmp_path, **same)
     assert error is None and config.n_samples_per_prompt == 4, error
 
@@ -127,20 +164,33 @@ def test_both_names_with_the_same_value_are_accepted(tmp_path):
     [
         (RLOOConfig, dict(num_generations=1), r"^num_generations=1 is invalid for RLOO: the leave-one-out baseline"),
         (OnlineDPOConfig, dict(num_generations=4), r"^num_generations=4 is invalid for online DPO.*num_generations=2"),
-        (RLOOConfig, dict(generation_batch_size=10),
-         r"^The 10 completions of a rollout \(generation_batch_size=10\) are not a multiple of n_samples_per_prompt=4"
-         r".* Use a generation_batch_size in 8, 16, 24\.$"),
-        (RLOOConfig, dict(per_device_train_batch_size=2, num_generations=4),
-         r"^The 2 completions .* not a multiple of num_generations=4.*Use gradient_accumulation_steps=2"),
-        (RLOOConfig,
-         dict(per_device_train_batch_size=2, gradient_accumulation_steps=4, steps_per_generation=2, num_generations=2),
-         r"not whole optimizer steps of 8.*multiple of gradient_accumulation_steps=4, e\.g\. 4, 8, 12\.$"),
-        (RLOOConfig, dict(gradient_accumulation_steps=2, generation_batch_size=24),
-         r"not whole optimizer steps of 16 .* Use a generation_batch_size in 16, 32, 48\.$"),
+        (
+            RLOOConfig,
+            dict(generation_batch_size=10),
+            r"^The 10 completions of a rollout \(generation_batch_size=10\) are not a multiple of "
+            r"n_samples_per_prompt=4.* Use a generation_batch_size in 8, 16, 24\.$",
+        ),
+        (
+            RLOOConfig,
+            dict(per_device_train_batch_size=2, num_generations=4),
+            r"^The 2 completions .* not a multiple of num_generations=4.*Use gradient_accumulation_steps=2",
+        ),
+        (
+            RLOOConfig,
+            dict(
+                per_device_train_batch_size=2, gradient_accumulation_steps=4, steps_per_generation=2, num_generations=2
+            ),
+            r"not whole optimizer steps of 8.*multiple of gradient_accumulation_steps=4, e\.g\. 4, 8, 12\.$",
+        ),
+        (
+            RLOOConfig,
+            dict(gradient_accumulation_steps=2, generation_batch_size=24),
+            r"not whole optimizer steps of 16 .* Use a generation_batch_size in 16, 32, 48\.$",
+        ),
         (OnlineDPOConfig, dict(max_length=64), r"^max_length=64 leaves no room for the prompt"),
     ],
     ids=lambda v: getattr(v, "__name__", None),
-)  # fmt: skip
+)
 def test_inexact_trl_batch_sizes_are_refused_in_trls_terms(tmp_path, config_class, settings, message):
     _, error = build(config_class, tmp_path, **settings)
     assert error is not None and re.search(message, error), error
@@ -154,8 +204,11 @@ def test_pad_to_multiple_of_takes_trls_auto_or_none(tmp_path):
 
 
 def test_dict_fields_take_json_from_the_command_line(tmp_path):
-    dicts = dict(model_init_kwargs='{"dtype": "bfloat16"}', generation_kwargs={"suppress_tokens": [0]},
-                 chat_template_kwargs='{"enable_thinking": false}')  # fmt: skip
+    dicts = dict(
+        model_init_kwargs='{"dtype": "bfloat16"}',
+        generation_kwargs={"suppress_tokens": [0]},
+        chat_template_kwargs='{"enable_thinking": false}',
+    )
     config, _ = build(RLOOConfig, tmp_path, **dicts)
     assert config.model_init_kwargs == {"dtype": "bfloat16"}
     assert config.generation_kwargs == {"suppress_tokens": [0]}
@@ -179,16 +232,26 @@ def test_dict_fields_take_json_from_the_command_line(tmp_path):
         (OnlineDPOConfig, dict(reward_model_path=3), r"reward_model_path=3 is invalid"),
     ],
     ids=lambda v: getattr(v, "__name__", None),
-)  # fmt: skip
+)
 def test_new_fields_are_checked(tmp_path, config_class, settings, message):
     _, error = build(config_class, tmp_path, **settings)
     assert error is not None and re.search(message, error), error
 
 
 def test_new_fields_keep_their_values(tmp_path):
-    settings = dict(min_p=0.05, repetition_penalty=1.1, cache_implementation="static", trust_remote_code=True,
-                    disable_dropout=True, shuffle_dataset=False, mask_truncated_completions=True, log_completions=True,
-                    num_completions_to_print=3, num_generations_eval=2, log_multimodal=False)  # fmt: skip
+    settings = dict(
+        min_p=0.05,
+        repetition_penalty=1.1,
+        cache_implementation="static",
+        trust_remote_code=True,
+        disable_dropout=True,
+        shuffle_dataset=False,
+        mask_truncated_completions=True,
+        log_completions=True,
+        num_completions_to_print=3,
+        num_generations_eval=2,
+        log_multimodal=False,
+    )
     config, _ = build(RLOOConfig, tmp_path, reward_clip_range=[-1, 2], **settings)
     assert {name: getattr(config, name) for name in settings} == settings
     assert config.reward_clip_range == (-1.0, 2.0) and config.remove_unused_columns is False

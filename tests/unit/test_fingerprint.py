@@ -53,8 +53,12 @@ def test_callables_are_told_apart_where_their_names_are_not():
     }
     for kind, (one, other) in same_name.items():
         assert callable_identity(one) != callable_identity(other), kind
-    rebuilt = {"partial": functools.partial(scaled_letters, scale=1.0), "closure": closure(1.0),
-               "callable object": Scaled(1.0), "bound method": Scaled(1.0).reward}  # fmt: skip
+    rebuilt = {
+        "partial": functools.partial(scaled_letters, scale=1.0),
+        "closure": closure(1.0),
+        "callable object": Scaled(1.0),
+        "bound method": Scaled(1.0).reward,
+    }
     for kind, func in rebuilt.items():
         assert callable_identity(func) == callable_identity(same_name[kind][0]), kind
     assert "scale=2.0" in callable_identity(functools.partial(scaled_letters, scale=2.0))
@@ -71,10 +75,18 @@ def test_secrets_given_to_a_callable_are_left_out_of_its_identity():
 
 def test_deepspeed_identity_records_optimizer_offload_and_the_configs_optimizer_and_scheduler():
     plain = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0}
-    assert deepspeed_identity(plain) == {"deepspeed.offload_optimizer": "none", "deepspeed.optimizer": None,
-                                         "deepspeed.scheduler": None}  # fmt: skip
-    offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                     "offload_param": {"device": "cpu"}}}  # fmt: skip
+    assert deepspeed_identity(plain) == {
+        "deepspeed.offload_optimizer": "none",
+        "deepspeed.optimizer": None,
+        "deepspeed.scheduler": None,
+    }
+    offload = {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu"},
+        }
+    }
     assert deepspeed_identity(offload)["deepspeed.offload_optimizer"] == "cpu"
     scheduler = {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}
     optimizer = {"type": "AdamW", "params": {"lr": 1e-3}}
@@ -84,8 +96,11 @@ def test_deepspeed_identity_records_optimizer_offload_and_the_configs_optimizer_
 
 
 def test_secrets_are_left_out_of_the_settings_wherever_they_are_nested():
-    kwargs = {"dtype": "float32", "token": SECRET, "extra": {"api_key": SECRET, "db_password": SECRET,
-              "client_secret": SECRET, "pad_token": "<pad>"}}  # fmt: skip
+    kwargs = {
+        "dtype": "float32",
+        "token": SECRET,
+        "extra": {"api_key": SECRET, "db_password": SECRET, "client_secret": SECRET, "pad_token": "<pad>"},
+    }
     fixed, free = split_settings(make_config("out", model_init_kwargs=kwargs))
     assert SECRET not in json.dumps([fixed, free])
     assert fixed["args.model_init_kwargs"] == {"dtype": "float32", "extra": {"pad_token": "<pad>"}}

@@ -88,6 +88,8 @@ def test_the_checker_finds_a_cycle(tmp_path, monkeypatch):
 
 
 def test_no_module_is_over_400_lines():
-    lengths = {path.relative_to(PACKAGE.parent).as_posix(): len(path.read_text().splitlines())
-               for path in PACKAGE.rglob("*.py")}  # fmt: skip
+    lengths = {
+        path.relative_to(PACKAGE.parent).as_posix(): len(path.read_text().splitlines())
+        for path in PACKAGE.rglob("*.py")
+    }
     assert {path: n for path, n in lengths.items() if n > MAX_LINES} == {}

@@ -26,8 +26,15 @@ def plain_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
 def test_lean_logprobs_entropy_and_gradients_equal_the_plain_path(monkeypatch, chunk):
     monkeypatch.setattr("steadyrl.ops.logprobs.CHUNK_LOGITS", chunk)
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=32_000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=32_000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config)
     prompts = [torch.randint(3, 32_000, (n,)).tolist() for n in (5, 9, 2)]  # left-padded to 9
     completions = [torch.randint(3, 32_000, (n,)).tolist() for n in (6, 1, 4)]  # right-padded to 6

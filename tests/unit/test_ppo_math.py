@@ -178,6 +178,7 @@ def test_clip_higher_lets_the_ratio_grow_further_than_it_may_shrink():
     assert loss.item() == pytest.approx(-1.25) and metrics["clip_ratio"] == 0
     assert new.grad.item() == pytest.approx(-1.25)
     # ratio 0.75 with A=-1 is clipped at 1 - 0.2 whatever epsilon_high is
-    loss, _ = clipped_policy_loss(torch.log(torch.tensor([[0.75]])), torch.zeros(1, 1), -torch.ones(1, 1),
-                                  torch.ones(1, 1), 0.2, 0.28)  # fmt: skip
+    loss, _ = clipped_policy_loss(
+        torch.log(torch.tensor([[0.75]])), torch.zeros(1, 1), -torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.28
+    )
     assert loss.item() == pytest.approx(0.8)

@@ -7,15 +7,19 @@ from steadyrl.checkpoint.schedule_change import schedule_change
 
 
 def args(scheduler: str, **kwargs) -> TrainingArguments:
-    return TrainingArguments(output_dir="unused", learning_rate=1e-5, lr_scheduler_type=scheduler, report_to="none",
-                             **kwargs)  # fmt: skip
+    return TrainingArguments(
+        output_dir="unused", learning_rate=1e-5, lr_scheduler_type=scheduler, report_to="none", **kwargs
+    )
 
 
 def test_extending_a_linear_run_states_both_learning_rates():
     # the case: saved at step 500 of 1000, resumed for 2000 steps: 0.75x the peak rate instead of 0.5x
     message = schedule_change(args("linear"), 500, 1000, 2000)
-    assert "at step 500 the learning rate is 7.5e-06, where the schedule of the run that wrote the checkpoint " \
-           "gives 5e-06" in message and "resume with max_steps=1000" in message  # fmt: skip
+    assert (
+        "at step 500 the learning rate is 7.5e-06, where the schedule of the run that wrote the checkpoint gives 5e-06"
+        in message
+        and "resume with max_steps=1000" in message
+    )
 
 
 def test_a_warmup_ratio_moves_with_the_horizon():

@@ -6,8 +6,14 @@ from steadyrl.distributed.zero3_release import bound_zero3_buffers
 
 
 def tiny_model():
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
     return Qwen2ForCausalLM(config)
 
 

@@ -113,10 +113,14 @@ def resolve_batch_hierarchy(
             f"Use a multiple of {world}, e.g. {world * max(1, rollout // world)}."
         )
     return BatchHierarchy(
-        micro_train_batch_size=micro, gradient_accumulation_steps=accumulation, train_batch_size=train,
-        rollout_batch_size=rollout, n_samples_per_prompt=n,
-        micro_rollout_batch_size=_micro_rollout_batch(given.micro_rollout_batch_size, samples // world), world=world,
-    )  # fmt: skip
+        micro_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
+        train_batch_size=train,
+        rollout_batch_size=rollout,
+        n_samples_per_prompt=n,
+        micro_rollout_batch_size=_micro_rollout_batch(given.micro_rollout_batch_size, samples // world),
+        world=world,
+    )
 
 
 def _micro_batch(given: BatchSettings, completions_per_item: int, world: int) -> int:
@@ -219,8 +223,10 @@ def _check_whole_steps(given, samples: int, origin: str, n: int, train: int, mic
     if samples % train:  # TRL's names throughout: say it in them
         accumulation = given.gradient_accumulation_steps or 1
         if given.steps_per_generation is not None:
-            fix = f"a steps_per_generation that is a multiple of gradient_accumulation_steps={accumulation}, e.g. " \
-                  f"{_multiples(accumulation, given.steps_per_generation)}"  # fmt: skip
+            fix = (
+                f"a steps_per_generation that is a multiple of gradient_accumulation_steps={accumulation}, e.g. "
+                f"{_multiples(accumulation, given.steps_per_generation)}"
+            )
         else:
             fix = f"a generation_batch_size in {_multiples(math.lcm(n, train), samples)}"
         raise ValueError(

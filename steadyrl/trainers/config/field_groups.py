@@ -18,59 +18,79 @@ class BatchFields:
 
     rollout_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Prompts generated per rollout (global). Default train_batch_size / n_samples_per_prompt: "
-                  "one rollout per optimizer step (TRL's default)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Prompts generated per rollout (global). Default train_batch_size / n_samples_per_prompt: "
+            "one rollout per optimizer step (TRL's default)."
+        },
+    )
     n_samples_per_prompt: int | None = field(
         default=None, metadata={"help": "Completions generated per prompt (TRL: num_generations); default 4."}
     )
     train_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Samples per optimizer step, i.e. per global step (global); default micro_train_batch_size x "
-                  "processes x gradient_accumulation_steps."},
-    )  # fmt: skip
+        metadata={
+            "help": "Samples per optimizer step, i.e. per global step (global); default micro_train_batch_size x "
+            "processes x gradient_accumulation_steps."
+        },
+    )
     micro_train_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8 or, "
-                  "with train_batch_size given, the largest divisor of its share per process up to 8 (with "
-                  "gradient_accumulation_steps given too, exactly that share / gradient_accumulation_steps)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Samples per device per forward/backward (TRL: per_device_train_batch_size); default 8 or, "
+            "with train_batch_size given, the largest divisor of its share per process up to 8 (with "
+            "gradient_accumulation_steps given too, exactly that share / gradient_accumulation_steps)."
+        },
+    )
     micro_rollout_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Samples per device in one no-grad scoring pass (old, reference, reward model and critic "
-                  "log-probs or values); default the largest divisor, up to 8, of each process's samples per rollout."},
-    )  # fmt: skip
+        metadata={
+            "help": "Samples per device in one no-grad scoring pass (old, reference, reward model and critic "
+            "log-probs or values); default the largest divisor, up to 8, of each process's samples per rollout."
+        },
+    )
     micro_generation_batch_size: int | None = field(
         default=None,
-        metadata={"help": "Per device: most sequences in one HF generate call, to cap its memory; default the "
-                  "process's whole share of the rollout in one call, as TRL (vLLM always gets it whole)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Per device: most sequences in one HF generate call, to cap its memory; default the "
+            "process's whole share of the rollout in one call, as TRL (vLLM always gets it whole)."
+        },
+    )
     num_ppo_epochs: int | None = field(
         default=None,
-        metadata={"help": "Passes over each rollout (TRL: num_iterations); default 1. One rollout gives "
-                  "rollout_batch_size x n_samples_per_prompt / train_batch_size x num_ppo_epochs global steps."},
-    )  # fmt: skip
+        metadata={
+            "help": "Passes over each rollout (TRL: num_iterations); default 1. One rollout gives "
+            "rollout_batch_size x n_samples_per_prompt / train_batch_size x num_ppo_epochs global steps."
+        },
+    )
     # TRL's batch names: TrainingArguments' two with None defaults (to tell "given" from "default"), and GRPO's two.
     per_device_train_batch_size: int | None = field(
         default=None,
-        metadata={"help": "TRL's name: completions per device per forward/backward (= micro_train_batch_size; "
-                  "online DPO: prompts, each with 2 completions). Default 8."},
-    )  # fmt: skip
+        metadata={
+            "help": "TRL's name: completions per device per forward/backward (= micro_train_batch_size; "
+            "online DPO: prompts, each with 2 completions). Default 8."
+        },
+    )
     gradient_accumulation_steps: int | None = field(
         default=None,
-        metadata={"help": "Micro-batches per optimizer step: train_batch_size / (micro_train_batch_size x "
-                  "processes). Derived when train_batch_size is given, else 1 by default."},
-    )  # fmt: skip
+        metadata={
+            "help": "Micro-batches per optimizer step: train_batch_size / (micro_train_batch_size x "
+            "processes). Derived when train_batch_size is given, else 1 by default."
+        },
+    )
     generation_batch_size: int | None = field(
         default=None,
-        metadata={"help": "TRL's name: completions per rollout (= rollout_batch_size x n_samples_per_prompt). "
-                  "Excludes steps_per_generation."},
-    )  # fmt: skip
+        metadata={
+            "help": "TRL's name: completions per rollout (= rollout_batch_size x n_samples_per_prompt). "
+            "Excludes steps_per_generation."
+        },
+    )
     steps_per_generation: int | None = field(
         default=None,
-        metadata={"help": "TRL's name: micro-batches per rollout (generation_batch_size = per_device_train_batch_size "
-                  "x processes x steps_per_generation). Default gradient_accumulation_steps."},
-    )  # fmt: skip
+        metadata={
+            "help": "TRL's name: micro-batches per rollout (generation_batch_size = per_device_train_batch_size "
+            "x processes x steps_per_generation). Default gradient_accumulation_steps."
+        },
+    )
 
 
 @dataclass
@@ -94,9 +114,11 @@ class GenerationFields:
     )
     generation_kwargs: dict[str, Any] | str | None = field(
         default=None,
-        metadata={"help": "More keyword arguments for generation (GenerationConfig, or vLLM's SamplingParams), "
-                  "overriding the settings above; a JSON object on the command line."},
-    )  # fmt: skip
+        metadata={
+            "help": "More keyword arguments for generation (GenerationConfig, or vLLM's SamplingParams), "
+            "overriding the settings above; a JSON object on the command line."
+        },
+    )
     chat_template_kwargs: dict[str, Any] | str | None = field(
         default=None, metadata={"help": "Keyword arguments for apply_chat_template; a JSON object on the command line."}
     )
@@ -105,10 +127,12 @@ class GenerationFields:
     )
     max_tool_calling_iterations: int | None = field(
         default=None,
-        metadata={"help": "With tools / environment_factory: most rounds of tool calls per rollout (each round runs "
-                  "the calls of the last turn and samples the next turn); None: until no tool is called or "
-                  "max_completion_length is reached."},
-    )  # fmt: skip
+        metadata={
+            "help": "With tools / environment_factory: most rounds of tool calls per rollout (each round runs "
+            "the calls of the last turn and samples the next turn); None: until no tool is called or "
+            "max_completion_length is reached."
+        },
+    )
 
 
 @dataclass
@@ -132,9 +156,10 @@ class LossFields:
     )
     reward_timeout: float | None = field(
         default=None,
-        metadata={"help": "Seconds each async reward function may take per rollout (they run concurrently); None: "
-                  "no limit."},
-    )  # fmt: skip
+        metadata={
+            "help": "Seconds each async reward function may take per rollout (they run concurrently); None: no limit."
+        },
+    )
     missing_eos_penalty: float | None = field(
         default=None, metadata={"help": "Subtracted from the score of a completion that ends without EOS."}
     )
@@ -169,10 +194,12 @@ class ModelFields:
 
     model_init_kwargs: dict[str, Any] | str | None = field(
         default=None,
-        metadata={"help": "Keyword arguments for from_pretrained when a model is given by name, e.g. "
-                  "'{\"dtype\": \"bfloat16\"}'; a JSON object on the command line. Without a dtype here a model "
-                  "given by name loads in float32."},
-    )  # fmt: skip
+        metadata={
+            "help": "Keyword arguments for from_pretrained when a model is given by name, e.g. "
+            '\'{"dtype": "bfloat16"}\'; a JSON object on the command line. Without a dtype here a model '
+            "given by name loads in float32."
+        },
+    )
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow models and tokenizers that ship custom code from the Hub."}
     )
@@ -182,20 +209,25 @@ class ModelFields:
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the prompts."})
     remove_unused_columns: bool = field(
         default=False,
-        metadata={"help": "Keep only the 'prompt' column; False (as in TRL) passes every column to the reward "
-                  "functions."},
-    )  # fmt: skip
+        metadata={
+            "help": "Keep only the 'prompt' column; False (as in TRL) passes every column to the reward functions."
+        },
+    )
     learning_rate: float = field(default=1e-6, metadata={"help": "Initial learning rate of the actor."})
     gradient_checkpointing: bool = field(
         default=True,
-        metadata={"help": "Recompute activations in the backward pass instead of keeping them (TRL's default): less "
-                  "memory, about 1.2x the time per step. False keeps them."},
-    )  # fmt: skip
+        metadata={
+            "help": "Recompute activations in the backward pass instead of keeping them (TRL's default): less "
+            "memory, about 1.2x the time per step. False keeps them."
+        },
+    )
     allow_low_precision_weights: bool = field(
         default=False,
-        metadata={"help": "Train bf16/fp16 parameters without float32 master weights (updates below their "
-                  "resolution are lost); refused by default."},
-    )  # fmt: skip
+        metadata={
+            "help": "Train bf16/fp16 parameters without float32 master weights (updates below their "
+            "resolution are lost); refused by default."
+        },
+    )
     ref_reward_offload: bool = field(
         default=False,
         metadata={
@@ -218,17 +250,21 @@ class VLLMFields:
     )
     vllm_mode: str = field(
         default="colocate",
-        metadata={"help": "With use_vllm=True: 'colocate' (vLLM runs in each training process) or 'server' "
-                  "(generation requests go to a running `vllm serve` or `steadyrl vllm-serve`; see vllm_server_*)."},
-    )  # fmt: skip
+        metadata={
+            "help": "With use_vllm=True: 'colocate' (vLLM runs in each training process) or 'server' "
+            "(generation requests go to a running `vllm serve` or `steadyrl vllm-serve`; see vllm_server_*)."
+        },
+    )
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "Colocated: share of GPU memory vLLM may take (weights + KV cache), in (0, 1]."}
     )
     vllm_max_model_len: int | None = field(
         default=None,
-        metadata={"help": "vLLM's context length (TRL: vllm_max_model_length); default max_prompt_length + "
-                  "max_completion_length, at most the model's max_position_embeddings."},
-    )  # fmt: skip
+        metadata={
+            "help": "vLLM's context length (TRL: vllm_max_model_length); default max_prompt_length + "
+            "max_completion_length, at most the model's max_position_embeddings."
+        },
+    )
     vllm_tensor_parallel_size: int = field(
         default=1, metadata={"help": "Colocated: GPUs each vLLM engine is sharded over."}
     )
@@ -242,17 +278,21 @@ class VLLMFields:
     vllm_kv_cache_space: int = field(default=1, metadata={"help": "Colocated: GiB of KV cache for vLLM on CPU."})
     vllm_lora_sync: str = field(
         default="auto",
-        metadata={"help": "With peft_config (LoRA): what reaches vLLM after each update. 'adapter': the adapter only "
-                  "(vLLM serves it with enable_lora; the base weights are pushed once), refused where vLLM cannot "
-                  "serve it; 'merged': W + scale x BA for every adapted weight, with all the others; 'auto': "
-                  "'adapter' where vLLM can serve it on a GPU, else 'merged' (logged with the reason; on CPU vLLM's "
-                  "LoRA kernels generate 5x slower). See docs/vllm.md."},
-    )  # fmt: skip
+        metadata={
+            "help": "With peft_config (LoRA): what reaches vLLM after each update. 'adapter': the adapter only "
+            "(vLLM serves it with enable_lora; the base weights are pushed once), refused where vLLM cannot "
+            "serve it; 'merged': W + scale x BA for every adapted weight, with all the others; 'auto': "
+            "'adapter' where vLLM can serve it on a GPU, else 'merged' (logged with the reason; on CPU vLLM's "
+            "LoRA kernels generate 5x slower). See docs/vllm.md."
+        },
+    )
     vllm_server_base_url: str | None = field(
         default=None,
-        metadata={"help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000'; replaces "
-                  "vllm_server_host and vllm_server_port."},
-    )  # fmt: skip
+        metadata={
+            "help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000'; replaces "
+            "vllm_server_host and vllm_server_port."
+        },
+    )
     vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "vllm_mode='server': the server's host."})
     vllm_server_port: int = field(default=8000, metadata={"help": "vllm_mode='server': the server's port."})
     vllm_server_timeout: float = field(
@@ -260,27 +300,35 @@ class VLLMFields:
     )
     vllm_server_weight_transfer: str = field(
         default="file",
-        metadata={"help": "vllm_mode='server': how the actor's weights reach the server after each update: 'file' "
-                  "(safetensors written to vllm_server_weights_dir, reloaded by the server; CPU and GPU) or 'nccl' "
-                  "(vLLM's NCCL weight transfer; GPUs, untested)."},
-    )  # fmt: skip
+        metadata={
+            "help": "vllm_mode='server': how the actor's weights reach the server after each update: 'file' "
+            "(safetensors written to vllm_server_weights_dir, reloaded by the server; CPU and GPU) or 'nccl' "
+            "(vLLM's NCCL weight transfer; GPUs, untested)."
+        },
+    )
     vllm_server_weights_dir: str | None = field(
         default=None,
-        metadata={"help": "vllm_mode='server' with 'file' transfer: a directory the trainer writes and the server "
-                  "reads (shared between their machines). Default output_dir/vllm-server-weights."},
-    )  # fmt: skip
+        metadata={
+            "help": "vllm_mode='server' with 'file' transfer: a directory the trainer writes and the server "
+            "reads (shared between their machines). Default output_dir/vllm-server-weights."
+        },
+    )
     vllm_group_port: int = field(
         default=51216,
-        metadata={"help": "vllm_mode='server' with vllm_server_weight_transfer='nccl': the port of the NCCL "
-                  "rendezvous between the trainer and the server's workers."},
-    )  # fmt: skip
+        metadata={
+            "help": "vllm_mode='server' with vllm_server_weight_transfer='nccl': the port of the NCCL "
+            "rendezvous between the trainer and the server's workers."
+        },
+    )
     max_staleness: int = field(
         default=0,
-        metadata={"help": "Asynchronous generation (GRPO, RLOO; vllm_mode='server', one process): the server "
-                  "generates and the reward functions score up to this many rollouts ahead while the trainer trains, "
-                  "each sampled with weights at most this many rollouts old, corrected by "
-                  "vllm_importance_sampling_correction. 0: generate, then train (synchronous)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Asynchronous generation (GRPO, RLOO; vllm_mode='server', one process): the server "
+            "generates and the reward functions score up to this many rollouts ahead while the trainer trains, "
+            "each sampled with weights at most this many rollouts old, corrected by "
+            "vllm_importance_sampling_correction. 0: generate, then train (synchronous)."
+        },
+    )
 
 
 @dataclass
@@ -293,15 +341,19 @@ class CheckpointFields:
     )
     stop_on_signal: bool = field(
         default=True,
-        metadata={"help": "On SIGTERM or SIGINT (what schedulers send before preemption): finish the current step, "
-                  "write a checkpoint and exit with status 0. A second signal exits at once."},
-    )  # fmt: skip
+        metadata={
+            "help": "On SIGTERM or SIGINT (what schedulers send before preemption): finish the current step, "
+            "write a checkpoint and exit with status 0. A second signal exits at once."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Delete the checkpoints and run logs (metrics.jsonl, completions.jsonl) already in "
-                  "output_dir before a fresh start (without it, a fresh start in a directory holding another run's "
-                  "checkpoints, logs or saved actor is refused; resume them with resume_from_checkpoint=True)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Delete the checkpoints and run logs (metrics.jsonl, completions.jsonl) already in "
+            "output_dir before a fresh start (without it, a fresh start in a directory holding another run's "
+            "checkpoints, logs or saved actor is refused; resume them with resume_from_checkpoint=True)."
+        },
+    )
 
 
 @dataclass
@@ -310,9 +362,11 @@ class HubFields:
 
     hub_push_merged: bool = field(
         default=False,
-        metadata={"help": "With peft_config and push_to_hub: push the adapters merged into the base model (a full "
-                  "model) instead of the adapters alone."},
-    )  # fmt: skip
+        metadata={
+            "help": "With peft_config and push_to_hub: push the adapters merged into the base model (a full "
+            "model) instead of the adapters alone."
+        },
+    )
 
 
 @dataclass

@@ -15,8 +15,9 @@ def check_model_path(value, argument: str) -> None:
     """A string that can only be a local path must be a directory; transformers would call it a bad Hub id."""
     local = isinstance(value, str) and (value.startswith(("/", ".", "~")) or value.count("/") > 1)
     if local and not os.path.isdir(os.path.expanduser(value)):
-        raise ValueError(f"{argument}={value!r} is not a directory: give a local model directory or a Hub id "
-                         "(org/name).")  # fmt: skip
+        raise ValueError(
+            f"{argument}={value!r} is not a directory: give a local model directory or a Hub id (org/name)."
+        )
 
 
 def check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
@@ -69,8 +70,9 @@ def check_stream(dataset, argument: str, max_steps: int | None) -> None:
     if not rows:
         raise ValueError(f"{argument} is empty: it needs at least one prompt.")
     if "prompt" not in rows[0]:
-        raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are "
-                         f"{list(rows[0])}.")  # fmt: skip
+        raise ValueError(
+            f"{argument} needs a 'prompt' column of strings or conversations; its columns are {list(rows[0])}."
+        )
 
 
 def check_output_dir(path: str, argument: str = "output_dir") -> None:

@@ -69,9 +69,17 @@ def mask_secrets(value, name: str = ""):
 
 @dataclass
 class OnPolicyConfig(
-    TRLNames, LoggingFields, HubFields, CheckpointFields, VLLMFields, ModelFields, LossFields, GenerationFields,
-    BatchFields, TrainingArguments,
-):  # fmt: skip
+    TRLNames,
+    LoggingFields,
+    HubFields,
+    CheckpointFields,
+    VLLMFields,
+    ModelFields,
+    LossFields,
+    GenerationFields,
+    BatchFields,
+    TrainingArguments,
+):
     r"""Configuration shared by steadyrl's on-policy trainers: ``TrainingArguments`` plus steadyrl's fields, in groups
     (one mixin each, field_groups.py): the batch hierarchy, generation, loss/KL/rewards, models/data/memory, vLLM
     (colocated and server), checkpointing and resume, Hub and publishing, logging and evaluation; and TRL's names
@@ -117,8 +125,9 @@ class OnPolicyConfig(
         given = BatchSettings(**{f.name: getattr(self, f.name) for f in fields(BatchSettings)})
 
         def hierarchy(processes: int) -> BatchHierarchy:
-            return resolve_batch_hierarchy(given, self.n_samples_per_prompt, processes, self._completions_per_item,
-                                           names["n_samples_per_prompt"])  # fmt: skip
+            return resolve_batch_hierarchy(
+                given, self.n_samples_per_prompt, processes, self._completions_per_item, names["n_samples_per_prompt"]
+            )
 
         self._apply(hierarchy(world))
         check_schedule(self)
@@ -192,8 +201,10 @@ class OnPolicyConfig(
         """What the algorithm needs of ``n_samples_per_prompt``, given as ``name``."""
 
     def _resolve_lengths(self) -> None:
-        for name, default in (("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
-                              ("max_completion_length", DEFAULT_MAX_COMPLETION_LENGTH)):  # fmt: skip
+        for name, default in (
+            ("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
+            ("max_completion_length", DEFAULT_MAX_COMPLETION_LENGTH),
+        ):
             if getattr(self, name) is None:
                 setattr(self, name, default)
 

@@ -40,8 +40,11 @@ def steadyrl_fields(config_class: type) -> dict[type, list[dataclasses.Field]]:
     """``config_class``'s fields declared by steadyrl, by the group that declares them."""
     groups: dict[type, list[dataclasses.Field]] = {}
     for config_field in dataclasses.fields(config_class):
-        declared_here = any(config_field.name in declared_names(cls) for cls in config_class.__mro__
-                            if not issubclass(TrainingArguments, cls))  # fmt: skip
+        declared_here = any(
+            config_field.name in declared_names(cls)
+            for cls in config_class.__mro__
+            if not issubclass(TrainingArguments, cls)
+        )
         if declared_here:
             groups.setdefault(field_owner(config_class, config_field.name), []).append(config_field)
     # The class's own fields first, then its groups as --help lists them (fields in reverse MRO order).
@@ -62,8 +65,11 @@ def cell(text: str) -> str:
 def written_type(config_class: type, name: str) -> str:
     """The field's type as the class that declares it writes it (``field.type`` is not: HfArgumentParser replaces it
     in place by the resolved type)."""
-    return next(str(vars(cls)["__annotations__"][name]) for cls in config_class.__mro__
-                if name in vars(cls).get("__annotations__", {}))  # fmt: skip
+    return next(
+        str(vars(cls)["__annotations__"][name])
+        for cls in config_class.__mro__
+        if name in vars(cls).get("__annotations__", {})
+    )
 
 
 def field_row(config_class: type, config_field: dataclasses.Field) -> str:
@@ -96,10 +102,12 @@ def changed_fields(config_class: type, base_class: type) -> list[dataclasses.Fie
     """The fields of ``base_class`` that ``config_class`` declares again, with another default or description."""
     base = {f.name: f for f in dataclasses.fields(base_class)}
     return [
-        f for f in dataclasses.fields(config_class)
-        if f.name in base and f.name in declared_names(config_class)
+        f
+        for f in dataclasses.fields(config_class)
+        if f.name in base
+        and f.name in declared_names(config_class)
         and (repr(default_of(f)) != repr(default_of(base[f.name])) or f.metadata != base[f.name].metadata)
-    ]  # fmt: skip
+    ]
 
 
 def config_sections(base_class: type, algorithms: dict[str, type]) -> list[tuple[str, str, list[str]]]:

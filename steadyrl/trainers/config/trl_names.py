@@ -168,8 +168,13 @@ def given_name(synonym: Synonym, trl_value: Any, own_value: Any) -> str:
     return synonym.trl_name if own_value is None and trl_value is not None else synonym.own_name
 
 
-def resolve_max_prompt_length(max_prompt_length: int | None, max_length: int | None, max_completion_length: int,
-                              completion_name: str, default: int) -> int:  # fmt: skip
+def resolve_max_prompt_length(
+    max_prompt_length: int | None,
+    max_length: int | None,
+    max_completion_length: int,
+    completion_name: str,
+    default: int,
+) -> int:
     """``max_prompt_length``, or TRL online DPO's ``max_length`` (prompt + completion) less the completion."""
     if max_length is None:
         return default if max_prompt_length is None else max_prompt_length

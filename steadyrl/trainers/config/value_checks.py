@@ -80,8 +80,15 @@ def check_generation_and_logging(config) -> None:
         check_positive_int(name, getattr(config, name))
     if config.cache_implementation is not None and not isinstance(config.cache_implementation, str):
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is invalid: give a name or None.")
-    flags = ("trust_remote_code", "disable_dropout", "shuffle_dataset", "remove_unused_columns",
-             "mask_truncated_completions", "log_completions", "log_multimodal")  # fmt: skip
+    flags = (
+        "trust_remote_code",
+        "disable_dropout",
+        "shuffle_dataset",
+        "remove_unused_columns",
+        "mask_truncated_completions",
+        "log_completions",
+        "log_multimodal",
+    )
     for name in flags:
         if not isinstance(getattr(config, name), bool):
             raise ValueError(f"{name}={getattr(config, name)!r} is invalid: it must be True or False.")
@@ -198,9 +205,7 @@ def check_vllm(config) -> None:
     if config.vllm_dtype not in dtypes:
         raise ValueError(f"vllm_dtype={config.vllm_dtype!r} is invalid: use one of {', '.join(dtypes)}.")
     if not isinstance(config.vllm_kv_cache_space, int) or config.vllm_kv_cache_space < 1:
-        raise ValueError(
-            f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1."
-        )
+        raise ValueError(f"vllm_kv_cache_space={config.vllm_kv_cache_space!r} is invalid: a whole number of GiB >= 1.")
     if config.vllm_lora_sync not in ("auto", "adapter", "merged"):
         raise ValueError(
             f"vllm_lora_sync={config.vllm_lora_sync!r} is invalid: use 'auto' (the LoRA adapter only where vLLM can "

@@ -35,18 +35,31 @@ def turn_seed(seed: int, turn: int) -> int:
 class AgentMixin:
     """``tools``, ``environment_factory`` and ``rollout_func`` for ``OnPolicyTrainer``."""
 
-    def setup_agents(self, tools, environment_factory, rollout_func, tokenizer, conversational: bool, args,
-                     reward_funcs: list, dataset) -> list:  # fmt: skip
+    def setup_agents(
+        self,
+        tools,
+        environment_factory,
+        rollout_func,
+        tokenizer,
+        conversational: bool,
+        args,
+        reward_funcs: list,
+        dataset,
+    ) -> list:
         """Check the multi-turn arguments; return ``reward_funcs`` with a reward function for each environment class
         that defines ``get_reward`` (weight 1, appended to ``reward_weights`` as in TRL)."""
         tools = list(tools or [])
         for i, tool in enumerate(tools):
             if not callable(tool) or not hasattr(tool, "__name__"):
-                raise TypeError(f"tools[{i}]={tool!r} is not a function: a tool is a function with type hints and a "
-                                "Google-style docstring, called by its __name__.")  # fmt: skip
+                raise TypeError(
+                    f"tools[{i}]={tool!r} is not a function: a tool is a function with type hints and a "
+                    "Google-style docstring, called by its __name__."
+                )
         if rollout_func is not None and not callable(rollout_func):
-            raise TypeError(f"rollout_func={rollout_func!r} is not callable: give a function (prompts, trainer) -> "
-                            "dict with prompt_ids, completion_ids and logprobs.")  # fmt: skip
+            raise TypeError(
+                f"rollout_func={rollout_func!r} is not callable: give a function (prompts, trainer) -> "
+                "dict with prompt_ids, completion_ids and logprobs."
+            )
         if rollout_func is not None and (tools or environment_factory is not None):
             raise ValueError(
                 "rollout_func was given with tools / environment_factory: rollout_func generates the whole rollout "
@@ -113,9 +126,13 @@ class AgentMixin:
             next_turn,
             lambda i, ids, before: parse_turn(tok, ids, before, tools_per_row[i]),
             lambda messages: tool_suffix_ids(tok, messages, kwargs),
-            prompt_ids, first, boxes, args.max_completion_length, args.max_tool_calling_iterations,
+            prompt_ids,
+            first,
+            boxes,
+            args.max_completion_length,
+            args.max_tool_calling_iterations,
             self.context_length(),
-        )  # fmt: skip
+        )
         if environments is not None:
             trajectories.reward_kwargs["environments"] = environments
         return prompts, prompt_ids, truncated, trajectories

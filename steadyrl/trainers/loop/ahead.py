@@ -46,8 +46,11 @@ class AheadMixin:
             self.request_ahead()
         start = time.perf_counter()
         sampled = self.loop.queue.pop(0) if self.loop.queue else self._in_flight.pop(0).result()
-        metrics = {**sampled.metrics, "async/trainer_wait_s": time.perf_counter() - start,
-                   "async/staleness_steps": self.state.global_step - sampled.version}  # fmt: skip
+        metrics = {
+            **sampled.metrics,
+            "async/trainer_wait_s": time.perf_counter() - start,
+            "async/staleness_steps": self.state.global_step - sampled.version,
+        }
         generation = Generation(sampled.completion_ids, sampled.logprobs)
         if sampled.scores is None:  # reward models score on the trainer's thread
             scores, logged = self.score_generation(sampled.prompts, sampled.prompt_ids, generation, sampled.columns)
@@ -68,8 +71,9 @@ class AheadMixin:
                 self._snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             self._snapshot_version = version
         state = copy.copy(self.state)  # what the reward functions read: this step's, whenever they run
-        future = self._ahead_pool.submit(self.sample_ahead, prompts, columns, seeds, prompt_ids, truncated, version,
-                                         self._snapshot, state)  # fmt: skip
+        future = self._ahead_pool.submit(
+            self.sample_ahead, prompts, columns, seeds, prompt_ids, truncated, version, self._snapshot, state
+        )
         self._in_flight.append(future)
 
     def sample_ahead(self, prompts, columns, seeds, prompt_ids, truncated, version, weights, state) -> SampledRollout:
@@ -82,14 +86,24 @@ class AheadMixin:
         generation_time = time.perf_counter() - start
         scores = None
         if not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs):
-            scores, logged = self.score_generation(prompts, prompt_ids, generation, columns, state,
-                                                   self._ahead_tokenizer)  # fmt: skip
+            scores, logged = self.score_generation(
+                prompts, prompt_ids, generation, columns, state, self._ahead_tokenizer
+            )
             scores = scores_to_rows(scores)
             metrics.update(logged)
         metrics["prompts_truncated"] = truncated / len(prompts)
         self._worker_idle_since = time.perf_counter()
-        return SampledRollout(version, prompts, columns, prompt_ids, generation.completion_ids, generation.logprobs,
-                              scores, metrics, generation_time)  # fmt: skip
+        return SampledRollout(
+            version,
+            prompts,
+            columns,
+            prompt_ids,
+            generation.completion_ids,
+            generation.logprobs,
+            scores,
+            metrics,
+            generation_time,
+        )
 
     def drain_ahead(self) -> None:
         """Wait for the rollouts in flight and queue them (before a checkpoint stores them, or the server is used

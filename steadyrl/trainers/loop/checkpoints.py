@@ -41,17 +41,28 @@ class CheckpointMixin:
         """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
         started from and how it is spread over processes (fingerprint.py)."""
         return {
-            "algorithm": self.algorithm_name, "world_size": self.accelerator.num_processes,
-            "zero_stage": self.zero_stage, "fsdp_version": self.fsdp_version, "peft": is_peft(self.model),
-            "trained_modules": [module.name for module in self.trained_modules()], **self.identity,
-        }  # fmt: skip
+            "algorithm": self.algorithm_name,
+            "world_size": self.accelerator.num_processes,
+            "zero_stage": self.zero_stage,
+            "fsdp_version": self.fsdp_version,
+            "peft": is_peft(self.model),
+            "trained_modules": [module.name for module in self.trained_modules()],
+            **self.identity,
+        }
 
     def checkpoint_contents(self) -> CheckpointContents:
         fixed, free = split_settings(self.args)
         fingerprint = {**self.run_fingerprint(), **fixed}
         loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
-        return CheckpointContents(self.trained_modules(), self.state, loop_state, fingerprint, free,
-                                  self.changing_weights(), self.accelerator.scaler)  # fmt: skip
+        return CheckpointContents(
+            self.trained_modules(),
+            self.state,
+            loop_state,
+            fingerprint,
+            free,
+            self.changing_weights(),
+            self.accelerator.scaler,
+        )
 
     def changing_weights(self) -> list[ModelWeights]:
         """Untrained models whose weights change during the run: the reference under ``sync_ref_model``."""

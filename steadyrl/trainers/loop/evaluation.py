@@ -33,8 +33,9 @@ def check_eval_dataset(dataset, conversational: bool) -> None:
         )
 
 
-def summary(prefix: str, totals: list[float], per_function: dict[str, list[float]], lengths: list[int],
-            truncated: list[bool]) -> dict[str, float]:  # fmt: skip
+def summary(
+    prefix: str, totals: list[float], per_function: dict[str, list[float]], lengths: list[int], truncated: list[bool]
+) -> dict[str, float]:
     """TRL's evaluation metrics from every completion's total reward, each function's rewards, its length and
     whether it was cut at max_completion_length (no EOS)."""
 
@@ -92,13 +93,15 @@ class EvaluationMixin:
         counted = [i < len(dataset) for i in indices for _ in range(k)]
         prompts, columns = self.repeated_rows(rows, k)
         seeds = [sampling_seed(args.seed, EVAL_ROLLOUT, indices[i // k], i % k) for i in range(len(prompts))]
-        prompts, prompt_ids, _, generation = self.sample_completions(prompts, columns, seeds,
-                                                                     chunk=args.per_device_eval_batch_size)  # fmt: skip
+        prompts, prompt_ids, _, generation = self.sample_completions(
+            prompts, columns, seeds, chunk=args.per_device_eval_batch_size
+        )
         completion_ids = generation.completion_ids
         scores, _ = self.score_generation(prompts, prompt_ids, generation, columns)  # [M, R]
         tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
-        no_eos = ends_without_eos(tokens["completion_ids"], tokens["completion_mask"],
-                                  self.processing_class.eos_token_id)  # fmt: skip
+        no_eos = ends_without_eos(
+            tokens["completion_ids"], tokens["completion_mask"], self.processing_class.eos_token_id
+        )
         total = weighted_total(scores, self.reward_weights)
         if args.missing_eos_penalty is not None:
             total -= args.missing_eos_penalty * no_eos.float()

@@ -40,27 +40,35 @@ class PolicyLossOptions:
 
     loss_type: str = field(
         default="dapo",
-        metadata={"help": "How per-token losses become a micro-batch's loss: grpo (per-sequence mean, then mean over "
-                  "sequences), bnpo (token mean over the micro-batch), dr_grpo (token sum / (sequences x "
-                  "max_completion_length)) or dapo (token mean over the whole optimizer step, across gradient "
-                  "accumulation and processes)."},
-    )  # fmt: skip
+        metadata={
+            "help": "How per-token losses become a micro-batch's loss: grpo (per-sequence mean, then mean over "
+            "sequences), bnpo (token mean over the micro-batch), dr_grpo (token sum / (sequences x "
+            "max_completion_length)) or dapo (token mean over the whole optimizer step, across gradient "
+            "accumulation and processes)."
+        },
+    )
     importance_sampling_level: str = field(
         default="token",
-        metadata={"help": "'token' (PPO's ratio per token) or 'sequence' (GSPO: the geometric mean of the sequence's "
-                  "token ratios, one per sequence)."},
-    )  # fmt: skip
+        metadata={
+            "help": "'token' (PPO's ratio per token) or 'sequence' (GSPO: the geometric mean of the sequence's "
+            "token ratios, one per sequence)."
+        },
+    )
     delta: float | None = field(
         default=None,
-        metadata={"help": "Cap the unclipped importance ratio at delta as well (two-sided clipping, INTELLECT-2); "
-                  "None: no cap."},
-    )  # fmt: skip
+        metadata={
+            "help": "Cap the unclipped importance ratio at delta as well (two-sided clipping, INTELLECT-2); "
+            "None: no cap."
+        },
+    )
     vllm_importance_sampling_correction: bool = field(
         default=False,
-        metadata={"help": "With use_vllm: weight each token's loss by pi_trainer / pi_vLLM of the sampled tokens "
-                  "(truncated importance sampling), correcting the engines' numeric mismatch. Off by default (TRL: "
-                  "on)."},
-    )  # fmt: skip
+        metadata={
+            "help": "With use_vllm: weight each token's loss by pi_trainer / pi_vLLM of the sampled tokens "
+            "(truncated importance sampling), correcting the engines' numeric mismatch. Off by default (TRL: "
+            "on)."
+        },
+    )
     vllm_importance_sampling_mode: str = field(
         default="sequence_mask", metadata={"help": f"One of {', '.join(ENGINE_CORRECTION_MODES)}."}
     )
@@ -147,8 +155,9 @@ class PolicyLossMixin:
         micro_batches = len(rollout) // self.args.micro_train_batch_size * self.accelerator.num_processes
         return torch.full((len(rollout),), (tokens / micro_batches).item(), device=rollout.scores.device)
 
-    def token_policy_loss(self, logprobs: torch.Tensor, batch: Rollout,
-                          kl: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    def token_policy_loss(
+        self, logprobs: torch.Tensor, batch: Rollout, kl: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped surrogate of ``logprobs`` [B, C] with the batch's advantages (one per sequence), weighted by
         the vLLM importance weights if any, plus ``beta`` x ``kl`` [B, C] (GRPO's KL term; with
         ``use_bias_correction_kl`` weighted by the importance ratio), aggregated as ``loss_type`` says."""

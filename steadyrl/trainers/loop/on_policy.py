@@ -75,8 +75,18 @@ from .update import UpdateMixin
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, CheckpointMixin, EvaluationMixin,
-                      ReportingMixin, PublishMixin, Trainer, metaclass=abc.ABCMeta):  # fmt: skip
+class OnPolicyTrainer(
+    AgentMixin,
+    AheadMixin,
+    RolloutMixin,
+    UpdateMixin,
+    CheckpointMixin,
+    EvaluationMixin,
+    ReportingMixin,
+    PublishMixin,
+    Trainer,
+    metaclass=abc.ABCMeta,
+):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
@@ -171,8 +181,16 @@ class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, Checkpo
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
-        reward_funcs = self.setup_agents(tools, environment_factory, rollout_func, processing_class,
-                                         self.conversational, args, reward_funcs, train_dataset)  # fmt: skip
+        reward_funcs = self.setup_agents(
+            tools,
+            environment_factory,
+            rollout_func,
+            processing_class,
+            self.conversational,
+            args,
+            reward_funcs,
+            train_dataset,
+        )
         entries = reward_model_entries(reward_funcs, reward_processing_classes)
         if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
@@ -180,8 +198,9 @@ class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, Checkpo
         for index, path_or_model, tokenizer in entries:
             is_keyword = reward_model is not None and index == len(reward_funcs) - 1
             with named_load_failure("reward_model" if is_keyword else f"reward_funcs[{index}]", path_or_model):
-                scorer = reward_model_scorer(path_or_model, tokenizer, model, processing_class, args,
-                                             self.conversational)  # fmt: skip
+                scorer = reward_model_scorer(
+                    path_or_model, tokenizer, model, processing_class, args, self.conversational
+                )
             self.reward_model = scorer.model if self.reward_model is None else self.reward_model
             reward_funcs[index] = scorer
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
@@ -201,9 +220,14 @@ class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, Checkpo
                     disable_dropout(module)
         callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
         super().__init__(
-            model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-            processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
-        )  # fmt: skip
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
         self.zero_stage = check_deepspeed_support(self.deepspeed_config, self.model) if self.deepspeed_config else None
         if self.zero_stage == 3:
             bound_zero3_buffers(self.deepspeed_config, self.model)
@@ -211,16 +235,23 @@ class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, Checkpo
         self.is_fsdp_enabled = self.is_fsdp_enabled or self.fsdp_version is not None
         check_master_weights(self.model, "model", args, self.deepspeed_config)
         self.identity = run_identity(
-            self.model, self.reward_funcs, processing_class, train_dataset, self.ref_model, self.uses_reference,
-            self.accelerator.mixed_precision, self.deepspeed_config,
-        )  # fmt: skip
+            self.model,
+            self.reward_funcs,
+            processing_class,
+            train_dataset,
+            self.ref_model,
+            self.uses_reference,
+            self.accelerator.mixed_precision,
+            self.deepspeed_config,
+        )
         self.zero3 = self.zero_stage == 3
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(RLProgressCallback)
         scorers = [func for func in self.reward_funcs if isinstance(func, RewardModelFunction)]
         zero3_config = self.deepspeed_config if self.zero3 else None
-        self.ref_model = place_frozen_models(self.ref_model, scorers, self.accelerator.device, zero3_config,
-                                             args.ref_reward_offload)  # fmt: skip
+        self.ref_model = place_frozen_models(
+            self.ref_model, scorers, self.accelerator.device, zero3_config, args.ref_reward_offload
+        )
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
         sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
         self.loop = LoopState(sampler, self.initial_algorithm_state())
@@ -287,8 +318,9 @@ class OnPolicyTrainer(AgentMixin, AheadMixin, RolloutMixin, UpdateMixin, Checkpo
 
     def trained_modules(self) -> list[TrainedModule]:
         """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""
-        return [TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, self.model,
-                              self.save_actor)]  # fmt: skip
+        return [
+            TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, self.model, self.save_actor)
+        ]
 
     def prepare_for_training(self, max_steps: int) -> None:
         """Create the optimizers and schedulers and let accelerate prepare them with their models."""

@@ -22,8 +22,9 @@ class ReportingMixin:
         tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.reduce(tokens, "sum")
-        summary = self.meter.summary(self.state.global_step, self.args.train_batch_size, int(tokens.item()),
-                                     self.state.log_history)  # fmt: skip
+        summary = self.meter.summary(
+            self.state.global_step, self.args.train_batch_size, int(tokens.item()), self.state.log_history
+        )
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, {**summary})
         if self.metrics_log is not None:
             self.metrics_log.append({**summary, "step": self.state.global_step})

@@ -71,13 +71,19 @@ class RolloutMixin:
         self.loop.rollouts += 1
         return prompts, columns, seeds
 
-    def finish_rollout(self, prompt_ids, generation: Generation, scores: torch.Tensor, generation_time: float,
-                       metrics: dict) -> RolloutBuffer:  # fmt: skip
+    def finish_rollout(
+        self, prompt_ids, generation: Generation, scores: torch.Tensor, generation_time: float, metrics: dict
+    ) -> RolloutBuffer:
         """The scored generation as a Rollout with the trainer's passes (reference and sampling-policy log-probs),
         the algorithm's advantages and a mini-batch schedule."""
         args = self.args
-        rollout = self.scored_rollout(prompt_ids, generation.completion_ids, scores, generation.logprobs is not None,
-                                      getattr(generation, "env_mask", None))  # fmt: skip
+        rollout = self.scored_rollout(
+            prompt_ids,
+            generation.completion_ids,
+            scores,
+            generation.logprobs is not None,
+            getattr(generation, "env_mask", None),
+        )
         reward_names = [reward_func_name(func) for func in self.reward_funcs]
         metrics = {**rollout_metrics(rollout, scores, reward_names, generation_time), **metrics}
         if generation.logprobs is not None:  # health of the weight sync (and the correction): engine vs trainer
@@ -117,8 +123,9 @@ class RolloutMixin:
         template (``chat_template_kwargs``), before truncation to ``max_prompt_length``."""
         return tokenize_prompts(prompts, self.processing_class, self.conversational, self.args.chat_template_kwargs)
 
-    def score_generation(self, prompts: list, prompt_ids, generation: Generation, columns: dict, state=None,
-                         tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    def score_generation(
+        self, prompts: list, prompt_ids, generation: Generation, columns: dict, state=None, tokenizer=None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores [N, num_rewards] of a generation's completions (multi-turn: its conversations and the extra keyword
         arguments) with ``state`` as ``trainer_state``, and the metrics the reward functions logged."""
         inputs = self.reward_inputs(prompts, prompt_ids, generation.completion_ids, columns, tokenizer)
@@ -131,10 +138,14 @@ class RolloutMixin:
         tok, kwargs = tokenizer or self.processing_class, self.args.chat_template_kwargs
         texts = tok.batch_decode(completion_ids, skip_special_tokens=True)
         return RewardInputs(
-            prompts=prompts, completions=as_completions(texts, self.conversational), completion_ids=completion_ids,
-            columns=columns, prompt_ids=prompt_ids, completion_texts=texts,
+            prompts=prompts,
+            completions=as_completions(texts, self.conversational),
+            completion_ids=completion_ids,
+            columns=columns,
+            prompt_ids=prompt_ids,
+            completion_texts=texts,
             prompt_texts=prompt_texts(prompts, tok, self.conversational, kwargs),
-        )  # fmt: skip
+        )
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
         """One completion per prompt row with the current actor, each sampled with its seed where the backend takes
@@ -154,8 +165,14 @@ class RolloutMixin:
                 parts.append(self.backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk]))
         return Generation.concatenate(parts)
 
-    def scored_rollout(self, prompt_ids, completion_ids, scores: torch.Tensor, engine_logprobs: bool,
-                       env_mask: list[list[int]] | None = None) -> Rollout:  # fmt: skip
+    def scored_rollout(
+        self,
+        prompt_ids,
+        completion_ids,
+        scores: torch.Tensor,
+        engine_logprobs: bool,
+        env_mask: list[list[int]] | None = None,
+    ) -> Rollout:
         """The padded rollout with its weighted scores and the log-probs of the scoring passes; ``env_mask``
         (multi-turn) marks the completion tokens the policy sampled."""
         args, tok, device = self.args, self.processing_class, self.accelerator.device
@@ -171,11 +188,18 @@ class RolloutMixin:
         needed = self.needs_old_logprobs() or (engine_logprobs and not self.checks_engine_in_loss)
         old_logprobs = self.policy_logprobs(self.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
-        return Rollout(**vars(tokens), scores=total, reward_scores=scores.to(device), ref_logprobs=ref_logprobs,
-                       old_logprobs=old_logprobs, env_mask=env_mask)  # fmt: skip
+        return Rollout(
+            **vars(tokens),
+            scores=total,
+            reward_scores=scores.to(device),
+            ref_logprobs=ref_logprobs,
+            old_logprobs=old_logprobs,
+            env_mask=env_mask,
+        )
 
-    def engine_check(self, trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor,
-                     mask: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:  # fmt: skip
+    def engine_check(
+        self, trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """vLLM's log-probs of the sampled tokens against the trainer's [N, C] over ``mask``: their mean absolute
         difference (``generation_logprob_diff``: about 1e-7 in float32 when the engine runs the trainer's weights;
         more means a lag, a broken weight sync or another precision) and, with ``vllm_importance_sampling_correction``,
@@ -185,9 +209,14 @@ class RolloutMixin:
         metrics = {"generation_logprob_diff": masked_mean((engine_logprobs - trainer_logprobs).abs(), mask).item()}
         if not getattr(args, "vllm_importance_sampling_correction", False):
             return None, metrics
-        weights = engine_importance_weights(trainer_logprobs, engine_logprobs, mask, args.vllm_importance_sampling_mode,
-                                            args.vllm_importance_sampling_clip_max,
-                                            args.vllm_importance_sampling_clip_min)  # fmt: skip
+        weights = engine_importance_weights(
+            trainer_logprobs,
+            engine_logprobs,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_max,
+            args.vllm_importance_sampling_clip_min,
+        )
         return weights, {**metrics, **importance_ratio_metrics(weights, mask)}
 
     def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
@@ -230,8 +259,12 @@ class RolloutMixin:
         buffer = self.loop.buffer
         if buffer is None or buffer.completions_logged:
             return
-        rows = completion_rows(buffer.rollout, self.processing_class, [reward_func_name(f) for f in self.reward_funcs],
-                               self.sample_advantages(buffer.rollout))  # fmt: skip
+        rows = completion_rows(
+            buffer.rollout,
+            self.processing_class,
+            [reward_func_name(f) for f in self.reward_funcs],
+            self.sample_advantages(buffer.rollout),
+        )
         if self.accelerator.num_processes > 1:
             rows = gather_object(rows)
         if self.completion_log is not None:

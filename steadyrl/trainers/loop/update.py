@@ -72,8 +72,9 @@ class UpdateMixin:
         """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
         (1 - alpha) x reference (reference_sync.py)."""
         if sync_due(self.args, self.state.global_step):
-            mix_into_reference(self.model, self.reference_module, self.args.ref_model_mixup_alpha,
-                               self.accelerator.is_main_process)  # fmt: skip
+            mix_into_reference(
+                self.model, self.reference_module, self.args.ref_model_mixup_alpha, self.accelerator.is_main_process
+            )
 
     @property
     def reference_module(self) -> PreTrainedModel | None:
