@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def warm_model(steps: int) -> str:
     """SmolLM2-135M-Instruct taught the call format for ``steps`` steps, with the tool template (cached)."""
-    from steadyrl.toy.cache import build_cached
+    from steadyrl.cache import build_cached
 
     def build(directory: Path) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -42,7 +42,7 @@ def qwen_vocab_tokenizer():
 def build(name: str, tokenizer, **shape) -> str:
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from steadyrl.toy import build_cached
+    from steadyrl.cache import build_cached
 
     def write(directory: Path) -> None:
         import torch

@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from steadyrl import RLOOConfig, RLOOTrainer  # noqa: E402
-from steadyrl.toy import build_cached, build_model, build_tokenizer, letters_reward, toy_dataset, toy_model_path  # noqa: E402
+from steadyrl.cache import build_cached  # noqa: E402
+from steadyrl.toy import build_model, build_tokenizer, letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
 MODEL_25M = dict(
     hidden_size=512,

@@ -9,13 +9,13 @@ import pytest
 from conftest import ROOT
 from transformers import AutoConfig, AutoTokenizer
 
+from steadyrl.cache import build_cached
 from steadyrl.real import answer_format, arithmetic_dataset, correct_answer, final_number, smollm2_path
-from steadyrl.toy.cache import build_cached
 
 KILLED_BUILD = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
-from steadyrl.toy.cache import build_cached
+from steadyrl.cache import build_cached
 
 def build(directory):
     (directory / "config.json").write_text("{{}}")  # what marks a finished build, then killed before the rest
@@ -26,7 +26,7 @@ build_cached("model", build)
 
 
 def test_a_killed_conversion_leaves_nothing_a_later_call_uses(tmp_path, monkeypatch):
-    """The conversion is written aside and renamed into place (steadyrl.toy.cache.build_cached)."""
+    """The conversion is written aside and renamed into place (steadyrl.cache.build_cached)."""
     monkeypatch.setenv("STEADYRL_CACHE", str(tmp_path))
     proc = subprocess.run([sys.executable, "-c", KILLED_BUILD.format(root=str(ROOT))])
     assert proc.returncode == -signal.SIGKILL

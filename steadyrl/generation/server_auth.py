@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..toy.cache import cache_dir
+from ..cache import cache_dir
 from .server_adapters import ADAPTER_PATH, AdapterError, AdapterStore, read_body
 
 KEY_ENV = "STEADYRL_VLLM_SERVER_KEY"

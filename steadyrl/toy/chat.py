@@ -18,7 +18,7 @@ import re
 import string
 from pathlib import Path
 
-from .task import build_cached
+from ..cache import build_cached
 
 CHAT_VERSION = 1
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2, 3

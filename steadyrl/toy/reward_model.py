@@ -13,7 +13,10 @@ import random
 import string
 from pathlib import Path
 
-from .task import CHARACTERS, COMPLETION_LENGTH, _fingerprint, build_cached, build_tokenizer, letters_reward
+from ..cache import build_cached
+from ..models.scalar_head import sequence_scores
+from ..ops import pad_prompts_and_completions
+from .task import CHARACTERS, COMPLETION_LENGTH, _fingerprint, build_tokenizer, letters_reward
 
 REWARD_MODEL_CONFIG = dict(
     hidden_size=256,
@@ -64,9 +67,6 @@ def train_reward_model(tokenizer, steps: int = TRAIN_STEPS, seed: int = 0):
     """Fit a fresh sequence classifier to ``letters_reward`` by mean squared error; return it in eval mode."""
     import torch
     from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
-    from ..models.scalar_head import sequence_scores
-    from ..ops import pad_prompts_and_completions
 
     config = Qwen2Config(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, num_labels=1, **REWARD_MODEL_CONFIG

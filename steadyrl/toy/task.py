@@ -14,7 +14,7 @@ import random
 import string
 from pathlib import Path
 
-from .cache import build_cached, cache_dir  # noqa: F401 - re-exported by steadyrl.toy
+from ..cache import build_cached
 
 TOY_VERSION = 1
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]

@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-from .cache import build_cached
+from ..cache import build_cached
 from .chat import MODEL_CONFIG, build_chat_model, build_chat_tokenizer
 
 TOOLS_VERSION = 1

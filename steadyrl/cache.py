@@ -1,4 +1,5 @@
-"""Artefacts steadyrl builds once and keeps on disk: the toy models, the real-model fixture, benchmark models."""
+"""Artefacts steadyrl builds once and keeps on disk (the toy models, the real-model fixture, benchmark models) and
+the vLLM server keys: one directory, below every other module."""
 
 from __future__ import annotations
 
