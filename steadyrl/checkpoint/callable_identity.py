@@ -1,6 +1,6 @@
 """Identities of reward functions and judges that are the same in every process and run, for the run's fingerprint
 (fingerprint.py): a name identifies a module-level function; partials, lambdas, closures and callable objects are
-identified by what they hold. Also which setting names hold secrets, which are never recorded."""
+identified by what they hold; secrets (``redaction.is_secret``) are left out."""
 
 from __future__ import annotations
 
@@ -16,40 +16,16 @@ from collections.abc import Callable
 import torch
 from transformers.utils import logging
 
+from ..redaction import is_secret
+
 logger = logging.get_logger(__name__)
 
 MAX_DEPTH = 4  # objects inside a callable object's attributes described at most this deep; deeper ones unchecked
 SHOWN_LENGTH = 200  # characters of a value an identity shows; a longer one is shown as its digest
-SPECIAL_TOKEN_NAMES = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}
-SECRET_WORDS = {
-    "password",
-    "passwd",
-    "secret",
-    "secrets",
-    "apikey",
-    "credential",
-    "credentials",
-    "auth",
-    "authorization",
-    "cookie",
-    "cookies",
-}
-SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key")}
 
 
 def _sha(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def is_secret(name: str) -> bool:
-    """Whether a setting named ``name`` holds a secret: a token (not a tokenizer's special token such as
-    ``pad_token``), an API or access key, a password, a secret, credentials, an authorization header or cookies."""
-    key = name.rsplit(".", 1)[-1].lower().replace("-", "_")
-    words = key.split("_")
-    if key in SPECIAL_TOKEN_NAMES:
-        return False
-    pairs = set(zip(words, words[1:]))
-    return words[-1] == "token" or bool(SECRET_WORDS & set(words)) or bool(SECRET_PAIRS & pairs)
 
 
 def callable_name(func) -> str:

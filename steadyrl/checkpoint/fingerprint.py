@@ -3,10 +3,10 @@
 The fingerprint covers everything that changes the math of training: the models' identities (config and a digest of
 the initial weights: the policy, the reference, every reward model, PPO's critic), LoRA's settings, the tokenizers,
 the dataset, the reward functions and online DPO's judge (``callable_identity``), the mixed precision and DeepSpeed
-optimizer the launcher chose, the seed, the batch hierarchy and every setting of the config except the
-``FREE_SETTINGS``, which only extend the run or change how it is watched and stored. Resuming with a different
-fingerprint is refused, naming each changed field with its old and new value; changed free settings are logged.
-Secrets (tokens, keys, passwords) are never recorded.
+optimizer the launcher chose, the seed, the batch hierarchy and every setting of the config except the free ones,
+which only extend the run or change how it is watched and stored (the config's own split:
+trainers/config/resume_settings.py). Resuming with a different fingerprint is refused, naming each changed field with
+its old and new value; changed free settings are logged. Secrets (tokens, keys, passwords) are never recorded.
 """
 
 from __future__ import annotations
@@ -22,123 +22,12 @@ from transformers.utils import logging
 from ..data.stream import first_rows, is_stream
 from ..distributed.sharded_loading import broadcast_from_main, is_main_process, local_part, on_main_only
 from ..models.scalar_head import RewardModelFunction
-from ..trainers.config.trl_names import MAX_NEW_TOKENS, SYNONYMS
+from ..redaction import is_secret, redact_secrets
 from . import CheckpointError
-from .callable_identity import CallableIdentifier, callable_name, is_secret
+from .callable_identity import CallableIdentifier, callable_name
 
 logger = logging.get_logger(__name__)
 
-# Settings a resumed run may change: they extend the run, or change logging, evaluation, saving, publishing, where
-# files go and how processes and devices are set up, never the updates themselves.
-FREE_SETTINGS = frozenset(
-    {
-        "max_steps",
-        "num_train_epochs",
-        "output_dir",
-        "overwrite_output_dir",
-        "resume_from_checkpoint",
-        "logging_steps",
-        "logging_strategy",
-        "logging_first_step",
-        "logging_nan_inf_filter",
-        "log_level",
-        "log_level_replica",
-        "log_on_each_node",
-        "report_to",
-        "run_name",
-        "project",
-        "trackio_space_id",
-        "trackio_bucket_id",
-        "trackio_static_space_id",
-        "disable_tqdm",
-        "skip_memory_metrics",
-        "include_num_input_tokens_seen",
-        "log_completions",
-        "num_completions_to_print",
-        "log_unique_prompts",
-        "log_multimodal",
-        "save_steps",
-        "save_strategy",
-        "save_total_limit",
-        "save_only_model",
-        "save_on_each_node",
-        "save_final_checkpoint",
-        "stop_on_signal",
-        "restore_callback_states_from_checkpoint",
-        "eval_strategy",
-        "eval_steps",
-        "eval_delay",
-        "eval_on_start",
-        "eval_accumulation_steps",
-        "eval_do_concat_batches",
-        "eval_use_gather_object",
-        "per_device_eval_batch_size",
-        "num_generations_eval",
-        "bf16_full_eval",
-        "fp16_full_eval",
-        "batch_eval_metrics",
-        "prediction_loss_only",
-        "include_for_metrics",
-        "metric_for_best_model",
-        "greater_is_better",
-        "load_best_model_at_end",
-        "do_train",
-        "do_eval",
-        "do_predict",
-        "push_to_hub",
-        "hub_model_id",
-        "hub_strategy",
-        "hub_token",
-        "hub_private_repo",
-        "hub_always_push",
-        "hub_revision",
-        "hub_push_merged",
-        "dataloader_drop_last",
-        "dataloader_in_order",
-        "dataloader_multiprocessing_context",
-        "dataloader_num_workers",
-        "dataloader_persistent_workers",
-        "dataloader_pin_memory",
-        "dataloader_prefetch_factor",
-        "local_rank",
-        "use_cpu",
-        "deepspeed",
-        "accelerator_config",
-        "ddp_backend",
-        "ddp_timeout",
-        "ddp_broadcast_buffers",
-        "ddp_bucket_cap_mb",
-        "ddp_find_unused_parameters",
-        "ddp_static_graph",
-        "debug",
-        "torch_empty_cache_steps",
-        "torch_compile",
-        "torch_compile_backend",
-        "torch_compile_mode",
-        "gradient_checkpointing",
-        "gradient_checkpointing_kwargs",
-        "ref_reward_offload",
-        "allow_low_precision_weights",
-        "vllm_gpu_memory_utilization",
-        "vllm_kv_cache_space",
-        "vllm_enable_sleep_mode",
-        "vllm_server_base_url",
-        "vllm_server_host",
-        "vllm_server_port",
-        "vllm_server_timeout",
-        "vllm_group_port",
-        "vllm_server_weight_transfer",
-        "vllm_server_weights_dir",
-    }
-)
-# Free settings a checkpoint does not record: where the run happens to be (a checkpoint's content does not depend on
-# its directory, so a run directory can be moved) and secrets.
-WHERE = frozenset({"output_dir", "run_name", "resume_from_checkpoint", "local_rank", "deepspeed", "hub_token"})
-# TRL's names for steadyrl's fields (trl_names.py): they restate a setting the fingerprint holds under its own name.
-MIRRORS = frozenset(
-    {synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)}
-    | {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"}
-)
 SAMPLED_VALUES = 64  # per tensor, in the weight digest
 SAMPLED_ROWS = 256  # in the dataset digest
 SAMPLED_STREAM_ROWS = 16  # the first rows of a stream, in its digest
@@ -161,7 +50,7 @@ def _json_default(value):
     return sorted(value, key=repr) if isinstance(value, (set, frozenset)) else str(value)
 
 
-def _plain(value):
+def plain_json(value):
     """``value`` as JSON gives it back (enums, dtypes and tuples as a checkpoint would hold them; sets sorted)."""
     return json.loads(json.dumps(value, sort_keys=True, default=_json_default))
 
@@ -239,7 +128,7 @@ def model_identity(prefix: str, model: torch.nn.Module | None) -> dict:
     if model is None:
         return {prefix: None}
     config = {k: v for k, v in model.config.to_dict().items() if k not in MODEL_CONFIG_IGNORED}
-    identity = {f"{prefix}.{key}": value for key, value in _plain(config).items()}
+    identity = {f"{prefix}.{key}": value for key, value in plain_json(config).items()}
     identity[f"{prefix}.weights"] = weights_digest(model)
     return identity
 
@@ -319,8 +208,8 @@ def deepspeed_identity(config: dict | None) -> dict:
     offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
     return {
         "deepspeed.offload_optimizer": offload.get("device") or "none",
-        "deepspeed.optimizer": _plain(config.get("optimizer")),
-        "deepspeed.scheduler": _plain(config.get("scheduler")),
+        "deepspeed.optimizer": plain_json(config.get("optimizer")),
+        "deepspeed.scheduler": plain_json(config.get("scheduler")),
     }
 
 
@@ -333,7 +222,7 @@ def peft_identity(model) -> dict:
     identity = {}
     for name, config in sorted(configs.items()):
         prefix = "peft_config" if name == "default" else f"peft_config[{name}]"
-        settings = _plain(config.to_dict() if hasattr(config, "to_dict") else vars(config))
+        settings = plain_json(config.to_dict() if hasattr(config, "to_dict") else vars(config))
         identity.update({f"{prefix}.{k}": v for k, v in settings.items() if k not in PEFT_CONFIG_IGNORED})
     return identity
 
@@ -411,18 +300,7 @@ def judge_identity(judge) -> dict:
     return identity
 
 
-def redact_secrets(value):
-    """``value`` without the entries of any dict, at any depth, whose key names a secret (``is_secret``); a dict that
-    held only secrets becomes None, so that adding, changing or removing a token changes nothing."""
-    if isinstance(value, dict):
-        kept = {k: redact_secrets(v) for k, v in value.items() if not (isinstance(k, str) and is_secret(k))}
-        return None if value and not kept else kept
-    if isinstance(value, (list, tuple)):
-        return [redact_secrets(item) for item in value]
-    return value
-
-
-def _redacted_settings(settings: dict) -> dict:
+def redacted_settings(settings: dict) -> dict:
     """Settings (``args.<field>``) as checkpoints hold them: secrets removed (older checkpoints may hold some)."""
     return {
         k: redact_secrets(v) if k.startswith("args.") else v
@@ -431,20 +309,12 @@ def _redacted_settings(settings: dict) -> dict:
     }
 
 
-def split_settings(args) -> tuple[dict, dict]:
-    """The config's settings as ``(fixed, free)``, each ``{"args.<field>": value}``, without secrets."""
-    settings = _plain(args.to_dict())
-    fixed = {f"args.{k}": v for k, v in settings.items() if k not in FREE_SETTINGS | MIRRORS}
-    free = {f"args.{k}": v for k, v in settings.items() if k in FREE_SETTINGS - WHERE}
-    return _redacted_settings(fixed), _redacted_settings(free)
-
-
 def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: dict, directory: Path) -> None:
     """Refuse a resume whose fingerprint differs from the checkpoint's, naming every changed field; log the free
     settings that changed. Fields the checkpoint does not record (an older steadyrl wrote it) are not compared, nor
     secrets (which an older steadyrl recorded)."""
-    saved, current = _redacted_settings(saved), _redacted_settings(current)
-    saved_free, current_free = _redacted_settings(saved_free), _redacted_settings(current_free)
+    saved, current = redacted_settings(saved), redacted_settings(current)
+    saved_free, current_free = redacted_settings(saved_free), redacted_settings(current_free)
     changed = {key: (saved[key], value) for key, value in current.items() if key in saved and saved[key] != value}
     if changed:
         details = "; ".join(

@@ -6,10 +6,9 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
 
-from ..checkpoint.fingerprint import redact_secrets
 from ..distributed.sharded_loading import load_split, on_main_only
 from ..distributed.zero import check_whole, copy_model
-from ..trainers.config.input_checks import check_vocabulary
+from ..redaction import redact_secrets
 from .scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
 
 
@@ -62,6 +61,15 @@ def mixed_precision_engine(deepspeed_config: dict | None, args) -> bool:
         return False
     enabled = {name: deepspeed_config.get(name, {}).get("enabled", False) for name in ("bf16", "fp16")}
     return any(value is True or (value == "auto" and getattr(args, name)) for name, value in enabled.items())
+
+
+def check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"processing_class has {len(tokenizer)} tokens but the model's embedding has {rows} rows, so some token "
+            "ids have no embedding: use the model's own tokenizer, or model.resize_token_embeddings(len(tokenizer))."
+        )
 
 
 def check_master_weights(model: torch.nn.Module, name: str, args, deepspeed_config: dict | None) -> None:

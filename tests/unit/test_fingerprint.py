@@ -10,8 +10,9 @@ import pytest
 from support.toy_run import make_config
 
 from steadyrl.checkpoint import CheckpointError
-from steadyrl.checkpoint.fingerprint import callable_identity, check_resumable, deepspeed_identity, split_settings
+from steadyrl.checkpoint.fingerprint import callable_identity, check_resumable, deepspeed_identity
 from steadyrl.toy import letters_reward
+from steadyrl.trainers.config.resume_settings import split_settings
 
 SECRET, OTHER_SECRET = "hf_FirstSecretToken", "hf_SecondSecretToken"
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import tempfile
 
-from transformers import PreTrainedModel
-
 from ...data.stream import first_rows, is_stream
 
 
@@ -17,15 +15,6 @@ def check_model_path(value, argument: str) -> None:
     if local and not os.path.isdir(os.path.expanduser(value)):
         raise ValueError(
             f"{argument}={value!r} is not a directory: give a local model directory or a Hub id (org/name)."
-        )
-
-
-def check_vocabulary(model: PreTrainedModel, tokenizer) -> None:
-    rows = model.get_input_embeddings().num_embeddings
-    if len(tokenizer) > rows:
-        raise ValueError(
-            f"processing_class has {len(tokenizer)} tokens but the model's embedding has {rows} rows, so some token "
-            "ids have no embedding: use the model's own tokenizer, or model.resize_token_embeddings(len(tokenizer))."
         )
 
 

@@ -11,7 +11,7 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import logging
 
-from ...checkpoint.callable_identity import is_secret
+from ...redaction import is_secret
 from ...reward_checks import check_reward_timeout
 from .batch_hierarchy import BatchHierarchy, BatchSettings, resolve_batch_hierarchy
 from .field_groups import (
