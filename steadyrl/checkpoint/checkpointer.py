@@ -41,6 +41,7 @@ from transformers.utils import logging
 
 from ..distributed.fsdp import is_sharded
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
+from ..distributed.processes import on_main_process
 from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
 from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
@@ -54,7 +55,6 @@ from . import (
     save_rng_state,
 )
 from .fingerprint import check_resumable
-from .output_dir import on_main_process
 from .save_failure import save_failure_message
 
 logger = logging.get_logger(__name__)

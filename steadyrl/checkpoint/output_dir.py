@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import gather_object
 from transformers.utils import logging
 
+from ..distributed.processes import on_main_process
 from . import CheckpointError, find_resumable_checkpoint, recover_interrupted_commits, verify_checkpoint
 from .ownership import OutputDirLock, refuse_other_runs
 from .shared_dir import create_marker, not_shared_error, remove_marker, view_of
@@ -17,22 +17,6 @@ from .shared_dir import create_marker, not_shared_error, remove_marker, view_of
 logger = logging.get_logger(__name__)
 
 TRUE_VALUES, FALSE_VALUES = {"true", "yes", "1", "latest"}, {"false", "no", "0", "none", ""}
-
-
-def on_main_process(accelerator, work: Callable[[], object]):
-    """Run ``work`` on the main process and hand every process its result, or raise its error on every process
-    (so that none is left waiting at the next collective)."""
-    result, error = None, None
-    if accelerator.is_main_process:
-        try:
-            result = work()
-        except Exception as err:  # noqa: BLE001 - re-raised below, on every process
-            error = err
-    if accelerator.num_processes > 1:
-        result, error = broadcast_object_list([result, error])
-    if error is not None:
-        raise error
-    return result
 
 
 def asks_for_newest(value) -> bool:

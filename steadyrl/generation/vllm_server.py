@@ -27,6 +27,7 @@ from accelerate import PartialState
 
 from .. import compat
 from ..distributed.fsdp import is_sharded
+from ..distributed.processes import on_main_process
 from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
 from .lora_sync import CPU_COST, adapter_bytes, adapter_state
 from .server_adapters import ADAPTER_PREFIX
@@ -214,8 +215,6 @@ class VLLMServerBackend(GenerationBackend):
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if version == self._synced_version:
             return
-        from ..checkpoint.output_dir import on_main_process  # here: the trainers import this module
-
         if self.adapter_rank is not None and is_sharded(model):
             logger.info(
                 "vllm_lora_sync: pushing merged weights to the vLLM server, not the adapter only: the actor "

@@ -11,7 +11,7 @@ from transformers.utils import logging
 
 from ...checkpoint import checkpoint_name
 from ...checkpoint.checkpointer import CheckpointContents, ModelWeights
-from ...checkpoint.output_dir import on_main_process
+from ...distributed.processes import on_main_process
 from ...models.peft import is_peft
 from ...reporting.quiet import no_progress_bars
 from ..config.resume_settings import split_settings

@@ -30,13 +30,14 @@ from transformers.utils import logging
 from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ...checkpoint.checkpointer import Checkpointer, TrainedModule
 from ...checkpoint.fingerprint import run_identity
-from ...checkpoint.output_dir import on_main_process, take_output_dir
+from ...checkpoint.output_dir import take_output_dir
 from ...checkpoint.ownership import supersede_newer
 from ...checkpoint.schedule_change import resume_schedules
 from ...data.prompts import PromptTruncation, UserTurns, check_prompts
 from ...data.sampling import make_sampler
 from ...distributed.fsdp import enable as enable_fsdp
 from ...distributed.placement import place_frozen_models
+from ...distributed.processes import on_main_process
 from ...distributed.zero import bind_scheduler
 from ...distributed.zero3_release import bound_zero3_buffers
 from ...generation import make_backend
