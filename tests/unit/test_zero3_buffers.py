@@ -2,7 +2,7 @@
 
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from steadyrl.distributed.zero3_release import bound_zero3_buffers
+from steadyrl.models.zero3_release import bound_zero3_buffers
 
 
 def tiny_model():

@@ -39,7 +39,6 @@ from ...distributed.fsdp import enable as enable_fsdp
 from ...distributed.placement import place_frozen_models
 from ...distributed.processes import on_main_process
 from ...distributed.zero import bind_scheduler
-from ...distributed.zero3_release import bound_zero3_buffers
 from ...generation import make_backend
 from ...models.loading import (
     check_deepspeed_support,
@@ -52,6 +51,7 @@ from ...models.loading import (
     reward_model_scorer,
 )
 from ...models.scalar_head import RewardModelFunction
+from ...models.zero3_release import bound_zero3_buffers
 from ...ops import ends_without_eos
 from ...publish.actor import PublishMixin
 from ...reporting.completion_log import CompletionLog

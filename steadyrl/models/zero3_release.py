@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers.utils import logging
 
-from ..models.peft import base_config
+from .peft import base_config
 
 logger = logging.get_logger(__name__)
 
