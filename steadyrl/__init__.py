@@ -1,7 +1,5 @@
 """steadyrl: on-policy RL trainers for language models that never lose or silently corrupt progress."""
 
-__version__ = "0.1.0"
-
 from .reporting import quiet  # noqa: F401, I001  (first: it names DeepSpeed's accelerator before anything imports DeepSpeed)
 
 from .callbacks import CheckpointCallback, GlobalStepCallback, GlobalStepError
@@ -22,6 +20,7 @@ from .trainers import (
     RLOOConfig,
     RLOOTrainer,
 )
+from .version import __version__
 
 __all__ = [
     "ALGORITHMS",

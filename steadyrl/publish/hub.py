@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..checkpoint import verify_checkpoint
+from ..version import __version__
 from .export import ACTOR, copy_files, listed_actor_files, merge_adapter, regular_files
 
 
@@ -156,8 +157,6 @@ def model_card(
 ) -> str:
     """README.md with the Hub's metadata header: base model (when it is a Hub model, never a local path), algorithm,
     dataset, steps, final metrics."""
-    from .. import __version__  # here, not at the top: the package's __init__ imports this module
-
     base_model = hub_model_name(base_model)
     header = ["---", "library_name: transformers", "tags:", "- steadyrl", f"- {algorithm}", "- reinforcement-learning"]
     if base_model:
