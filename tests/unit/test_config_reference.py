@@ -8,8 +8,8 @@ import pytest
 from transformers import HfArgumentParser
 
 from steadyrl.trainers import ALGORITHMS, OnPolicyConfig
-from steadyrl.trainers.config.reference import COMMAND, configuration_page, field_owner, steadyrl_fields
 from steadyrl.trainers.config.trl_names import UNSUPPORTED, TRLDefaultOnlyFields
+from steadyrl.trainers.config_reference import COMMAND, configuration_page, field_owner, steadyrl_fields
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 CONFIGS = [OnPolicyConfig, *(algorithm.config_class for algorithm in ALGORITHMS.values())]

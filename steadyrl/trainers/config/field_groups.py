@@ -1,7 +1,7 @@
 """The fields of ``OnPolicyConfig``, one dataclass mixin per group a reader looks for (batch, generation, loss, ...).
 
 Each mixin's ``settings_group`` is the heading its fields appear under in docs/configuration.md
-(``python -m steadyrl.trainers.config.reference`` writes that page from these classes); each field's
+(``python -m steadyrl.trainers.config_reference`` writes that page from these classes); each field's
 ``metadata["help"]`` is its one description, shown by ``--help`` too. The checks are in value_checks.py and
 ``OnPolicyConfig.__post_init__``; a ``None`` default means "not given": it is resolved there.
 """

@@ -1,9 +1,9 @@
-"""docs/configuration.md, written from the config dataclasses: every field steadyrl declares, by group (each field
-group's ``settings_group``) and by config class, with its type, default and ``help``.
+"""docs/configuration.md, written from the config dataclasses of ``ALGORITHMS``: every field steadyrl declares, by
+group (each field group's ``settings_group``) and by config class, with its type, default and ``help``.
 
-    python -m steadyrl.trainers.config.reference > docs/configuration.md
+    python -m steadyrl.trainers.config_reference > docs/configuration.md
 
-tests/unit/test_config_reference.py fails when the committed page differs from what this writes.
+tests/unit/trainers/config/test_config_reference.py fails when the committed page differs from what this writes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-COMMAND = "python -m steadyrl.trainers.config.reference > docs/configuration.md"
+from . import ALGORITHMS, OnPolicyConfig
+
+COMMAND = "python -m steadyrl.trainers.config_reference > docs/configuration.md"
 FIELD_GROUPS_MODULE = "steadyrl/trainers/config/field_groups.py"
 
 
@@ -157,8 +159,6 @@ def render(base_class: type, algorithms: dict[str, type]) -> str:
 
 def configuration_page() -> str:
     """docs/configuration.md as the dataclasses give it today."""
-    from .. import ALGORITHMS, OnPolicyConfig
-
     return render(OnPolicyConfig, {name: algorithm.config_class for name, algorithm in ALGORITHMS.items()})
 
 
