@@ -68,7 +68,7 @@ def measure(trainer: RLOOTrainer) -> dict[str, float]:
     cpu = time.process_time()
     row = iterate(trainer)
     row["cpu_iteration_s"] = time.process_time() - cpu
-    lengths = trainer.loop.buffer.rollout.completion_mask.sum(1)
+    lengths = trainer.training_buffer.buffer.rollout.completion_mask.sum(1)
     row["max_length"] = lengths.max().item()
     row["generation_s"] = lengths.sum().item() / row["tokens_per_second"]
     return row

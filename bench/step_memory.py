@@ -84,14 +84,15 @@ def worker(model: str, steps: int, output_dir: str, result: str) -> None:
     import torch
 
     from steadyrl import RLOOConfig, RLOOTrainer
-    from steadyrl.trainers.loop.rollout_stage import RolloutMixin
-    from steadyrl.trainers.loop.update import UpdateMixin
+    from steadyrl.trainers.loop.learner import Learner
+    from steadyrl.trainers.loop.scoring import ScoringPasses
+    from steadyrl.trainers.loop.sources import ActorGenerator
 
     path, tokenizer, dataset, reward = task(model)
     peaks = PhasePeaks()
-    peaks.around(RolloutMixin, "generate", "generate")
-    peaks.around(RolloutMixin, "policy_logprobs", "logprobs")
-    peaks.around(UpdateMixin, "train_on_minibatch", "update")
+    peaks.around(ActorGenerator, "__call__", "generate")
+    peaks.around(ScoringPasses, "policy_logprobs", "logprobs")
+    peaks.around(Learner, "step", "update")
     args = RLOOConfig(
         output_dir=output_dir,
         rollout_batch_size=4,

@@ -11,7 +11,6 @@ from .files import (
     scan_checkpoints,
 )
 from .manifest import CheckpointError, verify_checkpoint, write_manifest
-from .rng import load_rng_state, save_rng_state
 
 __all__ = [
     "CheckpointError",
@@ -19,11 +18,9 @@ __all__ = [
     "checkpoint_name",
     "commit_checkpoint",
     "find_resumable_checkpoint",
-    "load_rng_state",
     "newest_intact_checkpoint",
     "recover_interrupted_commits",
     "rotate_checkpoints",
-    "save_rng_state",
     "scan_checkpoints",
     "verify_checkpoint",
     "write_manifest",

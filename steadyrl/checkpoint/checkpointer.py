@@ -13,13 +13,12 @@ A checkpoint directory holds::
     reference/                with sync_ref_model only: the reference model in Hugging Face format (config,
                               model.safetensors), which then changes during the run; without it the reference is fixed
     trainer_state.json        transformers TrainerState: global_step, log_history, ...
-    steadyrl_state.json       prompt sampler position, rollout count, algorithm state, run fingerprint
+    steadyrl_state.json       the run fingerprint and every part registered as the same on every process (prompt
+                              sampler position, rollout count, algorithm state), under its name
     settings.json             the settings a resume may change (logging, saving, max_steps, ...): changes are logged
-    rank_state_<rank>.json    per process: metrics not yet logged, whether a rollout is under way, the seconds of
-                              training and the tokens generated so far (for the end-of-run summary)
-    rollout_buffer_<rank>.*   per process: its share of the rollout being trained on, if the save fell
-                              in the middle of one
-    rng_state_<rank>.json     Python / NumPy / torch RNG of every process
+    <part>_<rank>.json        per process, every part registered as each process's own: rng_state (Python / NumPy /
+                              torch RNG), rollout_buffer (its share of the rollout being trained on; its tensors in
+                              rollout_buffer_<rank>.safetensors), pending_metrics, meter, rollouts_ahead
     manifest.json             size and sha256 of every file above; written last
 
 Nothing is unpickled on load: safetensors, JSON, and ``torch.load(weights_only=True)``.
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import PreTrainedModel, TrainerState
 from transformers.utils import logging
 
@@ -45,25 +44,19 @@ from ..distributed.processes import on_main_process
 from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
 from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
-from . import (
-    CheckpointError,
-    begin_checkpoint,
-    commit_checkpoint,
-    load_rng_state,
-    newest_intact_checkpoint,
-    rotate_checkpoints,
-    save_rng_state,
-)
+from . import CheckpointError, begin_checkpoint, commit_checkpoint, newest_intact_checkpoint, rotate_checkpoints
 from .fingerprint import check_resumable
+from .rng import RNGState
 from .save_failure import save_failure_message
+from .state_registry import Stateful, StateRegistry
 
 logger = logging.get_logger(__name__)
 
 STATE_NAME = "steadyrl_state.json"
 SCALER_NAME = "scaler.pt"  # fp16 loss scaler state, as transformers' Trainer names it
 SETTINGS_NAME = "settings.json"  # the settings a resume may change, to log what it changed
-STATE_FORMAT = 3  # 3: the rollout buffer holds each reward function's scores and whether it was logged
-READABLE_FORMATS = (2, 3)  # a format-2 buffer lacks those two: its completions log without per-function rewards
+STATE_FORMAT = 4  # 4: the loop's state as registered parts (state_registry.py)
+READABLE_FORMATS = (4,)
 RESTORED_TRAINER_STATE = ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen")
 
 
@@ -104,7 +97,6 @@ class CheckpointContents:
 
     modules: list[TrainedModule]
     trainer_state: TrainerState
-    loop_state: dict  # LoopState.state_dict()
     fingerprint: dict  # what a resumed run must share with the run that wrote the checkpoint (fingerprint.py)
     free_settings: dict  # settings a resumed run may change; changes are logged
     weights: list[ModelWeights] = field(default_factory=list)
@@ -119,12 +111,22 @@ def rank_file(name: str, rank: int) -> str:
 
 class Checkpointer:
     """Writes and reads checkpoints for one process of a run. Every process calls ``save`` and ``load``
-    together: the main process writes the shared files, each process its own."""
+    together: the main process writes the shared files, each process its own.
+
+    Besides the models and optimizers (``CheckpointContents``), a checkpoint holds every part registered with
+    ``register``; the RNG is one, registered here and restored last (``restore_rng``)."""
 
     def __init__(self, accelerator) -> None:
         self.accelerator = accelerator
         self.rank = accelerator.process_index
         self.main = accelerator.is_main_process
+        self.parts = StateRegistry()
+        self.register("rng_state", RNGState(), per_process=True, restore_last=True)
+
+    def register(self, name: str, part: Stateful, *, per_process: bool = False, restore_last: bool = False) -> None:
+        """Keep ``part`` in every checkpoint under ``name``: the same on every process, or (``per_process``) each
+        process's own. A resume restores it in place, in registration order."""
+        self.parts.register(name, part, per_process=per_process, restore_last=restore_last)
 
     def save(self, output_dir: str, step: int, contents: CheckpointContents, save_total_limit: int | None) -> Path:
         """Write ``checkpoint-<step>`` under a temporary name, commit it with its manifest, then rotate. Each stage
@@ -215,48 +217,33 @@ class Checkpointer:
                 torch.save(module.scheduler.state_dict(), tmp / module.scheduler_file)
         for weights in contents.weights:
             weights.save(tmp / weights.name)
-        loop = contents.loop_state
         if self.main:
             if contents.scaler is not None:  # the same on every process: they step on the same reduced gradients
                 torch.save(contents.scaler.state_dict(), tmp / SCALER_NAME)
             contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
-            shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint}
             (tmp / SETTINGS_NAME).write_text(json.dumps(contents.free_settings, sort_keys=True))
-            shared.update({key: loop[key] for key in ("sampler", "rollouts", "algorithm")})
+            shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint, **self.parts.shared_states()}
             (tmp / STATE_NAME).write_text(json.dumps(shared))
-        # What differs between processes: each trains on its own share of the rollout and logs its own metrics.
-        buffer = loop["buffer"]
-        rank_state = {
-            "pending_metrics": loop["pending_metrics"],
-            "has_buffer": buffer is not None,
-            "meter": loop.get("meter"),
-            "queue": loop.get("queue", []),
-        }
-        (tmp / rank_file("rank_state.json", self.rank)).write_text(json.dumps(rank_state))
-        if buffer is not None:
-            tensors = {name: value.contiguous() for name, value in buffer["rollout"].items()}
-            save_file(tensors, tmp / self._buffer_file(".safetensors"))
-            meta = {key: buffer[key] for key in ("schedule", "cursor", "metrics", "completions_logged")}
-            (tmp / self._buffer_file(".json")).write_text(json.dumps(meta))
-        save_rng_state(tmp, self.rank)
+        self.parts.write_process_states(tmp, self.rank)
 
-    def _buffer_file(self, suffix: str) -> str:
-        return f"rollout_buffer_{self.rank}{suffix}"
-
-    def load(self, directory: Path, contents: CheckpointContents) -> dict:
-        """Restore the modules' weights, optimizers and schedulers and the TrainerState in place, after checking
-        the run's fingerprint; return the loop state to hand to ``LoopState.load_state_dict``. The RNG state
-        comes separately (``restore_rng``), as the very last thing before training. A failure on any process
-        raises on every one."""
+    def load(self, directory: Path, contents: CheckpointContents) -> None:
+        """Restore the modules' weights, optimizers and schedulers, the TrainerState and every registered part in
+        place, after checking the run's fingerprint. The RNG state comes separately (``restore_rng``), as the very
+        last thing before training. A failure on any process raises on every one."""
         return self._on_every_process(f"Loading {directory}", lambda: self._load(directory, contents))
 
-    def _load(self, directory: Path, contents: CheckpointContents) -> dict:
+    def _shared_state(self, directory: Path) -> dict:
         shared = json.loads((directory / STATE_NAME).read_text())
         if shared.get("format") not in READABLE_FORMATS:
             raise CheckpointError(
                 f"{directory} was written in steadyrl state format {shared.get('format')}; this version reads "
-                f"formats {', '.join(map(str, READABLE_FORMATS))}: resume it with the steadyrl version that wrote it."
+                f"format {', '.join(map(str, READABLE_FORMATS))} only: resume it with the steadyrl version that "
+                "wrote it."
             )
+        return shared
+
+    def _load(self, directory: Path, contents: CheckpointContents) -> None:
+        shared = self._shared_state(directory)
         settings_path = directory / SETTINGS_NAME  # absent from checkpoints of older versions
         saved_settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
         check_resumable(shared["fingerprint"], contents.fingerprint, saved_settings, contents.free_settings, directory)
@@ -270,22 +257,7 @@ class Checkpointer:
         restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         for name in RESTORED_TRAINER_STATE:
             setattr(state, name, getattr(restored, name))
-        rank_state_path = directory / rank_file("rank_state.json", self.rank)
-        if not rank_state_path.is_file():
-            raise CheckpointError(f"{directory} has no state for process {self.rank} ({rank_state_path.name}).")
-        rank_state = json.loads(rank_state_path.read_text())
-        buffer = None
-        if rank_state["has_buffer"]:
-            buffer = json.loads((directory / self._buffer_file(".json")).read_text())
-            buffer["rollout"] = load_file(directory / self._buffer_file(".safetensors"))
-        loop = {key: shared[key] for key in ("sampler", "rollouts", "algorithm")}
-        return {
-            **loop,
-            "pending_metrics": rank_state["pending_metrics"],
-            "buffer": buffer,
-            "meter": rank_state.get("meter"),
-            "queue": rank_state.get("queue", []),
-        }
+        self.parts.load(directory, shared, self.rank)
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         load_model_weights(module.model, directory / module.name)
@@ -308,9 +280,7 @@ class Checkpointer:
         self._on_every_process(f"Restoring the random state of {directory}", lambda: self._restore_rng(directory))
 
     def _restore_rng(self, directory: Path) -> None:
-        if not (directory / f"rng_state_{self.rank}.json").is_file():
-            raise CheckpointError(f"{directory} has no RNG state for process {self.rank} (rng_state_{self.rank}.json).")
-        load_rng_state(directory, self.rank)
+        self.parts.load(directory, self._shared_state(directory), self.rank, last=True)
 
 
 def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:

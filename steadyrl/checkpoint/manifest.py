@@ -19,9 +19,10 @@ SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 STATE_FILE = "steadyrl_state.json"
 
 # The files a manifest must list, by the manifest's "layout" ("a|b": either; "dir/": any file below dir).
-# "steadyrl" is what checkpoint/checkpointer.py writes (for process 0 at least; other processes add their own
-# rank_state_<rank>.json, rng_state_<rank>.json and, under DeepSpeed ZeRO, optimizer_<rank>.pt instead of
-# optimizer.pt); "transformers" is a plain transformers.Trainer checkpoint that CheckpointCallback adds a manifest to.
+# "steadyrl" is what checkpoint/checkpointer.py writes (for process 0 at least; every process adds its own
+# <part>_<rank>.json (+ .safetensors) for each per-process part, rng_state among them, and under DeepSpeed ZeRO or
+# FSDP2 optimizer_<rank>.pt instead of optimizer.pt); "transformers" is a plain transformers.Trainer checkpoint that
+# CheckpointCallback adds a manifest to.
 REQUIRED_FILES = {
     "steadyrl": (
         "trainer_state.json",
@@ -29,13 +30,12 @@ REQUIRED_FILES = {
         "scheduler.pt",
         "optimizer.pt|optimizer_0.pt",
         "rng_state_0.json",
-        "rank_state_0.json",
         "actor/",
     ),
     "transformers": ("trainer_state.json",),
 }
 # Files each process writes for itself: a checkpoint holds them for processes 0..n-1, every kind alike.
-RANK_FILE_PATTERN = re.compile(r"(rng_state|rank_state|(?:\w+_)?optimizer)_(\d+)\.(?:json|pt)")
+RANK_FILE_PATTERN = re.compile(r"([a-z][a-z0-9_]*?)_(\d+)\.(?:json|pt|safetensors)")
 
 
 class CheckpointError(RuntimeError):
@@ -191,8 +191,7 @@ def _check_required(directory: Path, layout: str, names: set[str], processes: in
     if processes is None:
         processes = max((max(found) + 1 for found in ranks.values()), default=0)
     elif layout == "steadyrl":
-        for stem in ("rng_state", "rank_state"):  # every process writes both
-            ranks.setdefault(stem, set())
+        ranks.setdefault("rng_state", set())  # every process writes its own
     for stem, found in sorted(ranks.items()):
         if extra := sorted(found - set(range(processes))):
             raise CheckpointError(

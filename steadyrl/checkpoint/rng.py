@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import random
 
 import numpy as np
@@ -34,20 +32,6 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def rng_file(directory: str | os.PathLike, rank: int) -> str:
-    return os.path.join(directory, f"rng_state_{rank}.json")
-
-
-def save_rng_state(directory: str | os.PathLike, rank: int) -> None:
-    with open(rng_file(directory, rank), "w") as f:
-        json.dump(capture_rng_state(), f)
-
-
-def load_rng_state(directory: str | os.PathLike, rank: int) -> None:
-    with open(rng_file(directory, rank)) as f:
-        restore_rng_state(json.load(f))
-
-
 @contextlib.contextmanager
 def rng_untouched():
     """Run code that seeds or draws from the global RNGs (e.g. vLLM's engine start) without changing them."""
@@ -55,4 +39,14 @@ def rng_untouched():
     try:
         yield
     finally:
+        restore_rng_state(state)
+
+
+class RNGState:
+    """The process's global RNGs as a checkpoint part (``Checkpointer`` registers it, restored last)."""
+
+    def state_dict(self) -> dict:
+        return capture_rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
         restore_rng_state(state)

@@ -38,13 +38,19 @@ class RunMeter:
     tokens: int = 0  # completion tokens this process generated
     elapsed: float = 0.0  # seconds of training before this call, up to the checkpoint it resumed from
 
+    def reset(self) -> None:
+        self.tokens, self.elapsed = 0, 0.0
+
+    def begin(self, step: int) -> None:
+        """Start counting this ``train()`` call from global step ``step`` (what came before: ``load_state_dict``)."""
+        self.start_step, self.start_time = step, time.time()
+
     def state_dict(self) -> dict:
         return {"elapsed": self.elapsed + time.time() - self.start_time, "tokens": self.tokens}
 
-    def load_state_dict(self, state: dict | None) -> None:
-        """Continue the counts of a checkpoint's meter (None: a checkpoint of an older steadyrl, which kept none)."""
-        if state is not None:
-            self.elapsed, self.tokens = float(state["elapsed"]), int(state["tokens"])
+    def load_state_dict(self, state: dict) -> None:
+        """Continue the counts of a checkpoint's meter."""
+        self.elapsed, self.tokens = float(state["elapsed"]), int(state["tokens"])
 
     def summary(self, step: int, samples_per_step: int, tokens: int, log_history: list[dict]) -> dict[str, float]:
         """Over the whole run, resumed or not: ``train_runtime``, steps / samples / generated tokens per second

@@ -261,7 +261,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         """The current rollout's beta: ``args.beta``, or its entry for the epoch of the rollout's first prompt."""
         if not isinstance(self.args.beta, list):
             return self.args.beta
-        epoch = max(0, self.loop.sampler.consumed - self.args.rollout_batch_size) // self.loop.sampler.num_prompts
+        epoch = max(0, self.sampler.consumed - self.args.rollout_batch_size) // self.sampler.num_prompts
         return self.args.beta[min(epoch, len(self.args.beta) - 1)]
 
     # ---- who wins each pair ----------------------------------------------------------------------

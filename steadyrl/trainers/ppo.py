@@ -305,7 +305,7 @@ class PPOTrainer(OnPolicyTrainer):
     # ---- rollout -> advantages -----------------------------------------------------------------
 
     def compute_advantages(self, rollout: Rollout) -> Advantages:
-        args, state, mask = self.args, self.loop.algorithm, rollout.completion_mask.float()  # [N, C]
+        args, state, mask = self.args, self.algorithm_state, rollout.completion_mask.float()  # [N, C]
         values = batched_forward(
             self.critic, lambda critic, *tensors: critic(*tensors), rollout.token_tensors, args.micro_rollout_batch_size
         )  # [N, C]

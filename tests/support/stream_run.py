@@ -50,7 +50,8 @@ def prompt_stream(data_dir: Path):
 
 def record_prompts(trainer, path: Path) -> None:
     """Append each rollout's prompts, as this process got them, to ``path``."""
-    next_prompts = trainer.next_prompts
+    draw = trainer.prompt_draw
+    next_prompts = draw.next_prompts
 
     def recording_next_prompts():
         prompts, columns, first = next_prompts()
@@ -58,7 +59,7 @@ def record_prompts(trainer, path: Path) -> None:
             f.write(json.dumps({"first": first, "prompts": prompts}) + "\n")
         return prompts, columns, first
 
-    trainer.next_prompts = recording_next_prompts
+    draw.next_prompts = recording_next_prompts
 
 
 def main() -> None:

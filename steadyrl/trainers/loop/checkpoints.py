@@ -53,11 +53,9 @@ class CheckpointMixin:
     def checkpoint_contents(self) -> CheckpointContents:
         fixed, free = split_settings(self.args)
         fingerprint = {**self.run_fingerprint(), **fixed}
-        loop_state = {**self.loop.state_dict(), "meter": self.meter.state_dict()}
         return CheckpointContents(
             self.trained_modules(),
             self.state,
-            loop_state,
             fingerprint,
             free,
             self.changing_weights(),
@@ -75,7 +73,7 @@ class CheckpointMixin:
         """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as
         ``hub_strategy`` asks."""
         args, step = self.args, self.state.global_step
-        self.drain_ahead()  # max_staleness: the rollouts in flight are stored, not lost
+        self.rollout_source.drain()  # max_staleness: the rollouts in flight are stored, not lost
         with no_progress_bars():  # not one bar per model saved
             final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
         # the Hub's failures are reported and training goes on; any other error stops every process at once

@@ -19,6 +19,7 @@ from ...generation import sampling_seed
 from ...ops import ends_without_eos, pad_prompts_and_completions
 from ...rewards import reward_func_name, weighted_total
 from ..config.input_checks import check_dataset
+from .sources import Sampled, repeat_rows
 
 EVAL_ROLLOUT = -1  # the rollout index in evaluation's sampling seeds, which no training rollout has
 
@@ -73,7 +74,7 @@ class EvaluationMixin:
             raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate().")
         if not self.reward_funcs:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
-        self.drain_ahead()  # max_staleness: the server is free before evaluation pushes the current weights
+        self.rollout_source.drain()  # max_staleness: the server is free before evaluation pushes the current weights
         with rng_untouched():  # HF generate draws from the global RNG, which belongs to training
             torch.manual_seed(self.args.seed)
             metrics = self.evaluation_metrics(eval_dataset, metric_key_prefix)
@@ -91,13 +92,13 @@ class EvaluationMixin:
         indices = range(rank * per_process, (rank + 1) * per_process)
         rows = dataset[[i % len(dataset) for i in indices]]  # {column: values}
         counted = [i < len(dataset) for i in indices for _ in range(k)]
-        prompts, columns = self.repeated_rows(rows, k)
+        prompts, columns = repeat_rows(rows, k, not args.remove_unused_columns)
         seeds = [sampling_seed(args.seed, EVAL_ROLLOUT, indices[i // k], i % k) for i in range(len(prompts))]
-        prompts, prompt_ids, _, generation = self.sample_completions(
+        prompts, prompt_ids, _, generation = self.rollout_source.complete(
             prompts, columns, seeds, chunk=args.per_device_eval_batch_size
         )
         completion_ids = generation.completion_ids
-        scores, _ = self.score_generation(prompts, prompt_ids, generation, columns)  # [M, R]
+        scores, _ = self.scorer(Sampled(prompts, columns, prompt_ids, generation, 0.0))  # [M, R]
         tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
         no_eos = ends_without_eos(
             tokens["completion_ids"], tokens["completion_mask"], self.processing_class.eos_token_id

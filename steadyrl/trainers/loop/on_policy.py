@@ -1,24 +1,23 @@
-"""OnPolicyTrainer: the one training loop that PPO, RLOO and online DPO share.
+"""OnPolicyTrainer: the one training loop that PPO, RLOO, GRPO and online DPO share.
 
-One iteration::
+One global step, as ``run_loop`` and ``make_rollout`` call the stages (each an object the trainer holds)::
 
-    prompts <- sampler                           (its position is part of the loop state a checkpoint keeps)
-    completions <- generation backend            (HF generate, or vLLM with the actor's weights pushed)
-    Rollout <- padded tokens, reward scores, reference (and sampling-policy) log-probs
-    Rollout <- + the algorithm's Advantages      (compute_advantages)
-    buffer <- Rollout + a fixed schedule of num_ppo_epochs x mini-batches
-    for each mini-batch: micro-batches -> compute_loss_on_batch -> backward; optimizer step; global_step += 1;
-        callbacks decide logging and checkpointing
+    sampled  <- rollout_source.next()     prompts (PromptDraw) -> completions: sources.py (max_staleness: ahead.py;
+                                          tools / environments / rollout_func: multi_turn.py)
+    scores   <- scorer(sampled)           reward functions and models on TRL's inputs: scoring.py
+    rollout  <- scoring_passes(...)       padded tokens, weighted total, old / reference log-probs: scoring.py
+    rollout  <- + compute_advantages()    the algorithm: grpo.py, rloo.py, ppo.py, online_dpo.py (math in ops/)
+    metrics  <- learner.step(minibatch)   micro-batches -> the algorithm's loss -> backward -> optimizer: learner.py
+    global_step += 1; the callbacks decide logging, evaluation and the checkpoint (checkpoint/checkpointer.py)
 
-The rollout stage lives in rollout_stage.py, the update in update.py, the checkpoint side in checkpoints.py,
-evaluation in evaluation.py, the actor's export and Hub push in steadyrl/publish/actor.py. An algorithm subclasses
-this trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one that trains more than the actor (PPO's
-critic) extends ``trained_modules`` and ``prepare_for_training``.
+Every stateful part (the prompt sampler and draw, the rollout buffer, rollouts generated ahead, pending metrics, the
+meter, the algorithm's state, RNG) is registered with the checkpointer where it is made. An algorithm subclasses this
+trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one that trains more than the actor (PPO's critic)
+extends ``trained_modules`` and ``prepare_for_training``.
 """
 
 from __future__ import annotations
 
-import abc
 from pathlib import Path
 
 import torch
@@ -28,12 +27,12 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
-from ...checkpoint.checkpointer import Checkpointer, TrainedModule
+from ...checkpoint.checkpointer import Checkpointer
 from ...checkpoint.fingerprint import run_identity
 from ...checkpoint.output_dir import take_output_dir
 from ...checkpoint.ownership import supersede_newer
 from ...checkpoint.schedule_change import resume_schedules
-from ...data.prompts import PromptTruncation, UserTurns, check_prompts
+from ...data.prompts import UserTurns, check_prompts
 from ...data.sampling import make_sampler
 from ...distributed.fsdp import enable as enable_fsdp
 from ...distributed.placement import place_frozen_models
@@ -44,7 +43,6 @@ from ...models.loading import (
     check_deepspeed_support,
     check_master_weights,
     disable_dropout,
-    enable_gradient_checkpointing,
     from_pretrained_kwargs,
     load_policy,
     policy_and_reference,
@@ -52,42 +50,32 @@ from ...models.loading import (
 )
 from ...models.scalar_head import RewardModelFunction
 from ...models.zero3_release import bound_zero3_buffers
-from ...ops import ends_without_eos
 from ...publish.actor import PublishMixin
 from ...reporting.completion_log import CompletionLog
 from ...reporting.run_summary import MetricsLog, RunMeter
-from ...rewards import RewardInputs, as_list, check_reward_funcs, score_completions
-from ...rollout import Advantages, Rollout
+from ...rewards import as_list
+from ...rollout import Rollout, RolloutBuffer, minibatch_schedule
 from ..config.input_checks import check_dataset, check_model_path, check_output_dir
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
-from .agent_stage import AgentMixin
-from .ahead import AheadMixin
+from .ahead import AheadSource
+from .algorithm import AlgorithmHooks
 from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, check_eval_dataset
-from .loop_state import LoopState, NoAlgorithmState, Stateful
+from .learner import Learner
+from .loop_state import PendingMetrics, TrainingBuffer
+from .multi_turn import MultiTurnSource, check_multi_turn
 from .preemption import StopSignals
 from .reference_sync import check_reference_sync
 from .reporting import ReportingMixin
-from .rollout_stage import RolloutMixin
-from .update import UpdateMixin
+from .scoring import Scorer, ScoringPasses
+from .sources import ActorGenerator, PromptDraw, RolloutSource
 
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(
-    AgentMixin,
-    AheadMixin,
-    RolloutMixin,
-    UpdateMixin,
-    CheckpointMixin,
-    EvaluationMixin,
-    ReportingMixin,
-    PublishMixin,
-    Trainer,
-    metaclass=abc.ABCMeta,
-):
+class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, ReportingMixin, PublishMixin, Trainer):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
@@ -132,7 +120,6 @@ class OnPolicyTrainer(
 
     algorithm_name = "on-policy"
     config_class = OnPolicyConfig
-    samples_per_group = 1  # mini-batches never split a group of this many consecutive samples (DPO: a pair)
 
     def __init__(
         self,
@@ -182,7 +169,7 @@ class OnPolicyTrainer(
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
-        reward_funcs = self.setup_agents(
+        self.multi_turn, reward_funcs = check_multi_turn(
             tools,
             environment_factory,
             rollout_func,
@@ -254,86 +241,56 @@ class OnPolicyTrainer(
             self.ref_model, scorers, self.accelerator.device, zero3_config, args.ref_reward_offload
         )
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
-        sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
-        self.loop = LoopState(sampler, self.initial_algorithm_state())
-        self.truncate_prompts = PromptTruncation(args.max_prompt_length)
         main = self.accelerator.is_main_process
         turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
         self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print, turns) if main else None
         self.metrics_log = MetricsLog(args.output_dir) if main else None
+        self.build_stages(train_dataset)
+
+    def build_stages(self, train_dataset) -> None:
+        """The loop's stages and the checkpoint parts of its state, each registered where it is made."""
+        args, tokenizer = self.args, self.processing_class
         self.checkpointer = Checkpointer(self.accelerator)
+        self.sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
+        self.prompt_draw = PromptDraw(self.sampler, train_dataset, args, self.accelerator)
+        self.generator = ActorGenerator(self)
+        self.scorer = Scorer(self.score, tokenizer, self.conversational, args, lambda: self.state)
+        source_args = (self.prompt_draw, self.generator, tokenizer, self.conversational, args)
+        if self.multi_turn.active:
+            self.rollout_source = MultiTurnSource(self.multi_turn, self, self.context_length(), *source_args)
+        elif args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
+            on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
+            self.rollout_source = AheadSource(self, self.scorer, on_worker, *source_args)
+        else:
+            self.rollout_source = RolloutSource(*source_args)
+        self.scoring_passes = ScoringPasses(self)
+        self.learner = Learner(self, self.compute_loss_on_batch)
+        self.training_buffer, self.pending_metrics = TrainingBuffer(), PendingMetrics()
+        self.algorithm_state = self.initial_algorithm_state()
+        self.meter = RunMeter(0)
+        register = self.checkpointer.register
+        register("sampler", self.sampler)
+        register("rollouts", self.prompt_draw)
+        register("algorithm", self.algorithm_state)
+        register("rollout_buffer", self.training_buffer, per_process=True)
+        register("pending_metrics", self.pending_metrics, per_process=True)
+        register("meter", self.meter, per_process=True)
+        if isinstance(self.rollout_source, AheadSource):
+            register("rollouts_ahead", self.rollout_source, per_process=True)
+
+    def context_length(self) -> int:
+        """The longest sequence generation may be given: the model's, or the backend's (vLLM's ``max_model_len``)."""
+        limits = [getattr(self.model.config, "max_position_embeddings", None), self.backend.max_model_len]
+        return min(limit for limit in limits if limit) if any(limits) else 2**31
+
+    @property
+    def reference_module(self) -> PreTrainedModel | None:
+        """The reference's Hugging Face model (inside its DeepSpeed inference engine under ZeRO-3); None under PEFT."""
+        return self.ref_model.module if self.zero3 and self.ref_model is not None else self.ref_model
 
     @property
     def deepspeed_config(self) -> dict | None:
         return self.accelerator.state.deepspeed_plugin.deepspeed_config if self.is_deepspeed_enabled else None
-
-    # ---- what each algorithm defines -------------------------------------------------------
-
-    @property
-    def logprob_temperature(self) -> float:
-        """Temperature of the log-probs the loss uses: the sampling temperature, the distribution samples came from."""
-        return self.args.temperature
-
-    checks_engine_in_loss = False  # whether the loss checks vLLM's log-probs (and corrects) with its own pass
-
-    def needs_old_logprobs(self) -> bool:
-        """Whether the rollout needs a separate pass for the sampling policy's log-probs (the importance ratio's
-        denominator). Not when each rollout is trained exactly once, in one optimizer step: the policy being trained
-        is then the one that sampled, so the training pass's own log-probs (detached) are the same numbers."""
-        return self.args.steps_per_rollout > 1
-
-    def needs_reference(self, args: OnPolicyConfig) -> bool:
-        """Whether the loss or the reward reads the reference's log-probs: with ``beta`` 0 there is no KL term, so
-        no reference copy is made and no reference pass runs."""
-        return args.beta > 0
-
-    def initial_algorithm_state(self) -> Stateful:
-        """What the algorithm carries from one rollout to the next (checkpointed with the loop state)."""
-        return NoAlgorithmState()
-
-    def checked_rewards(self, reward_funcs: list, args, dataset) -> tuple[list, torch.Tensor]:
-        """The reward functions (a reward model last), checked against the dataset's columns, and one weight each."""
-        return check_reward_funcs(reward_funcs, args.reward_weights, dataset, args.remove_unused_columns)
-
-    def score(self, inputs: RewardInputs, state: TrainerState | None = None) -> torch.Tensor:
-        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them. The functions read
-        ``state`` as ``trainer_state`` (default: the trainer's)."""
-        return score_completions(self.reward_funcs, inputs, state or self.state, self.args.reward_timeout)
-
-    @abc.abstractmethod
-    def compute_advantages(self, rollout: Rollout) -> Advantages:
-        """What the loss needs beyond the scored rollout, and the metrics to log; ``rollout`` stays unchanged."""
-
-    @abc.abstractmethod
-    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor | dict, dict[str, float]]:
-        """The loss of one micro-batch and its metrics. An algorithm that trains several modules may return
-        ``{module name: loss}`` instead, one term per module (their parameters must be disjoint)."""
-
-    def loss_mask(self, batch: Rollout) -> torch.Tensor:
-        """[B, C] the completion tokens the loss averages over: all of them, or with
-        ``mask_truncated_completions`` only those of completions that ended with EOS."""
-        if not self.args.mask_truncated_completions:
-            return batch.policy_mask
-        cut = ends_without_eos(batch.completion_ids, batch.completion_mask, self.processing_class.eos_token_id)
-        return batch.policy_mask * (~cut).unsqueeze(1)
-
-    def trained_modules(self) -> list[TrainedModule]:
-        """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""
-        return [
-            TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, self.model, self.save_actor)
-        ]
-
-    def prepare_for_training(self, max_steps: int) -> None:
-        """Create the optimizers and schedulers and let accelerate prepare them with their models."""
-        self.create_optimizer()
-        if self.is_deepspeed_enabled:  # DeepSpeed drops parameter groups without parameters (under LoRA: the
-            # no-weight-decay group); the scheduler must be made for the groups it steps
-            self.optimizer.param_groups[:] = [group for group in self.optimizer.param_groups if group["params"]]
-        self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
-        if self.args.gradient_checkpointing:
-            enable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs)
-        # Schedulers stay unprepared: accelerate would step them once per process for every optimizer step.
-        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -348,10 +305,26 @@ class OnPolicyTrainer(
             if lock is not None:
                 lock.release()
 
+    @torch.no_grad()
+    def make_rollout(self) -> RolloutBuffer:
+        """The next rollout, through each stage in order, as a buffer with a fixed mini-batch schedule."""
+        sampled = self.rollout_source.next()  # prompts -> completions
+        scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
+        rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
+        added = self.compute_advantages(rollout)  # the algorithm's part
+        rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
+        minibatch = self.args.train_batch_size // self.accelerator.num_processes
+        schedule = minibatch_schedule(len(rollout), minibatch, self.args.num_ppo_epochs, self.samples_per_group)
+        return RolloutBuffer(rollout.to("cpu"), schedule, metrics)
+
+    def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
+        """One global step's update of every trained module on ``minibatch`` (learner.py); its metrics."""
+        return self.learner.step(minibatch)
+
     def run_loop(self, checkpoint: Path | None) -> TrainOutput:
         """Train from ``checkpoint`` (or from the start) to ``max_steps``, with ``output_dir`` locked."""
         args = self.args
-        max_steps = args.total_steps(self.loop.sampler.num_prompts)  # a stream's: None, with max_steps set
+        max_steps = args.total_steps(self.sampler.num_prompts)  # a stream's: None, with max_steps set
         self.is_in_train = True
         self.prepare_for_training(max_steps)
         for module in self.trained_modules():
@@ -362,15 +335,13 @@ class OnPolicyTrainer(
         )
         self.state.train_batch_size, self.state.max_steps = args.train_batch_size, max_steps
         self.state.compute_steps(args, max_steps)
-        self.meter = RunMeter(0)
-        if checkpoint is not None:
-            resumed = self.checkpointer.load(checkpoint, self.checkpoint_contents())
-            self.loop.load_state_dict(resumed)
-            self.meter = RunMeter(self.state.global_step)
-            self.meter.load_state_dict(resumed["meter"])
+        self.meter.reset()
+        if checkpoint is not None:  # models, optimizers, TrainerState and every registered part, in place
+            self.checkpointer.load(checkpoint, self.checkpoint_contents())
             on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
             ours = [m.scheduler for m in self.trained_modules() if m.name != "actor" or self._created_lr_scheduler]
             resume_schedules(args, checkpoint, self.state.global_step, max_steps, ours, self.is_world_process_zero())
+        self.meter.begin(self.state.global_step)
         if self.metrics_log is not None:  # lines a killed run wrote after its checkpoint
             self.metrics_log.truncate_after(self.meter.start_step)
         if args.log_completions and self.completion_log is not None:
@@ -385,20 +356,21 @@ class OnPolicyTrainer(
                 while self.state.global_step < max_steps and not self.control.should_training_stop:
                     # a step begins before the rollout it needs, if any: generation is part of the step it feeds
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
-                    if self.loop.needs_rollout:
-                        self.loop.buffer = self.next_buffer()
-                        self.meter.tokens += int(self.loop.buffer.rollout.completion_mask.sum())
-                    metrics = self.train_on_minibatch(self.loop.buffer.next_minibatch())
-                    self.loop.record({**self.loop.buffer.metrics, **metrics})
+                    current = self.training_buffer
+                    if current.needs_rollout:
+                        current.buffer = self.make_rollout()
+                        self.meter.tokens += int(current.buffer.rollout.completion_mask.sum())
+                    metrics = self.train_on_minibatch(current.buffer.next_minibatch())
+                    self.pending_metrics.record({**current.buffer.metrics, **metrics})
                     self.state.global_step += 1
-                    self.sync_reference()
-                    self.state.epoch = self.loop.sampler.epoch
+                    self.learner.sync_reference(self.state.global_step)
+                    self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     saved = self.log_and_save()
                     if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
                         self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
         finally:
-            self.close_ahead()
+            self.rollout_source.close()
             self.backend.close()
             # Left ready to use: in train mode with gradient checkpointing, transformers' generate drops its KV cache
             # at every layer and each new token loses the context ("The capital of France is" -> "The-----").

@@ -4,6 +4,11 @@ completion log, and the end-of-training summary; and the evaluation and checkpoi
 from __future__ import annotations
 
 import torch
+from accelerate.utils import gather_object
+
+from ...ops import masked_mean
+from ...rewards import reward_func_name
+from ...rollout import Rollout, completion_rows
 
 
 class ReportingMixin:
@@ -34,7 +39,7 @@ class ReportingMixin:
         """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this
         step's evaluation); return whether a checkpoint was written."""
         if self.control.should_log:
-            logs = self.loop.take_means()
+            logs = self.pending_metrics.take_means()
             if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
                 means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
                 logs = dict(zip(logs, means.tolist()))
@@ -51,3 +56,26 @@ class ReportingMixin:
             self.control.should_save = False
             return True
         return False
+
+    def log_completions(self) -> None:
+        """Write the latest rollout's completions (every process's) to the completion log, once per rollout."""
+        buffer = self.training_buffer.buffer
+        if buffer is None or buffer.completions_logged:
+            return
+        names = [reward_func_name(f) for f in self.reward_funcs]
+        rows = completion_rows(buffer.rollout, self.processing_class, names, sample_advantages(buffer.rollout))
+        if self.accelerator.num_processes > 1:
+            rows = gather_object(rows)
+        if self.completion_log is not None:
+            self.completion_log.write(self.state.global_step, rows, self.callback_handler.callbacks)
+        buffer.completions_logged = True
+
+
+def sample_advantages(rollout: Rollout) -> torch.Tensor | None:
+    """One advantage per sample [N] for the completion log: RLOO's as they are, PPO's averaged over the completion's
+    tokens; None for an algorithm without advantages."""
+    if rollout.advantages is None:
+        return None
+    if rollout.advantages.dim() == 1:
+        return rollout.advantages
+    return masked_mean(rollout.advantages, rollout.policy_mask, dim=1)

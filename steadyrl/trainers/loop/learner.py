@@ -1,46 +1,49 @@
-"""One global step's update: the loss and its backward pass over micro-batches, clipping, the optimizer and
-scheduler steps of every trained module, and the reference's mixing under ``sync_ref_model``."""
+"""The learner: one global step's update. The loss and its backward pass over micro-batches, clipping, the optimizer
+and scheduler steps of every trained module, and the reference's mixing under ``sync_ref_model``."""
 
 from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-
-from transformers import PreTrainedModel
+from collections.abc import Callable
 
 from ...models.loading import deepspeed_backward
 from ...rollout import Rollout
 from .reference_sync import mix_into_reference, sync_due
 
 
-class UpdateMixin:
-    """The update half of ``OnPolicyTrainer``'s loop (a mixin of it: it uses the trainer's modules and args)."""
+class Learner:
+    """Trains the modules ``trained_modules()`` returns (the actor first) on one mini-batch per call, with the
+    algorithm's ``loss(model, micro_batch) -> (loss or {module: loss}, metrics)``."""
 
-    def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
+    def __init__(self, trainer, loss: Callable) -> None:
+        self.trainer, self.loss = trainer, loss
+
+    def step(self, minibatch: Rollout) -> dict[str, float]:
         """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``
         (gradients accumulate and are all-reduced on the last one), then ``apply_gradients``; its metrics."""
-        args, device = self.args, self.accelerator.device
-        modules = {module.name: module for module in self.trained_modules()}
+        trainer = self.trainer
+        accelerator, size = trainer.accelerator, trainer.args.micro_train_batch_size
+        modules = {module.name: module for module in trainer.trained_modules()}
         for module in modules.values():
             module.engine.train()
-        size = args.micro_train_batch_size
         num_micro = len(minibatch) // size
         metrics: dict[str, float] = defaultdict(float)
         for i in range(num_micro):
-            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(device)
+            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(accelerator.device)
             last = i == num_micro - 1
             with contextlib.ExitStack() as stack:
                 if not last:  # gradients are all-reduced on the last micro-batch only
                     for module in modules.values():
-                        stack.enter_context(self.accelerator.no_sync(module.engine))
-                loss, batch_metrics = self.compute_loss_on_batch(self.model_wrapped, batch)
+                        stack.enter_context(accelerator.no_sync(module.engine))
+                loss, batch_metrics = self.loss(trainer.model_wrapped, batch)
                 losses = loss if isinstance(loss, dict) else {"actor": loss}
                 total = sum(losses.values())
-                if self.is_deepspeed_enabled:
+                if trainer.is_deepspeed_enabled:
                     for name, part in losses.items():
                         deepspeed_backward(modules[name].engine, part, last)
                 else:
-                    self.accelerator.backward(total / num_micro)
+                    accelerator.backward(total / num_micro)
             metrics["loss"] += total.item() / num_micro
             for key, value in batch_metrics.items():
                 if key.endswith("/min"):  # the extremes over the micro-batches; the rest: their mean
@@ -53,14 +56,15 @@ class UpdateMixin:
 
     def apply_gradients(self) -> dict[str, float]:
         """Clip the accumulated gradients, step every optimizer and scheduler, zero the gradients; their metrics."""
-        metrics = {}
-        for module in self.trained_modules():
+        trainer, metrics = self.trainer, {}
+        max_norm = trainer.args.max_grad_norm
+        for module in trainer.trained_modules():
             prefix = "" if module.name == "actor" else f"{module.name}_"
-            if self.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
+            if trainer.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
                 norm = module.engine.get_global_grad_norm()
                 metrics[f"{prefix}grad_norm"] = float(norm) if norm is not None else 0.0
-            elif self.args.max_grad_norm and self.args.max_grad_norm > 0:
-                norm = self.accelerator.clip_grad_norm_(module.engine.parameters(), self.args.max_grad_norm)
+            elif max_norm and max_norm > 0:
+                norm = trainer.accelerator.clip_grad_norm_(module.engine.parameters(), max_norm)
                 metrics[f"{prefix}grad_norm"] = float(norm)
             metrics[f"{prefix}learning_rate"] = module.scheduler.get_last_lr()[0]
             module.optimizer.step()
@@ -68,15 +72,14 @@ class UpdateMixin:
             module.optimizer.zero_grad(set_to_none=True)
         return metrics
 
-    def sync_reference(self) -> None:
+    def sync_reference(self, global_step: int) -> None:
         """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
         (1 - alpha) x reference (reference_sync.py)."""
-        if sync_due(self.args, self.state.global_step):
+        trainer = self.trainer
+        if sync_due(trainer.args, global_step):
             mix_into_reference(
-                self.model, self.reference_module, self.args.ref_model_mixup_alpha, self.accelerator.is_main_process
+                trainer.model,
+                trainer.reference_module,
+                trainer.args.ref_model_mixup_alpha,
+                trainer.accelerator.is_main_process,
             )
-
-    @property
-    def reference_module(self) -> PreTrainedModel | None:
-        """The reference's Hugging Face model (inside its DeepSpeed inference engine under ZeRO-3); None under PEFT."""
-        return self.ref_model.module if self.zero3 and self.ref_model is not None else self.ref_model

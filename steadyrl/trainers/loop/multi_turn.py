@@ -1,0 +1,145 @@
+"""Multi-turn rollouts (TRL's ``tools``, ``environment_factory``, ``rollout_func``): the rollout source whose prompt
+rows become completions through the tool-call loop (agents/turns.py), or through the user's function.
+
+    check_multi_turn()   the arguments checked when the trainer is built -> ``MultiTurn`` and the reward functions
+    MultiTurnSource      ``RolloutSource.complete`` for tools / environments / rollout_func
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ...agents.chat_format import (
+    check_append_only,
+    check_tool_template,
+    enable_tool_parsing,
+    parse_turn,
+    tokenize_with_tools,
+    tool_suffix_ids,
+)
+from ...agents.environments import Environments
+from ...agents.rollout_func import trajectories_from
+from ...agents.tools import ToolBox
+from ...agents.turns import run_turns
+from ...generation import Generation
+from .sources import RolloutSource
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of a row's ``turn``-th tool round, from the row's seed: stable across restarts."""
+    if turn == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/turn/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+@dataclass
+class MultiTurn:
+    """The multi-turn arguments of a trainer, checked."""
+
+    tools: list = field(default_factory=list)
+    environments: Environments | None = None
+    rollout_func: Callable | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tools) or self.environments is not None or self.rollout_func is not None
+
+
+def check_multi_turn(
+    tools, environment_factory, rollout_func, tokenizer, conversational: bool, args, reward_funcs: list, dataset
+) -> tuple[MultiTurn, list]:
+    """Check the multi-turn arguments; return them and ``reward_funcs`` with a reward function for each environment
+    class that defines ``get_reward`` (weight 1, appended to ``reward_weights`` as in TRL)."""
+    tools = list(tools or [])
+    for i, tool in enumerate(tools):
+        if not callable(tool) or not hasattr(tool, "__name__"):
+            raise TypeError(
+                f"tools[{i}]={tool!r} is not a function: a tool is a function with type hints and a "
+                "Google-style docstring, called by its __name__."
+            )
+    if rollout_func is not None and not callable(rollout_func):
+        raise TypeError(
+            f"rollout_func={rollout_func!r} is not callable: give a function (prompts, trainer) -> "
+            "dict with prompt_ids, completion_ids and logprobs."
+        )
+    if rollout_func is not None and (tools or environment_factory is not None):
+        raise ValueError(
+            "rollout_func was given with tools / environment_factory: rollout_func generates the whole rollout "
+            "itself (run the tools inside it and return env_mask), so pass one or the other."
+        )
+    if args.max_staleness and (rollout_func is not None or tools or environment_factory is not None):
+        raise ValueError(
+            f"max_staleness={args.max_staleness} generates single-turn rollouts ahead on the vLLM server; "
+            "tools, environment_factory and rollout_func run synchronously: use max_staleness=0 with them."
+        )
+    environments = Environments(environment_factory, tools) if environment_factory is not None else None
+    multi_turn = MultiTurn(tools, environments, rollout_func)
+    if not tools and environments is None:
+        return multi_turn, reward_funcs
+    if not conversational:
+        raise ValueError(
+            "tools / environment_factory need conversational prompts (a 'prompt' column of {'role', 'content'} "
+            "message lists): tool calls and results are turns of a conversation rendered by the chat template."
+        )
+    kwargs = args.chat_template_kwargs or {}
+    check_tool_template(tokenizer, kwargs)
+    enable_tool_parsing(tokenizer)
+    if environments is not None:
+        environments.check_dataset(dataset)
+        tools = [tool for name in environments.factories for tool in environments.tools_of(name)]
+    check_append_only(tokenizer, tools, kwargs)
+    added = [] if environments is None else environments.reward_functions()
+    if added and args.reward_weights is not None and len(args.reward_weights) == len(reward_funcs):
+        args.reward_weights = [*args.reward_weights, *[1.0] * len(added)]
+    return multi_turn, reward_funcs + added
+
+
+class MultiTurnSource(RolloutSource):
+    """Rollouts whose completions interleave sampled turns with tool results (masked out of the loss by
+    ``env_mask``), or come from ``rollout_func(prompts, trainer)``."""
+
+    def __init__(self, multi_turn: MultiTurn, trainer, context_length: int, *args) -> None:
+        super().__init__(*args)
+        self.multi_turn, self.trainer, self.context_length = multi_turn, trainer, context_length
+
+    def complete(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
+        """``prompts`` come back as the reward functions see them (with an environment's ``reset()`` text)."""
+        args, tok, multi_turn = self.args, self.tokenizer, self.multi_turn
+        chunk = chunk or args.micro_generation_batch_size
+        if multi_turn.rollout_func is not None:
+            trainer = self.trainer
+            trainer.backend.sync_weights(trainer.model, version=trainer.state.global_step)
+            prompt_ids, generation = trajectories_from(multi_turn.rollout_func(prompts, trainer), len(prompts))
+            return prompts, prompt_ids, 0, generation
+        kwargs, tools = args.chat_template_kwargs or {}, multi_turn.tools
+        environments, boxes, tools_per_row = None, [ToolBox(tools)] * len(prompts), [tools] * len(prompts)
+        if multi_turn.environments is not None:
+            pool = multi_turn.environments
+            names = pool.names_for(columns, len(prompts))
+            environments = pool.instances(names)
+            prompts = pool.reset(environments, prompts, columns)
+            boxes = pool.tool_boxes(environments)
+            tools_per_row = [pool.tools_of(name) for name in names]
+        prompt_ids, truncated = self.truncate_prompts(tokenize_with_tools(prompts, tok, tools_per_row, kwargs))
+        first = self.generate(prompt_ids, seeds, chunk=chunk)
+
+        def next_turn(contexts: list[list[int]], rows: list[int], turn: int) -> Generation:
+            return self.generate(contexts, [turn_seed(seeds[i], turn) for i in rows], chunk=chunk)
+
+        trajectories = run_turns(
+            next_turn,
+            lambda i, ids, before: parse_turn(tok, ids, before, tools_per_row[i]),
+            lambda messages: tool_suffix_ids(tok, messages, kwargs),
+            prompt_ids,
+            first,
+            boxes,
+            args.max_completion_length,
+            args.max_tool_calling_iterations,
+            self.context_length,
+        )
+        if environments is not None:
+            trajectories.reward_kwargs["environments"] = environments
+        return prompts, prompt_ids, truncated, trajectories

@@ -1,0 +1,158 @@
+"""The scorer and the scoring passes: a sampled rollout's reward scores, then the padded ``Rollout`` with its
+weighted total and the log-probs the loss needs besides its own (the sampling policy's, the reference's), with
+vLLM's log-probs checked against the trainer's.
+
+    Scorer          reward functions / reward models (the algorithm's ``score``) on TRL's inputs -> [N, num_rewards]
+    ScoringPasses   padded tokens, weighted total, old and reference log-probs -> ``Rollout``; ``engine_check``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from ...agents.turns import Trajectories
+from ...data.prompts import as_completions, prompt_texts
+from ...distributed.placement import offloaded
+from ...generation import Generation
+from ...ops import (
+    batched_logprobs,
+    ends_without_eos,
+    engine_importance_weights,
+    importance_ratio_metrics,
+    masked_mean,
+    pad_prompts_and_completions,
+)
+from ...rewards import RewardInputs, reward_func_name, weighted_total
+from ...rollout import Rollout, TokenBatch, engine_logprob_tensor, rollout_metrics
+from .sources import Sampled
+
+
+def trajectory_fields(generation: Generation) -> dict:
+    """What a multi-turn generation adds to the reward inputs: the conversations and extra keyword arguments."""
+    if not isinstance(generation, Trajectories):
+        return {}
+    fields = {"extra": generation.reward_kwargs}
+    return fields if generation.completions is None else {**fields, "completions": generation.completions}
+
+
+class Scorer:
+    """Scores a sampled rollout's completions with ``score(inputs, trainer_state)`` (the trainer's: reward functions
+    and models, or online DPO's judge) on the inputs TRL's reward functions receive."""
+
+    def __init__(self, score: Callable, tokenizer, conversational: bool, args, trainer_state: Callable) -> None:
+        self.score_inputs, self.tokenizer, self.conversational, self.args = score, tokenizer, conversational, args
+        self.trainer_state = trainer_state
+
+    def __call__(self, sampled: Sampled, state=None, tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores [N, num_rewards] with ``state`` as ``trainer_state`` (default: the trainer's now), and the metrics
+        the reward functions logged; ``tokenizer`` decodes (default the policy's; a worker thread passes its own)."""
+        inputs = self.reward_inputs(sampled.prompts, sampled.prompt_ids, sampled.generation, sampled.columns, tokenizer)
+        return self.score_inputs(inputs, state or self.trainer_state()), inputs.metric_means()
+
+    def reward_inputs(self, prompts, prompt_ids, generation: Generation, columns: dict, tokenizer=None) -> RewardInputs:
+        """What reward functions and judges see of the completions, in TRL's conventions."""
+        tok, kwargs = tokenizer or self.tokenizer, self.args.chat_template_kwargs
+        texts = tok.batch_decode(generation.completion_ids, skip_special_tokens=True)
+        inputs = RewardInputs(
+            prompts=prompts,
+            completions=as_completions(texts, self.conversational),
+            completion_ids=generation.completion_ids,
+            columns=columns,
+            prompt_ids=prompt_ids,
+            completion_texts=texts,
+            prompt_texts=prompt_texts(prompts, tok, self.conversational, kwargs),
+        )
+        return dataclasses.replace(inputs, **trajectory_fields(generation))
+
+
+class ScoringPasses:
+    """The passes over a scored rollout before training: the sampling policy's log-probs where the loss needs them
+    apart from its own pass (``needs_old_logprobs``), the reference's where a KL term reads them, and the check of
+    vLLM's log-probs (``engine_check``)."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    @torch.no_grad()
+    def __call__(self, sampled: Sampled, scores: torch.Tensor, metrics: dict) -> tuple[Rollout, dict[str, float]]:
+        """The padded ``Rollout`` [N, P + C] of ``sampled`` with its scores [N, num_rewards], and its metrics."""
+        trainer, generation = self.trainer, sampled.generation
+        engine, args = generation.logprobs is not None, trainer.args
+        rollout = self.padded(sampled.prompt_ids, generation.completion_ids, scores, engine, generation)
+        names = [reward_func_name(func) for func in trainer.reward_funcs]
+        metrics = {**rollout_metrics(rollout, scores, names, sampled.generation_time), **metrics}
+        if engine:  # health of the weight sync (and the correction): engine vs trainer
+            engine_logprobs = engine_logprob_tensor(generation.logprobs, rollout.completion_mask.float())
+            if rollout.old_logprobs is None:  # trained once: the training pass's own log-probs check and correct
+                rollout = dataclasses.replace(rollout, engine_logprobs=engine_logprobs)
+            else:
+                weights, checked = engine_check(args, rollout.old_logprobs, engine_logprobs, rollout.policy_mask)
+                rollout, metrics = dataclasses.replace(rollout, engine_weights=weights), {**metrics, **checked}
+        return rollout, metrics
+
+    def padded(self, prompt_ids, completion_ids, scores, engine: bool, generation: Generation) -> Rollout:
+        trainer = self.trainer
+        args, tok, device = trainer.args, trainer.processing_class, trainer.accelerator.device
+        tokens = TokenBatch(**pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device))
+        env_mask = getattr(generation, "env_mask", None)  # multi-turn: the completion tokens the policy sampled
+        if env_mask is not None:
+            env_mask = pad_prompts_and_completions(prompt_ids, env_mask, 0, device)["completion_ids"]
+        total = weighted_total(scores, trainer.reward_weights).to(device)  # [N]: a None (NaN) score left out
+        if args.missing_eos_penalty is not None:
+            no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
+            total = trainer.penalise_missing_eos(total, no_eos)
+        # vLLM's log-probs are checked against them, here or (a loss that can: ``checks_engine_in_loss``) by the
+        # training pass of a rollout trained once
+        needed = trainer.needs_old_logprobs() or (engine and not trainer.checks_engine_in_loss)
+        old_logprobs = self.policy_logprobs(trainer.model, tokens) if needed else None
+        ref_logprobs = self.reference_logprobs(tokens) if trainer.uses_reference else None
+        return Rollout(
+            **vars(tokens),
+            scores=total,
+            reward_scores=scores.to(device),
+            ref_logprobs=ref_logprobs,
+            old_logprobs=old_logprobs,
+            env_mask=env_mask,
+        )
+
+    def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
+        """[N, C] log-probs of the completion tokens under ``model``, at the algorithm's ``logprob_temperature``, in
+        micro-batches of ``micro_rollout_batch_size``."""
+        trainer = self.trainer
+        size = trainer.args.micro_rollout_batch_size
+        return batched_logprobs(model, tokens.token_tensors, trainer.logprob_temperature, size)
+
+    def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
+        """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""
+        trainer = self.trainer
+        if trainer.ref_model is not None:
+            offload = trainer.args.ref_reward_offload and not trainer.zero3  # ZeRO-3: the engine offloads
+            with offloaded(trainer.ref_model, trainer.accelerator.device, offload):
+                return self.policy_logprobs(trainer.ref_model, tokens)
+        with trainer.model.disable_adapter():
+            return self.policy_logprobs(trainer.model, tokens)
+
+
+def engine_check(
+    args, trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """vLLM's log-probs of the sampled tokens against the trainer's [N, C] over ``mask``: their mean absolute
+    difference (``generation_logprob_diff``: about 1e-7 in float32 when the engine runs the trainer's weights; more
+    means a lag, a broken weight sync or another precision) and, with ``vllm_importance_sampling_correction``, the
+    truncated importance weights pi_trainer / pi_vLLM and their min / mean / max (TRL's
+    ``sampling/importance_sampling_ratio/*``); None without the correction."""
+    metrics = {"generation_logprob_diff": masked_mean((engine_logprobs - trainer_logprobs).abs(), mask).item()}
+    if not getattr(args, "vllm_importance_sampling_correction", False):
+        return None, metrics
+    weights = engine_importance_weights(
+        trainer_logprobs,
+        engine_logprobs,
+        mask,
+        args.vllm_importance_sampling_mode,
+        args.vllm_importance_sampling_clip_max,
+        args.vllm_importance_sampling_clip_min,
+    )
+    return weights, {**metrics, **importance_ratio_metrics(weights, mask)}

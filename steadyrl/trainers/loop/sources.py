@@ -1,0 +1,138 @@
+"""Rollout sources: where a rollout's completions come from. One small interface, ``RolloutSource``:
+
+    next()       the next rollout's prompts (this process's share, drawn by ``PromptDraw``), sampled -> ``Sampled``
+    complete()   completions for given prompt rows (evaluation reuses it)
+    drain()      wait for work in flight (before a checkpoint or an evaluation); close() at the end
+
+Implementations: ``RolloutSource`` itself (single-turn, synchronous), ``MultiTurnSource`` (tools, environments,
+``rollout_func``: multi_turn.py) and ``AheadSource`` (``max_staleness``: generated and scored ahead, ahead.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ...data.prompts import PromptTruncation, tokenize_prompts
+from ...data.sampling import next_rows
+from ...distributed.fsdp import unsharded
+from ...distributed.zero import gathered_for_generation
+from ...generation import Generation, sampling_seed
+
+
+@dataclass
+class Sampled:
+    """One rollout's completions, before the scoring passes. Shapes: N samples (prompts x n_samples_per_prompt)."""
+
+    prompts: list  # [N] as the reward functions see them (multi-turn: with an environment's reset() text)
+    columns: dict[str, list]  # the dataset's other columns, [N] values each
+    prompt_ids: list[list[int]]  # [N] the policy's prompt tokens, after max_prompt_length
+    generation: Generation  # [N] completions (multi-turn: ``Trajectories``, with env_mask and conversations)
+    generation_time: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    scores: torch.Tensor | None = None  # [N, num_rewards] where the source scored them already (generated ahead)
+
+
+def repeat_rows(rows: dict[str, list], k: int, keep_columns: bool) -> tuple[list, dict[str, list]]:
+    """The prompts and the other columns of ``rows``, each row repeated ``k`` times (one per sample); without
+    ``keep_columns`` (``remove_unused_columns``) no other column."""
+    prompts = [p for p in rows.pop("prompt") for _ in range(k)]
+    if not keep_columns:
+        return prompts, {}
+    return prompts, {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
+
+
+class PromptDraw:
+    """This process's share of each rollout's prompts, each ``n_samples_per_prompt`` times, and one sampling seed per
+    sample from (seed, rollout, prompt, sample). Its state, the number of rollouts drawn, is a checkpoint part."""
+
+    def __init__(self, sampler, dataset, args, accelerator) -> None:
+        self.sampler, self.dataset, self.args, self.accelerator = sampler, dataset, args, accelerator
+        self.rollouts = 0  # rollouts drawn so far: part of every completion's sampling seed
+
+    def __call__(self) -> tuple[list, dict[str, list], list[int]]:
+        k, seed = self.args.n_samples_per_prompt, self.args.seed
+        prompts, columns, first_prompt = self.next_prompts()
+        seeds = [sampling_seed(seed, self.rollouts, first_prompt + i // k, i % k) for i in range(len(prompts))]
+        self.rollouts += 1
+        return prompts, columns, seeds
+
+    def next_prompts(self) -> tuple[list, dict[str, list], int]:
+        """This process's share of the next rollout's prompts and columns, each repeated ``n_samples_per_prompt``
+        times, and the index of its first prompt in the whole rollout."""
+        args = self.args
+        per_process = args.rollout_batch_size // self.accelerator.num_processes
+        first = self.accelerator.process_index * per_process
+        rows = next_rows(self.sampler, self.dataset, args.rollout_batch_size, slice(first, first + per_process))
+        return *repeat_rows(rows, args.n_samples_per_prompt, not args.remove_unused_columns), first
+
+    def state_dict(self) -> dict:
+        return {"count": self.rollouts}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rollouts = state["count"]
+
+
+class ActorGenerator:
+    """One completion per prompt row with the trainer's current actor through its generation backend, each sampled
+    with its seed; the actor's weights pushed first, and gathered for HF generate under ZeRO-3 or FSDP2."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    def __call__(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
+        """With HF generate in calls of ``chunk`` rows (all at once if None); vLLM schedules its own batches."""
+        trainer = self.trainer
+        backend, actor = trainer.backend, trainer.model
+        backend.sync_weights(actor, version=trainer.state.global_step)
+        if not backend.capabilities.runs_training_model or chunk is None:
+            chunk = max(1, len(prompt_ids))
+        if not backend.capabilities.runs_training_model:
+            whole = contextlib.nullcontext()
+        elif trainer.fsdp_version:
+            whole = unsharded(actor, trainer.accelerator.state.fsdp_plugin.reshard_after_forward)
+        else:
+            whole = gathered_for_generation(trainer.model_wrapped)
+        with whole:
+            parts = [
+                backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk])
+                for i in range(0, len(prompt_ids), chunk)
+            ]
+        return Generation.concatenate(parts)
+
+
+class RolloutSource:
+    """Single-turn rollouts, generated when asked: each prompt tokenized (chat template for conversations), cut to
+    ``max_prompt_length``, and completed once."""
+
+    def __init__(self, draw: PromptDraw, generate: ActorGenerator, tokenizer, conversational: bool, args) -> None:
+        self.draw, self.generate, self.tokenizer, self.args = draw, generate, tokenizer, args
+        self.conversational = conversational
+        self.truncate_prompts = PromptTruncation(args.max_prompt_length)
+
+    def next(self) -> Sampled:
+        prompts, columns, seeds = self.draw()
+        start = time.time()
+        prompts, prompt_ids, truncated, generation = self.complete(prompts, columns, seeds)
+        metrics = {**getattr(generation, "metrics", {}), "prompts_truncated": truncated / len(prompts)}
+        return Sampled(prompts, columns, prompt_ids, generation, time.time() - start, metrics)
+
+    def complete(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
+        """``(prompts, prompt_ids, prompts truncated, generation)`` for prompt rows; HF generate runs in calls of
+        ``chunk`` rows (default ``micro_generation_batch_size``)."""
+        prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
+        generation = self.generate(prompt_ids, seeds, chunk=chunk or self.args.micro_generation_batch_size)
+        return prompts, prompt_ids, truncated, generation
+
+    def tokenize(self, prompts: list) -> list[list[int]]:
+        """The token ids the policy sees for each prompt, before truncation to ``max_prompt_length``."""
+        return tokenize_prompts(prompts, self.tokenizer, self.conversational, self.args.chat_template_kwargs)
+
+    def drain(self) -> None:
+        """Nothing in flight: rollouts are generated when asked."""
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,194 @@
+"""max_staleness: rollouts generated (and scored) on a vLLM server while the trainer trains. The lag is logged, the
+loss corrects it with the sampling policy's own log-probs, and a run killed at any moment resumes byte-identical
+(crash fuzzing against the server)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, read_logs, run_toy
+from support.toy_run import make_trainer
+from support.vllm_serving import serving
+from transformers import TrainerCallback
+
+from steadyrl import GRPOTrainer
+from steadyrl.ops import completion_logprobs
+from steadyrl.toy import toy_model_path
+
+MAX_MODEL_LEN = 256
+ASYNC = [
+    "use_vllm=true",
+    "vllm_dtype=float32",
+    "vllm_mode=server",
+    "vllm_importance_sampling_correction=true",
+    "vllm_importance_sampling_mode=token_truncate",
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving(toy_model_path(), MAX_MODEL_LEN) as url:
+        yield url
+
+
+def async_settings(url: str, staleness: int) -> dict:
+    return dict(
+        use_vllm=True,
+        vllm_dtype="float32",
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=100.0,
+        max_staleness=staleness,
+    )
+
+
+class Recorder(TrainerCallback):
+    """The actor's weights before each step, and each rollout buffer trained on."""
+
+    def __init__(self):
+        self.trainer, self.weights, self.buffers = None, {}, []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.weights[state.global_step] = {k: v.detach().clone() for k, v in self.trainer.model.state_dict().items()}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        buffer = self.trainer.training_buffer.buffer
+        if not self.buffers or self.buffers[-1][1] is not buffer:
+            self.buffers.append((state.global_step, buffer))
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_rollouts_are_sampled_with_older_weights_and_the_loss_corrects_with_the_sampling_logprobs(
+    server, tmp_path, staleness
+):
+    recorder = Recorder()
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="grpo",
+        callbacks=[recorder],
+        max_steps=12,
+        save_steps=100,
+        **async_settings(server, staleness),
+    )
+    recorder.trainer = trainer
+    trainer.train()
+    logs = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
+    # 4 steps a rollout: rollout r (trained from step 4r) was sampled with the weights of step 4 * max(0, r - s)
+    lags = [logs[step]["async/staleness_steps"] for step in (1, 5, 9)]
+    assert lags == [4 * min(r, staleness) for r in range(3)], lags
+    assert all("async/trainer_wait_s" in logs[s] and "async/generator_wait_s" in logs[s] for s in (1, 5, 9))
+    # The importance weight of each token is pi_trainer / pi_sampling: its denominator is the log-prob under the
+    # weights the rollout was sampled with, not under the trainer's current ones.
+    first_step, buffer = recorder.buffers[-1]  # the last rollout, sampled 4 * s steps before it was trained on
+    rollout, sampled_at = buffer.rollout, first_step - 1 - 4 * staleness
+    model = trainer.model
+    current = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        model.load_state_dict(recorder.weights[sampled_at])
+        with torch.no_grad():
+            sampling, _ = completion_logprobs(model.eval(), *rollout.token_tensors, temperature=1.0)
+    finally:
+        model.load_state_dict(current)
+    mask = rollout.completion_mask.bool() & (rollout.engine_weights < 100)  # not truncated
+    implied = rollout.old_logprobs - rollout.engine_weights.log()  # log pi_trainer - log w = log pi_sampling
+    assert (implied - sampling)[mask].abs().max() < 1e-4
+    assert (rollout.old_logprobs - sampling)[mask].abs().max() > 1e-3, "the trainer's weights had not moved"
+
+
+class SeparatePass(GRPOTrainer):
+    checks_engine_in_loss = False  # a scoring pass for the sampling policy's log-probs, as before
+
+
+def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tmp_path):
+    """One optimizer step per rollout (2 micro-batches): no separate pass computes the trainer's log-probs of the
+    sampled tokens; the training pass's own (detached) are checked against vLLM's and give the importance weights.
+    The run equals one with the separate pass, while the lag moves the weights well away from 1."""
+    one_step = dict(
+        train_batch_size=8,
+        micro_train_batch_size=4,
+        num_ppo_epochs=1,
+        max_steps=6,
+        save_steps=100,
+        learning_rate=1e-3,
+        **async_settings(server, 1),
+    )
+    in_loss = make_trainer(tmp_path / "in-loss", algorithm="grpo", **one_step)
+    in_loss.train()
+    assert in_loss.training_buffer.buffer.rollout.old_logprobs is None and in_loss.training_buffer.buffer.rollout.engine_logprobs is not None
+    separate = make_trainer(tmp_path / "separate", algorithm="grpo", trainer_cls=SeparatePass, **one_step)
+    separate.train()
+    assert separate.training_buffer.buffer.rollout.old_logprobs is not None
+    ratio = "sampling/importance_sampling_ratio"
+    lagged = [e for e in in_loss.state.log_history if e.get("async/staleness_steps", 0) > 0]
+    assert lagged and max(max(e[f"{ratio}/max"] - 1, 1 - e[f"{ratio}/min"]) for e in lagged) > 0.05
+    for a, b in zip(in_loss.state.log_history, separate.state.log_history, strict=True):
+        for key in (f"{ratio}/min", f"{ratio}/max", "loss"):
+            assert abs(a[key] - b[key]) < 1e-4 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
+        for key in (f"{ratio}/mean", "generation_logprob_diff"):  # micro-batch means here, token means there
+            assert abs(a[key] - b[key]) <= 0.05 * abs(b[key]) + 1e-6, (a["step"], key, a[key], b[key])
+    for name, param in in_loss.model.named_parameters():
+        torch.testing.assert_close(param, separate.model.get_parameter(name), atol=1e-6, rtol=1e-5)
+
+
+def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
+    trainer = make_trainer(
+        tmp_path, algorithm="rloo", loss_type="dapo", max_steps=8, save_steps=100, **async_settings(server, 1)
+    )
+    trainer.train()
+    lags = [e["async/staleness_steps"] for e in trainer.state.log_history if "async/staleness_steps" in e]
+    assert lags[0] == 0 and lags[-1] == 4
+    assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+def test_a_killed_async_run_resumes_byte_identical(server, tmp_path_factory):
+    overrides = [*ASYNC, f"vllm_server_base_url={server}", "max_staleness=1", "max_steps=12", "save_steps=3"]
+    flags = ["--algorithm", "grpo"]
+    reference, resumed = tmp_path_factory.mktemp("async-reference"), tmp_path_factory.mktemp("async-resumed")
+    run_toy(reference, *flags, overrides=overrides)
+    run_toy(resumed, *flags, "--kill-after-save", "6", expect_kill=True, overrides=overrides)
+    saved = json.loads((resumed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())
+    assert len(saved["queue"]) == 1 and saved["queue"][0]["version"] == 4, "the rollout generated ahead is stored"
+    run_toy(resumed, *flags, "--resume", overrides=overrides)
+    ref = (reference / "final-actor" / "model.safetensors").read_bytes()
+    assert (resumed / "final-actor" / "model.safetensors").read_bytes() == ref, "final actor weights differ"
+    ref_logs, new_logs = read_logs(reference), read_logs(resumed)
+    for step in range(7, 13):
+        for key in ref_logs[step]:
+            if not key.startswith("async/") and "per_second" not in key:
+                assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [
+        ("grpo", ["max_staleness=1"]),  # 4 steps a rollout: a separate pass for the sampling policy's log-probs
+        # one step a rollout, two ahead: the training pass corrects with its own log-probs
+        ("rloo", ["max_staleness=2", "loss_type=dapo", "beta=0.0", "train_batch_size=8", "num_ppo_epochs=1"]),
+    ],
+)
+def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
+    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *ASYNC, f"vllm_server_base_url={server}", *extra]
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "support" / "crash_fuzz.py"),
+        str(tmp_path),
+        "--algorithm",
+        algorithm,
+        "--kills",
+        "10",
+        "--seed",
+        "0",
+        "--set",
+        *settings,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    events = json.loads((tmp_path / "report.json").read_text())["events"]
+    assert sum(event["killed"] for event in events) == 10, events
+    assert any(event["mode"] == "in-save" and event["killed"] for event in events), "no kill hit a checkpoint write"
