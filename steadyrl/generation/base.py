@@ -20,6 +20,40 @@ class SamplingSettings:
     extra: dict = field(default_factory=dict)  # generation_kwargs: more GenerationConfig / SamplingParams arguments
     cache_implementation: str | None = None  # transformers' KV cache (HF generate only)
 
+    @classmethod
+    def from_config(cls, args) -> SamplingSettings:
+        """The sampling settings of an ``OnPolicyConfig``."""
+        return cls(
+            max_new_tokens=args.max_completion_length,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            extra=dict(args.generation_kwargs or {}),
+            cache_implementation=args.cache_implementation,
+        )
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a generation backend can do, as the trainer and the config's checks ask it.
+
+    Args:
+        runs_training_model: samples with the trained model itself (gathered first under ZeRO-3 or FSDP2, called in
+            chunks of ``micro_generation_batch_size`` rows); False: an engine with its own copy of the weights.
+        returns_logprobs: reports each sampled token's log-prob (the check of the weight sync, and
+            ``vllm_importance_sampling_correction``).
+        weight_push: how the actor's weights reach the engine after an update: ``"full"`` (every weight, LoRA
+            merged), ``"adapter"`` (a LoRA actor's adapter alone); empty for a backend that samples with the model.
+        pushes_copies: ``push_copy`` generates from a copy of the weights taken earlier (``max_staleness``).
+    """
+
+    runs_training_model: bool = False
+    returns_logprobs: bool = False
+    weight_push: frozenset[str] = frozenset()
+    pushes_copies: bool = False
+
 
 @dataclass
 class Generation:
@@ -35,13 +69,33 @@ class Generation:
 
 
 class GenerationBackend(ABC):
-    """Generates one completion per prompt row; rows that share a prompt are sampled independently."""
+    """Generates one completion per prompt row; rows that share a prompt are sampled independently.
 
-    runs_training_model = True  # False for an engine with its own copy of the weights (vLLM)
+    A backend is registered by name in ``steadyrl.generation.BACKENDS``; the config names it
+    (``OnPolicyConfig.generation_backend``) and ``make_backend`` builds it with ``from_config``.
+    """
+
+    capabilities = Capabilities(runs_training_model=True)
 
     def __init__(self, tokenizer, settings: SamplingSettings) -> None:
         self.tokenizer = tokenizer
         self.settings = settings
+
+    @classmethod
+    def from_config(cls, args, tokenizer, model: torch.nn.Module, device: torch.device, logprob_temperature: float):
+        """The backend for an ``OnPolicyConfig``, with every check that can fail before training; the default
+        takes the sampling settings only. ``logprob_temperature``: the temperature of the trainer's log-probs."""
+        return cls(tokenizer, SamplingSettings.from_config(args))
+
+    @property
+    def runs_training_model(self) -> bool:
+        """``capabilities.runs_training_model`` (the loop's earlier name for it)."""
+        return self.capabilities.runs_training_model
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The longest sequence (prompt and completion) the engine takes; None: the model's own limit."""
+        return None
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:  # noqa: B027 - optional hook
         """Make the engine generate with ``model``'s weights as of ``version`` (the global step); a no-op for
@@ -51,6 +105,15 @@ class GenerationBackend(ABC):
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
         """Sample one completion per prompt row; ``seeds`` holds one sampling seed per row for engines that
         take them (HF generate draws from the global torch RNG instead, which checkpoints restore)."""
+
+    def push_copy(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        """Generate from now on with ``weights``, a copy of the actor's (merged) at ``version`` taken earlier, from
+        another thread than the trainer's (``max_staleness``). Only where ``capabilities.pushes_copies``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot generate from a copy of the weights taken earlier "
+            "(capabilities.pushes_copies is False), which max_staleness > 0 needs: use use_vllm=True with "
+            "vllm_mode='server', or max_staleness=0."
+        )
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources (a later ``sync_weights`` starts it again)."""

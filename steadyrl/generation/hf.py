@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from .base import Generation, GenerationBackend, trim_completion
+from .base import Capabilities, Generation, GenerationBackend, trim_completion
 
 
 class HFGenerationBackend(GenerationBackend):
-    """Samples with the training model itself."""
+    """Samples with the training model itself, from the global torch RNG (which checkpoints restore)."""
+
+    capabilities = Capabilities(runs_training_model=True)
 
     def generation_config(self) -> GenerationConfig:
         s, tok = self.settings, self.tokenizer

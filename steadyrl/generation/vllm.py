@@ -24,10 +24,10 @@ from ..checkpoint.rng import rng_untouched
 from ..distributed.fsdp import is_sharded
 from ..models.peft import base_config
 from ..reporting.quiet import quiet_vllm_logs, quiet_vllm_weight_reload
-from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
+from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
 from .engine_dir import EngineDir
-from .lora_sync import adapter_state, write_adapter
-from .weights import whole_weights
+from .lora_sync import adapter_rank, adapter_state, choose_sync, engine_rank, write_adapter
+from .weights import check_mergeable, whole_weights
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,36 @@ def check_servable(config, device: torch.device) -> None:
         )
 
 
+@dataclass
+class EnginePlan:
+    """What a vLLM engine (colocated or a server) must run for a config and an actor."""
+
+    config: object  # the actor's base model config
+    adapter_only: bool  # push a LoRA actor's adapter alone (its base weights once)
+    max_model_len: int
+    dtype: str
+    logprobs_mode: str
+
+
+def engine_plan(args, model: torch.nn.Module, logprob_temperature: float, on_cpu: bool, weight_push) -> EnginePlan:
+    """The checks every vLLM backend makes before training, and what its engine must run; ``weight_push``: the
+    backend's ``capabilities.weight_push``."""
+    if args.cache_implementation is not None:
+        raise ValueError(
+            f"cache_implementation={args.cache_implementation!r} is for transformers' generate; with use_vllm=True "
+            "vLLM manages its own KV cache. Leave cache_implementation unset, or use_vllm=False."
+        )
+    check_mergeable(model)
+    adapter_only = "adapter" in weight_push and choose_sync(args.vllm_lora_sync, model, on_cpu) == "adapter"
+    config = base_config(model)
+    needed = args.max_prompt_length + args.max_completion_length
+    max_model_len = args.vllm_max_model_len or min(needed, getattr(config, "max_position_embeddings", needed))
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if args.vllm_dtype == "auto" else args.vllm_dtype
+    # vLLM reports log-probs after temperature ("processed") or before it ("raw"): pick what the trainer uses
+    logprobs_mode = "processed_logprobs" if logprob_temperature == args.temperature else "raw_logprobs"
+    return EnginePlan(config, adapter_only, max_model_len, dtype, logprobs_mode)
+
+
 @contextlib.contextmanager
 def scoped_environment(values: dict[str, str]) -> Iterator[None]:
     """``os.environ`` updated with ``values`` for the block, then as it was (a variable that was absent is removed)."""
@@ -102,7 +132,7 @@ def engine_variables(settings: EngineSettings, on_cuda: bool) -> dict[str, str]:
 class VLLMGenerationBackend(GenerationBackend):
     """Samples with vLLM; ``sync_weights`` keeps the engine's weights equal to the actor's."""
 
-    runs_training_model = False
+    capabilities = Capabilities(returns_logprobs=True, weight_push=frozenset({"full", "adapter"}))
 
     def __init__(self, tokenizer, settings: SamplingSettings, engine: EngineSettings, device: torch.device) -> None:
         super().__init__(tokenizer, settings)
@@ -117,6 +147,29 @@ class VLLMGenerationBackend(GenerationBackend):
         self.adapters_loaded = 0
         if engine.enable_sleep_mode and device.type != "cuda":
             logger.warning("vllm_enable_sleep_mode has no effect on %s: vLLM's sleep mode needs CUDA.", device.type)
+
+    @classmethod
+    def from_config(cls, args, tokenizer, model, device, logprob_temperature):
+        plan = engine_plan(args, model, logprob_temperature, device.type == "cpu", cls.capabilities.weight_push)
+        import_vllm()
+        check_servable(plan.config, device)
+        engine = EngineSettings(
+            max_model_len=plan.max_model_len,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+            dtype=plan.dtype,
+            enable_sleep_mode=args.vllm_enable_sleep_mode,
+            kv_cache_space=args.vllm_kv_cache_space,
+            seed=args.seed,
+            logprobs_mode=plan.logprobs_mode,
+            world_size=args.world_size,
+            lora_rank=engine_rank(adapter_rank(model)) if plan.adapter_only else None,
+        )
+        return cls(tokenizer, SamplingSettings.from_config(args), engine, device)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
 
     def _start(self, model: torch.nn.Module) -> None:
         vllm = import_vllm()

@@ -28,11 +28,12 @@ from accelerate import PartialState
 from .. import compat
 from ..distributed.fsdp import is_sharded
 from ..distributed.processes import on_main_process
-from .base import Generation, GenerationBackend, SamplingSettings, trim_completion
-from .lora_sync import CPU_COST, adapter_bytes, adapter_state
+from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
+from .lora_sync import CPU_COST, adapter_bytes, adapter_rank, adapter_state
 from .server_adapters import ADAPTER_PREFIX
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
+from .vllm import engine_plan
 from .weights import whole_weights
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class VLLMServerBackend(GenerationBackend):
         generation = backend.generate(model, [[5, 6, 7]], seeds=[1234])
     """
 
-    runs_training_model = False
+    capabilities = Capabilities(returns_logprobs=True, weight_push=frozenset({"full", "adapter"}), pushes_copies=True)
 
     def __init__(
         self, tokenizer, settings: SamplingSettings, server: ServerSettings, transfer: WeightTransfer | None = None
@@ -211,6 +212,19 @@ class VLLMServerBackend(GenerationBackend):
         self.transfer = transfer
         self._synced_version: int | None = None
         self.pushes = 0
+
+    @classmethod
+    def from_config(cls, args, tokenizer, model, device, logprob_temperature):
+        # the server's device is checked when it answers (served_adapter_rank)
+        plan = engine_plan(args, model, logprob_temperature, False, cls.capabilities.weight_push)
+        server = server_settings(args, plan.config, plan.max_model_len, plan.dtype, plan.logprobs_mode)
+        server.adapter_rank = adapter_rank(model) if plan.adapter_only else None
+        server.adapter_required = args.vllm_lora_sync == "adapter"
+        return cls(tokenizer, SamplingSettings.from_config(args), server)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.server.max_model_len
 
     def sync_weights(self, model: torch.nn.Module, version: int) -> None:
         if version == self._synced_version:

@@ -330,6 +330,11 @@ class VLLMFields:
         },
     )
 
+    @property
+    def generation_backend(self) -> str:
+        """The name of the generation backend in ``steadyrl.generation.BACKENDS``: 'hf', or 'vllm_' + vllm_mode."""
+        return f"vllm_{self.vllm_mode}" if self.use_vllm else "hf"
+
 
 @dataclass
 class CheckpointFields:

@@ -9,6 +9,7 @@ import os
 import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
+from ...generation import BACKENDS
 from .batch_hierarchy import check_positive_int
 
 
@@ -233,13 +234,15 @@ def check_sync_ref_settings(config) -> None:
 
 
 def check_staleness(config) -> None:
-    """``max_staleness`` > 0 overlaps generation on a vLLM server with training, in one process, for GRPO and RLOO."""
+    """``max_staleness`` > 0 overlaps generation with training, in one process, for GRPO and RLOO: on a backend that
+    generates from a copy of the weights taken earlier (``capabilities.pushes_copies``: the vLLM server)."""
     staleness = config.max_staleness
     if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
         raise ValueError(f"max_staleness={staleness!r} is invalid: use 0 (synchronous) or a positive integer.")
     if not staleness:
         return
-    if not (config.use_vllm and config.vllm_mode == "server"):
+    backend = BACKENDS.get(config.generation_backend)  # None: an invalid vllm_mode, refused by check_vllm
+    if backend is None or not backend.capabilities.pushes_copies:
         raise ValueError(
             f"max_staleness={staleness} generates on a vLLM server while the trainer trains: set use_vllm=True and "
             f"vllm_mode='server' (got use_vllm={config.use_vllm}, vllm_mode={config.vllm_mode!r}), or "
