@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch
 
+from ...generation import backend_class
 from ...ops import (
     ENGINE_CORRECTION_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -125,7 +126,8 @@ class PolicyLossOptions:
                 f"{self.max_staleness} rollout(s) old: set vllm_importance_sampling_correction=True, which weighs "
                 "each token's loss by pi_trainer / pi_sampling (truncated) to correct for the lag."
             )
-        if self.vllm_importance_sampling_correction and not self.use_vllm:
+        sampling = backend_class(self.generation_backend).capabilities
+        if self.vllm_importance_sampling_correction and not sampling.returns_logprobs:
             raise ValueError(
                 "vllm_importance_sampling_correction=True needs use_vllm=True: it corrects for the difference "
                 "between vLLM's log-probs and the trainer's, and HF generate samples with the trained model itself."
