@@ -88,11 +88,6 @@ class GenerationBackend(ABC):
         return cls(tokenizer, SamplingSettings.from_config(args))
 
     @property
-    def runs_training_model(self) -> bool:
-        """``capabilities.runs_training_model`` (the loop's earlier name for it)."""
-        return self.capabilities.runs_training_model
-
-    @property
     def max_model_len(self) -> int | None:
         """The longest sequence (prompt and completion) the engine takes; None: the model's own limit."""
         return None
