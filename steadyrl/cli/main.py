@@ -89,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if argv and argv[0] == "demo":
-        from ..toy.demo import main as demo
-
-        demo(argv[1:], prog="steadyrl demo")
-        return 0
+        return demo(argv[1:], prog="steadyrl demo")
     if argv and argv[0] == "vllm-serve":
         from .serve import main as vllm_serve
 
@@ -133,6 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Pushed the actor of {args.source} to {args.repo_id}: {url}")
     elif args.command == "checkpoints":
         return list_checkpoints(Path(args.output_dir))
+    return 0
+
+
+def demo(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """``steadyrl demo`` (and ``steadyrl-demo``): the toy task's demo, or with ``--model smollm2`` the real model's
+    (each with its own flags and ``--help``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("--model", default="toy")
+    if model.parse_known_args(argv)[0].model == "smollm2":
+        from ..real.demo import main as run
+    else:
+        from ..toy.demo import main as run
+    run(argv, prog)
     return 0
 
 

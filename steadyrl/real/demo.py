@@ -14,6 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..toy.demo import demo_output_dir, plot_rewards
+from ..trainers import ALGORITHMS
+from .arithmetic import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy
+from .smollm2 import smollm2_path
+
 # GRPO with TRL's names: 8 completions per prompt, one optimizer step per generation, no KL term
 TRAINING_SETTINGS = dict(
     num_generations=8,
@@ -50,11 +55,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--eval_size", type=int, default=128, help="held-out problems (at most 128)")
     parser.add_argument("--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint")
     opts = parser.parse_args(argv)
-
-    from ..toy.demo import demo_output_dir, plot_rewards
-    from ..trainers import ALGORITHMS
-    from . import answer_format, arithmetic_dataset, correct_answer, greedy_accuracy, smollm2_path
-
     out = demo_output_dir(opts.output_dir, opts.resume_from_checkpoint)
     config_class, trainer_class = ALGORITHMS["grpo"]
     args = config_class(

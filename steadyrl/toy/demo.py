@@ -90,12 +90,6 @@ def plot_rewards(log_history: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    model = argparse.ArgumentParser(add_help=False)
-    model.add_argument("--model", default="toy")
-    if model.parse_known_args(argv)[0].model == "smollm2":  # its own flags and --help
-        from ..real.demo import main as real_demo
-
-        return real_demo(argv, prog)
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
     parser.add_argument(
@@ -111,6 +105,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         "--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint, or a path"
     )
     opts = parser.parse_args(argv)
+    if opts.model != "toy":  # `steadyrl demo` sends --model smollm2 to steadyrl.real.demo
+        parser.error(f"--model {opts.model} is the real-model demo: run steadyrl demo --model {opts.model}")
     out = demo_output_dir(opts.output_dir, opts.resume_from_checkpoint)
 
     config_class, trainer_class = ALGORITHMS[opts.algorithm]
