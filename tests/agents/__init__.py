@@ -1,0 +1,1 @@
+"""Multi-turn rollouts (tools, environment_factory, rollout_func) in whole runs."""

@@ -1,0 +1,1 @@
+"""The ``steadyrl`` command line."""

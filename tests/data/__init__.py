@@ -1,0 +1,1 @@
+"""Datasets in runs: streaming, conversational, the embedded chat fixture."""

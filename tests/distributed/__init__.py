@@ -1,0 +1,1 @@
+"""Several processes under ``accelerate launch`` (gloo on CPU): DDP, DeepSpeed ZeRO, FSDP2, several machines."""

@@ -1,0 +1,1 @@
+"""Generation backends: HF generate, colocated vLLM, the vLLM server, its key, rollouts generated ahead."""

@@ -1,0 +1,1 @@
+"""What a run reports: printed logs, metrics.jsonl, the completion log, held-out evaluation."""
