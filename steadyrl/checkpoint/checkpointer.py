@@ -44,9 +44,9 @@ from ..distributed.processes import on_main_process
 from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
 from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
+from ..rng import RNGState
 from . import CheckpointError, begin_checkpoint, commit_checkpoint, newest_intact_checkpoint, rotate_checkpoints
 from .fingerprint import check_resumable
-from .rng import RNGState
 from .save_failure import save_failure_message
 from .state_registry import Stateful, StateRegistry
 

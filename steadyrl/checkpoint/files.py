@@ -17,7 +17,8 @@ from pathlib import Path
 
 from transformers.utils import logging
 
-from .manifest import MANIFEST_NAME, STATE_FILE, CheckpointError, fsync_dir, verify_checkpoint, write_manifest
+from ..durable import fsync_dir
+from .manifest import MANIFEST_NAME, STATE_FILE, CheckpointError, verify_checkpoint, write_manifest
 
 logger = logging.get_logger(__name__)
 

@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from ..durable import fsync_dir
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
 STEP_PATTERN = re.compile(r"^(?:tmp-)?checkpoint-(\d+)$")  # a directory whose name gives the manifest's global_step
@@ -49,14 +51,6 @@ def _sha256(path: Path) -> str:
             digest.update(block)
         os.fsync(f.fileno())
     return digest.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _regular_files(directory: Path) -> set[str]:

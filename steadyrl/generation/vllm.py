@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import compat
-from ..checkpoint.rng import rng_untouched
 from ..distributed.fsdp import is_sharded
 from ..models.peft import base_config
 from ..reporting.quiet import quiet_vllm_logs, quiet_vllm_weight_reload
+from ..rng import rng_untouched
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
 from .engine_dir import EngineDir
 from .lora_sync import adapter_rank, adapter_state, choose_sync, engine_rank, write_adapter

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from ..checkpoint.manifest import fsync_dir
+from ..durable import fsync_dir
 
 
 def append_records(path: Path, records: list[dict]) -> None:

@@ -13,11 +13,11 @@ import math
 import torch
 from accelerate.utils import gather_object
 
-from ...checkpoint.rng import rng_untouched
 from ...data.prompts import prompt_kind
 from ...generation import sampling_seed
 from ...ops import ends_without_eos, pad_prompts_and_completions
 from ...rewards import reward_func_name, weighted_total
+from ...rng import rng_untouched
 from ..config.input_checks import check_dataset
 from .sources import Sampled, repeat_rows
 
