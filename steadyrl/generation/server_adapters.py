@@ -20,6 +20,7 @@ import struct
 from urllib.parse import parse_qs
 
 from .engine_dir import EngineDir
+from .lora_sync import ADAPTER_CONFIG_KEY
 
 ADAPTER_PATH = "/steadyrl/lora_adapter"
 ADAPTER_PREFIX = "steadyrl-"  # the names of the adapters this route loads
@@ -37,8 +38,6 @@ class AdapterError(Exception):
 
 def adapter_config(blob: bytes) -> dict:
     """The ``adapter_config`` entry of a safetensors blob's metadata."""
-    from .lora_sync import ADAPTER_CONFIG_KEY
-
     try:
         (size,) = struct.unpack("<Q", blob[:8])
         header = json.loads(blob[8 : 8 + size])

@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from .. import compat
+from ..reporting.quiet import quiet_vllm_logs
 from .server_client import ServerClient, VLLMServerError
 
 
@@ -127,9 +129,6 @@ class NCCLTransfer(WeightTransfer):
         self.engine = None
 
     def _start(self, source) -> None:
-        from .. import compat
-        from ..reporting.quiet import quiet_vllm_logs
-
         quiet_vllm_logs()
         compat.require_tested("vllm")
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
