@@ -199,41 +199,15 @@ class PPOTrainer(OnPolicyTrainer):
     algorithm_name = "ppo"
     config_class = PPOConfig
 
-    def __init__(
-        self,
-        model: str | PreTrainedModel,
-        reward_funcs=None,
-        args: PPOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        reward_processing_classes=None,
-        callbacks=None,
-        optimizers=(None, None),
-        quantization_config=None,
-        peft_config=None,
-        *,
-        reward_model: str | PreTrainedModel | None = None,
-        reward_processing_class=None,
-        ref_model: str | PreTrainedModel | None = None,
-        value_model: str | PreTrainedModel | None = None,
-    ):
-        super().__init__(
-            model,
-            reward_funcs,
-            args,
-            train_dataset,
-            eval_dataset,
-            processing_class,
-            reward_processing_classes,
-            callbacks,
-            optimizers,
-            quantization_config,
-            peft_config,
-            reward_model=reward_model,
-            reward_processing_class=reward_processing_class,
-            ref_model=ref_model,
-        )
+    def __init__(self, *args, value_model: str | PreTrainedModel | None = None, **kwargs):
+        """``OnPolicyTrainer``'s arguments, in its order (PPO has no multi-turn rollouts), and ``value_model``."""
+        multi_turn = [name for name in ("tools", "rollout_func", "environment_factory") if kwargs.get(name) is not None]
+        if len(args) > 11 or multi_turn:
+            raise TypeError(
+                f"PPOTrainer takes no {', '.join(multi_turn) or 'tools / rollout_func / environment_factory'}: "
+                "multi-turn rollouts are GRPO's and RLOO's (their critic would read the tools' tokens)."
+            )
+        super().__init__(*args, **kwargs)
         actor = self.model
         # Under ZeRO-3 the critic is created partitioned, as the models it comes from; creating it leaves the run's
         # random stream where it was (transformers initialises a model created under zero.Init before loading it).

@@ -85,7 +85,7 @@ def test_environment_factory_resets_scores_and_exposes_its_methods(tmp_path):
     entries = [e for e in trainer.state.log_history if "rewards/Calculator" in e]
     assert entries, "get_reward is a reward source named after the environment class"
     assert trainer.reward_weights.tolist() == [1.0, 1.0, 1.0]
-    assert [type(e).__name__ for e in trainer.environments.pool[None]] == ["Calculator"] * 8
+    assert [type(e).__name__ for e in trainer.multi_turn.environments.pool[None]] == ["Calculator"] * 8
     metrics = trainer.evaluate(sum_dataset(4, seed=1))  # evaluation runs the same multi-turn rollouts
     assert {"eval_rewards/Calculator/mean", "eval_rewards/correct_sum/mean"} <= set(metrics)
 

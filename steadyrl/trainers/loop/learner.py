@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable
 
 from ...models.loading import deepspeed_backward
 from ...rollout import Rollout
@@ -14,10 +13,10 @@ from .reference_sync import mix_into_reference, sync_due
 
 class Learner:
     """Trains the modules ``trained_modules()`` returns (the actor first) on one mini-batch per call, with the
-    algorithm's ``loss(model, micro_batch) -> (loss or {module: loss}, metrics)``."""
+    algorithm's ``compute_loss_on_batch(model, micro_batch) -> (loss or {module: loss}, metrics)``."""
 
-    def __init__(self, trainer, loss: Callable) -> None:
-        self.trainer, self.loss = trainer, loss
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
 
     def step(self, minibatch: Rollout) -> dict[str, float]:
         """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``
@@ -36,7 +35,7 @@ class Learner:
                 if not last:  # gradients are all-reduced on the last micro-batch only
                     for module in modules.values():
                         stack.enter_context(accelerator.no_sync(module.engine))
-                loss, batch_metrics = self.loss(trainer.model_wrapped, batch)
+                loss, batch_metrics = trainer.compute_loss_on_batch(trainer.model_wrapped, batch)
                 losses = loss if isinstance(loss, dict) else {"actor": loss}
                 total = sum(losses.values())
                 if trainer.is_deepspeed_enabled:

@@ -264,7 +264,7 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
         else:
             self.rollout_source = RolloutSource(*source_args)
         self.scoring_passes = ScoringPasses(self)
-        self.learner = Learner(self, self.compute_loss_on_batch)
+        self.learner = Learner(self)
         self.training_buffer, self.pending_metrics = TrainingBuffer(), PendingMetrics()
         self.algorithm_state = self.initial_algorithm_state()
         self.meter = RunMeter(0)
