@@ -65,19 +65,6 @@ def weighted_total(scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (scores * weights.to(scores.device)).nansum(1)
 
 
-def group_normalized_total(scores: torch.Tensor, weights: torch.Tensor, group_size: int) -> torch.Tensor:
-    """[N] GRPO's ``normalize_then_sum`` (GDPO) of scores [N, R]: each reward centred and scaled within its group
-    of ``group_size`` consecutive samples, then weighted and summed. As TRL's: the mean and (unbiased) std of a
-    group leave out the samples a function returned None (NaN) for, and the sum leaves out what stays NaN (a None,
-    or a function that applied to one sample of the group only, whose std is undefined)."""
-    grouped = scores.view(-1, group_size, scores.shape[1])  # [P, k, R]
-    mean = grouped.nanmean(1, keepdim=True)
-    count = (~grouped.isnan()).sum(1, keepdim=True)
-    variance = ((grouped - mean) ** 2).nansum(1, keepdim=True) / (count - 1).clamp(min=1)
-    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, math.nan))
-    return weighted_total(((grouped - mean) / (std + 1e-4)).flatten(0, 1), weights)
-
-
 def score_completions(
     funcs: list[RewardFunc], inputs: RewardInputs, trainer_state=None, timeout: float | None = None
 ) -> torch.Tensor:

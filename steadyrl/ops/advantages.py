@@ -5,6 +5,7 @@ Shapes: N samples = P prompts x k samples each, C completion tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,17 +42,34 @@ def group_relative_advantages(
     return centred / (std + 1e-4)
 
 
+def group_normalized_total(scores: torch.Tensor, weights: torch.Tensor, k: int) -> torch.Tensor:
+    """[N] GRPO's ``normalize_then_sum`` (GDPO, arXiv 2601.05242) of scores [N, R] of R reward functions: each
+    reward centred and scaled within its group of k consecutive samples, then weighted by ``weights`` [R] and summed;
+    the trainer then whitens the total over the batch (``whiten(..., eps=1e-4)``). As TRL's: the mean and (unbiased)
+    std of a group leave out the samples a function returned None (NaN) for, and the sum leaves out what stays NaN
+    (a None, or a function that applied to one sample of the group only, whose std is undefined)."""
+    grouped = scores.view(-1, k, scores.shape[1])  # [P, k, R]
+    mean = grouped.nanmean(1, keepdim=True)
+    count = (~grouped.isnan()).sum(1, keepdim=True)
+    variance = ((grouped - mean) ** 2).nansum(1, keepdim=True) / (count - 1).clamp(min=1)
+    std = torch.where(count > 1, variance.sqrt(), torch.full_like(variance, math.nan))
+    normalized = ((grouped - mean) / (std + 1e-4)).flatten(0, 1)  # [N, R]
+    return (normalized * weights.to(normalized.device)).nansum(1)
+
+
 def zero_std_groups(rewards: torch.Tensor, k: int) -> torch.Tensor:
     """[P] bool: every sample of the prompt got the same reward (no learning signal in a group baseline)."""
     grouped = rewards.view(-1, k)
     return (grouped == grouped[:, :1]).all(1)
 
 
-def whiten(values: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """(values - mean) / std over all entries. ``moments``: the (mean, unbiased variance) to use instead of
+def whiten(
+    values: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor] | None = None, eps: float = 1e-8
+) -> torch.Tensor:
+    """(values - mean) / (std + eps) over all entries. ``moments``: the (mean, unbiased variance) to use instead of
     ``values``' own (e.g. ``masked_moments`` of every process's values)."""
     mean, std = (values.mean(), values.std()) if moments is None else (moments[0], moments[1].sqrt())
-    return (values - mean) / (std + 1e-8)
+    return (values - mean) / (std + eps)
 
 
 def shaped_token_rewards(

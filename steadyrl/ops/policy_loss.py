@@ -1,28 +1,65 @@
-"""The clipped policy-gradient loss family of GRPO, DAPO and Dr. GRPO (TRL's ``loss_type``), and TRL's RLOO loss.
+"""GRPO's and RLOO's policy losses (TRL's ``loss_type``): each a per-token objective plus an aggregation, by name.
 
-Shapes: B sequences in a micro-batch, C completion tokens. A per-token loss is [B, C], or [B, 1] with one
-importance weight per sequence; the aggregation multiplies it by the [B, C] loss mask either way.
+Shapes: B sequences in a micro-batch, C completion tokens. An objective's loss is [B, C], or [B, 1] with one
+importance weight per sequence; the aggregations multiply it by the [B, C] loss mask either way.
 
     w = pi / pi_old            per token ("token"), or exp(mean log-ratio of the sequence) ("sequence", GSPO)
-    l = -min(w A, clip(w, 1 - eps, 1 + eps_high) A)          with ``delta``: w capped at delta first (two-sided)
-    grpo     mean over sequences of each sequence's token mean          (Shao et al., 2024)
-    bnpo     token mean over the micro-batch
-    dr_grpo  token sum / (B x max_completion_length)                     (Liu et al., 2025)
-    dapo     token sum / mean loss tokens per micro-batch of the rollout (Yu et al., 2025): a token mean over the
-             whole optimizer step, across accumulation and processes
+    ClippedSurrogate  l = -min(w A, clip(w, 1 - eps, 1 + eps_high) A)   with ``delta``: w capped at delta first
+    SequenceRatio     l = the same with w = exp(sum of the sequence's token log-ratios), one per sequence (TRL's RLOO)
+
+    SequenceMean      mean over sequences of each sequence's token mean                 grpo  (Shao et al., 2024)
+    TokenMean         token mean over the micro-batch                                    bnpo
+    FixedLengthSum    token sum / (B x max_completion_length)                            dr_grpo (Liu et al., 2025)
+    StepTokenMean     token sum / mean loss tokens per micro-batch of the rollout: a     dapo  (Yu et al., 2025)
+                      token mean over the whole optimizer step, across accumulation and processes
+    BatchMean         mean of the [B, 1] sequence losses                                 rloo  (Ahmadian et al., 2024)
+
+``POLICY_LOSSES`` pairs them under TRL's names; GRPOConfig and RLOOConfig accept its names. Adding a loss is a
+``PolicyLoss`` subclass and one line there.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import ClassVar, NamedTuple
 
 import torch
 
 from .masked import masked_mean
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 ENGINE_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+TOKEN_OPTIONS = frozenset({"importance_sampling_level", "delta", "vllm_importance_sampling_correction"})
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The config values a policy loss reads (GRPOConfig's and RLOOConfig's names; ``of(config)`` takes them)."""
+
+    cliprange: float = 0.2  # TRL: epsilon
+    cliprange_high: float | None = None  # TRL: epsilon_high; None: cliprange
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    max_completion_length: int | None = None
+    beta: float = 0.0  # the KL term's coefficient, where the trainer passes one
+    use_bias_correction_kl: bool = False
+
+    @classmethod
+    def of(cls, config) -> LossSettings:
+        return cls(**{f.name: getattr(config, f.name, f.default) for f in fields(cls)})
+
+    @property
+    def high(self) -> float:
+        return self.cliprange if self.cliprange_high is None else self.cliprange_high
+
+
+class TokenLoss(NamedTuple):
+    """An objective's result for one micro-batch."""
+
+    loss: torch.Tensor  # [B, C], or [B, 1]: one term per sequence
+    log_weights: torch.Tensor  # [B, C] or [B, 1]: log(pi / pi_old), by which GRPO's KL term is bias-corrected
+    flags: dict[str, torch.Tensor]  # bool, [B, C]-broadcastable: where a clip binds; logged as shares of loss tokens
 
 
 def importance_log_weights(
@@ -54,57 +91,19 @@ def clipped_surrogate(
     return loss, bound
 
 
-def aggregate_token_loss(
-    per_token_loss: torch.Tensor,  # [B, C] or [B, 1]
-    mask: torch.Tensor,  # [B, C]
-    loss_type: str,
-    max_completion_length: int | None = None,
-    tokens_per_micro_batch: float | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One micro-batch's loss from its per-token loss, as ``loss_type`` normalises it (see the module docstring).
-    ``dr_grpo`` needs ``max_completion_length``; ``dapo`` needs ``tokens_per_micro_batch``."""
-    mask = mask.to(per_token_loss.dtype)
-    masked = per_token_loss * mask  # [B, C]
-    if loss_type == "grpo":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "bnpo":
-        return masked.sum() / mask.sum().clamp(min=1.0)
-    if loss_type == "dr_grpo":
-        return masked.sum() / (masked.shape[0] * max_completion_length)
-    if loss_type == "dapo":
-        return masked.sum() / torch.as_tensor(tokens_per_micro_batch).clamp(min=1.0)
-    raise ValueError(f"loss_type={loss_type!r} is invalid: use one of {', '.join(LOSS_TYPES)}.")
-
-
-def sequence_ratio_loss(
-    logprobs: torch.Tensor,  # [B, C]
-    old_logprobs: torch.Tensor,  # [B, C]
-    advantages: torch.Tensor,  # [B]
-    mask: torch.Tensor,  # [B, C]
-    cliprange: float,
-    cliprange_high: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """TRL's RLOO loss: one importance ratio per sequence, exp(sum of its token log-ratios), clipped, mean over
-    the sequences; the clip masks as ``clipped_surrogate``'s, [B]."""
-    mask = mask.to(logprobs.dtype)
-    log_ratio = ((logprobs - old_logprobs) * mask).sum(1)  # [B]
-    loss, bound = clipped_surrogate(log_ratio, advantages, cliprange, cliprange_high)
-    return loss.mean(), bound
+def flag_share(where: torch.Tensor, mask: torch.Tensor) -> float:
+    """The share of the loss tokens ``mask`` [B, C] where ``where`` ([B, C], [B, 1] or [B]) holds."""
+    where = where.expand(mask.shape) if where.dim() == 2 else where.unsqueeze(-1).expand(mask.shape)
+    return masked_mean(where.float(), mask.float()).item()
 
 
 def clip_metrics(bound: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
     """Shares of the loss tokens where the clip binds: ``clip_ratio/low_mean``, ``/high_mean``, ``/region_mean``
     (TRL's names) and ``clip_ratio`` (the region's, steadyrl's name)."""
-    mask = mask.float()
-
-    def share(where: torch.Tensor) -> float:
-        where = where.expand(mask.shape) if where.dim() == 2 else where.unsqueeze(-1).expand(mask.shape)
-        return masked_mean(where.float(), mask).item()
-
-    region = share(bound["low"] | bound["high"])
+    region = flag_share(bound["low"] | bound["high"], mask)
     return {
-        "clip_ratio/low_mean": share(bound["low"]),
-        "clip_ratio/high_mean": share(bound["high"]),
+        "clip_ratio/low_mean": flag_share(bound["low"], mask),
+        "clip_ratio/high_mean": flag_share(bound["high"], mask),
         "clip_ratio/region_mean": region,
         "clip_ratio": region,
     }
@@ -144,3 +143,196 @@ def importance_ratio_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[
         f"{name}/mean": values.mean().item(),
         f"{name}/max": values.max().item(),
     }
+
+
+# ---- objectives ----------------------------------------------------------------------------------------------------
+
+
+class PolicyLoss:
+    """A per-token policy objective: log-probs [B, C] of the policy being trained, of the one that sampled
+    (``old_logprobs`` [B, C]), advantages [B] (one per sequence), the loss mask [B, C] and the ``LossSettings`` in;
+    a ``TokenLoss`` out. ``reads``: which of the token-level options (``TOKEN_OPTIONS``) it honours; the config
+    refuses the others. ``metrics`` turns its flags into logged numbers.
+
+    Args (of ``__call__``):
+        logprobs: [B, C] under the policy being trained (with gradients).
+        old_logprobs: [B, C] under the policy that sampled.
+        advantages: [B] one per sequence.
+        mask: [B, C] the tokens the loss counts.
+        settings: ``LossSettings``.
+
+    Example::
+
+        out = ClippedSurrogate()(logprobs, old_logprobs, advantages, mask, LossSettings(cliprange=0.2))
+        out.loss.shape  # [B, C]
+    """
+
+    description: ClassVar[str] = ""
+    reads: ClassVar[frozenset[str]] = TOKEN_OPTIONS
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        settings: LossSettings,
+    ) -> TokenLoss:
+        raise NotImplementedError
+
+    def metrics(self, flags: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+        """Each flag's share of the loss tokens, under its name."""
+        return {name: flag_share(where, mask) for name, where in flags.items()}
+
+
+class ClippedSurrogate(PolicyLoss):
+    """PPO's clipped surrogate (Schulman et al., 2017) with clip-higher (``cliprange_high``, Yu et al., 2025), per
+    token or per sequence (``importance_sampling_level="sequence"``, GSPO: Zheng et al., 2025), and ``delta``'s
+    two-sided clipping (INTELLECT-2, Prime Intellect, 2025)."""
+
+    description = "the clipped surrogate"
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
+        log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
+        loss, bound = clipped_surrogate(
+            log_weights, advantages.unsqueeze(1), settings.cliprange, settings.cliprange_high, settings.delta
+        )
+        return TokenLoss(loss, log_weights, bound)
+
+    def metrics(self, flags, mask):
+        return clip_metrics(flags, mask)
+
+
+class SequenceRatio(ClippedSurrogate):
+    """TRL's RLOO loss (Ahmadian et al., 2024): the clipped surrogate of one importance ratio per sequence,
+    exp of its summed token log-ratios; [B, 1]."""
+
+    description = "TRL's RLOO loss, one importance ratio per sequence"
+    reads = frozenset()
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
+        mask = mask.to(logprobs.dtype)
+        log_ratio = ((logprobs - old_logprobs) * mask).sum(1, keepdim=True)  # [B, 1]
+        loss, bound = clipped_surrogate(log_ratio, advantages.unsqueeze(1), settings.cliprange, settings.cliprange_high)
+        return TokenLoss(loss, log_ratio, bound)
+
+
+# ---- aggregations --------------------------------------------------------------------------------------------------
+
+
+class Aggregation:
+    """How a per-token loss [B, C] or [B, 1] becomes the micro-batch's loss, over the loss mask [B, C].
+    ``step_tokens``: it divides by ``tokens_per_micro_batch``, the rollout's loss tokens per micro-batch (over
+    every process), which the trainer computes with the advantages.
+
+    Example::
+
+        TokenMean()(per_token_loss, mask, LossSettings())  # a scalar
+    """
+
+    description: ClassVar[str] = ""
+    step_tokens: ClassVar[bool] = False
+
+    def __call__(
+        self,
+        per_token_loss: torch.Tensor,
+        mask: torch.Tensor,
+        settings: LossSettings,
+        tokens_per_micro_batch: float | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SequenceMean(Aggregation):
+    description = "mean over sequences of each sequence's token mean"
+
+    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
+        mask = mask.to(per_token_loss.dtype)
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+class TokenMean(Aggregation):
+    description = "token mean over the micro-batch"
+
+    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
+        mask = mask.to(per_token_loss.dtype)
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+class FixedLengthSum(Aggregation):
+    description = "token sum / (sequences x max_completion_length)"
+
+    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
+        masked = per_token_loss * mask.to(per_token_loss.dtype)
+        return masked.sum() / (masked.shape[0] * settings.max_completion_length)
+
+
+class StepTokenMean(Aggregation):
+    description = "token mean over the whole optimizer step, across gradient accumulation and processes"
+    step_tokens = True
+
+    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
+        masked = per_token_loss * mask.to(per_token_loss.dtype)
+        return masked.sum() / torch.as_tensor(tokens_per_micro_batch).clamp(min=1.0)
+
+
+class BatchMean(Aggregation):
+    description = "mean over the sequences"
+
+    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
+        return per_token_loss.mean()  # [B, 1]: one term per sequence, whatever its tokens
+
+
+# ---- the registry --------------------------------------------------------------------------------------------------
+
+
+class RegisteredLoss(NamedTuple):
+    """A ``loss_type``: its objective and aggregation. ``shared``: accepted by GRPOConfig and RLOOConfig alike;
+    else only by a config that names it in ``extra_loss_types`` (RLOO's own ``rloo``).
+
+    Example::
+
+        POLICY_LOSSES["my_loss"] = RegisteredLoss(MyObjective(), TokenMean())
+        loss, metrics = POLICY_LOSSES["my_loss"](logprobs, old_logprobs, advantages, mask, LossSettings())
+    """
+
+    objective: PolicyLoss
+    aggregation: Aggregation
+    shared: bool = True
+
+    @property
+    def description(self) -> str:
+        return f"{self.objective.description}, {self.aggregation.description}"
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,  # [B, C]
+        old_logprobs: torch.Tensor,  # [B, C]
+        advantages: torch.Tensor,  # [B]
+        mask: torch.Tensor,  # [B, C]
+        settings: LossSettings,
+        engine_weights: torch.Tensor | None = None,  # [B, C] or [B, 1]: pi_trainer / pi_vLLM, truncated
+        kl: torch.Tensor | None = None,  # [B, C]: GRPO's KL term, added with coefficient settings.beta
+        tokens_per_micro_batch: float | torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss and metrics: the objective's per-token loss, times the engine weights, plus
+        beta x KL (times w with ``use_bias_correction_kl``), aggregated (TRL's order)."""
+        out = self.objective(logprobs, old_logprobs, advantages, mask, settings)
+        per_token = out.loss
+        if engine_weights is not None:
+            per_token = per_token * engine_weights
+        if kl is not None:
+            if settings.use_bias_correction_kl:
+                kl = kl * torch.exp(out.log_weights)
+            per_token = per_token + settings.beta * kl
+        loss = self.aggregation(per_token, mask, settings, tokens_per_micro_batch)
+        return loss, self.objective.metrics(out.flags, mask)
+
+
+POLICY_LOSSES: dict[str, RegisteredLoss] = {
+    "grpo": RegisteredLoss(ClippedSurrogate(), SequenceMean()),
+    "bnpo": RegisteredLoss(ClippedSurrogate(), TokenMean()),
+    "dr_grpo": RegisteredLoss(ClippedSurrogate(), FixedLengthSum()),
+    "dapo": RegisteredLoss(ClippedSurrogate(), StepTokenMean()),
+    "rloo": RegisteredLoss(SequenceRatio(), BatchMean(), shared=False),
+}

@@ -3,8 +3,9 @@
 Shapes: P prompts x k samples = N sequences, C completion tokens.
 
     A_i = (r_i - mean of its group's k rewards) / (std of the group | std of the batch | 1)     scale_rewards
-    l_t = clipped surrogate of A_i at token t  (+ beta * KL_t, the k3 estimate against the reference)
-    loss = l aggregated as loss_type says (grpo, bnpo, dr_grpo, dapo)
+    l_t = loss_type's objective at token t, e.g. the clipped surrogate of A_i  (+ beta * KL_t, the k3 estimate
+          against the reference)
+    loss = l aggregated as loss_type says (ops.POLICY_LOSSES: grpo, bnpo, dr_grpo, dapo, ...)
 
 Unlike RLOO's, GRPO's KL term is part of the loss, not of the reward.
 """
@@ -19,13 +20,14 @@ import torch
 from ..ops import (
     SCALE_REWARDS,
     completion_logprobs,
+    group_normalized_total,
     group_relative_advantages,
     kl_penalty,
     masked_mean,
     masked_moments,
+    whiten,
     zero_std_groups,
 )
-from ..rewards import group_normalized_total
 from ..rollout import Advantages, Rollout
 from .config.on_policy_config import OnPolicyConfig
 from .config.trl_names import UNSUPPORTED, Unsupported
@@ -161,15 +163,14 @@ class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):
         ones = torch.ones_like(rollout.scores)
         if args.multi_objective_aggregation == "normalize_then_sum":
             rewards = group_normalized_total(rollout.reward_scores, self.reward_weights, k)  # [N]
-            mean, var = masked_moments(rewards, ones, total)  # over every process's rewards
-            advantages = (rewards - mean) / (var.sqrt() + 1e-4)
+            moments = masked_moments(rewards, ones, total)  # over every process's rewards
+            advantages = whiten(rewards, moments, eps=1e-4)
         else:
             rewards = rollout.scores  # [N]
             batch_std = masked_moments(rewards, ones, total)[1].sqrt() if args.scale_rewards == "batch" else None
             advantages = group_relative_advantages(rewards, k, args.scale_rewards, batch_std)
         metrics = {"frac_reward_zero_std": zero_std_groups(rewards, k).float().mean().item()}
-        tokens = self.tokens_per_micro_batch(rollout) if args.loss_type == "dapo" else None
-        return Advantages(advantages=advantages, tokens_per_micro_batch=tokens, metrics=metrics)
+        return Advantages(advantages=advantages, tokens_per_micro_batch=self.step_tokens(rollout), metrics=metrics)
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         args, mask = self.args, self.loss_mask(batch)  # [B, C]
@@ -177,7 +178,7 @@ class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):
             model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
         )
         kl = None if batch.ref_logprobs is None else kl_penalty(logprobs, batch.ref_logprobs, "k3")  # [B, C]
-        loss, metrics = self.token_policy_loss(logprobs, batch, kl)
+        loss, metrics = self.policy_loss(logprobs, batch, kl)
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask).item()
         return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}

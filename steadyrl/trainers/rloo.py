@@ -4,7 +4,8 @@ Shapes: P prompts x k samples = N sequences, C completion tokens.
 
     reward_i = score_i - beta * KL_i                       KL_i: summed over the tokens of sequence i
     A_i = reward_i - mean of the other k - 1 rewards of its prompt
-    loss = clipped surrogate of A_i at every completion token
+    loss = loss_type's (ops.POLICY_LOSSES): the clipped surrogate of A_i at every completion token, token mean over
+           the micro-batch (bnpo, the default), or TRL's RLOO loss, one clipped ratio per sequence (rloo), ...
 """
 
 from __future__ import annotations
@@ -15,19 +16,10 @@ from typing import ClassVar
 
 import torch
 
-from ..ops import (
-    clip_metrics,
-    completion_logprobs,
-    leave_one_out_advantages,
-    masked_mean,
-    masked_moments,
-    sequence_kl,
-    sequence_ratio_loss,
-    whiten,
-)
+from ..ops import completion_logprobs, leave_one_out_advantages, masked_mean, masked_moments, sequence_kl, whiten
 from ..rollout import Advantages, Rollout
 from .config.on_policy_config import OnPolicyConfig
-from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
+from .loop.loss_options import PolicyLossMixin, PolicyLossOptions, loss_type_help
 from .loop.on_policy import OnPolicyTrainer
 
 
@@ -46,14 +38,7 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
     settings_group: ClassVar[str] = "RLOO"
     extra_loss_types: ClassVar[tuple[str, ...]] = ("rloo",)
 
-    loss_type: str = field(
-        default="bnpo",
-        metadata={
-            "help": "bnpo (the clipped surrogate per token, token mean over the micro-batch), rloo (TRL's RLOO "
-            "loss: one importance ratio per sequence, exp of its summed token log-ratios, clipped, mean over "
-            "the sequences), or grpo, dr_grpo, dapo (as in GRPO)."
-        },
-    )
+    loss_type: str = field(default="bnpo", metadata={"help": loss_type_help(extra_loss_types)})
     normalize_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over the rollout."})
     reward_clip_range: list[float] | None = field(
         default=None,
@@ -66,8 +51,6 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
     def __post_init__(self):
         super().__post_init__()
         self._check_policy_loss()
-        if self.loss_type == "rloo":
-            self._check_sequence_loss()
         bounds = self.reward_clip_range
         if bounds is not None:
             numbers = isinstance(bounds, (list, tuple)) and len(bounds) == 2
@@ -78,21 +61,6 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
                     "(None: no clipping)."
                 )
             self.reward_clip_range = (float(bounds[0]), float(bounds[1]))
-
-    def _check_sequence_loss(self) -> None:
-        """loss_type='rloo' has one ratio per sequence: the token-level options do not apply to it."""
-        given = {
-            "importance_sampling_level": self.importance_sampling_level != "token",
-            "delta": self.delta is not None,
-            "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction,
-        }
-        for name, set_ in given.items():
-            if set_:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} does not apply to loss_type='rloo' (TRL's RLOO loss, one "
-                    "importance ratio per sequence): leave it unset, or use a token-level loss_type (bnpo, grpo, "
-                    "dr_grpo, dapo)."
-                )
 
     def _check_samples_per_prompt(self, name: str) -> None:
         n = self.n_samples_per_prompt
@@ -134,8 +102,7 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
             moments = None if total is None else masked_moments(advantages, torch.ones_like(advantages), total)
             advantages = whiten(advantages, moments)
         metrics = {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
-        tokens = self.tokens_per_micro_batch(rollout) if self.args.loss_type == "dapo" else None
-        return Advantages(advantages=advantages, tokens_per_micro_batch=tokens, metrics=metrics)
+        return Advantages(advantages=advantages, tokens_per_micro_batch=self.step_tokens(rollout), metrics=metrics)
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         args, mask = self.args, self.loss_mask(batch)  # [B, C]
@@ -145,12 +112,5 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
         extra = {}
         if batch.old_logprobs is None and batch.ref_logprobs is not None:  # the KL the rollout could not compute
             extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.policy_mask).mean().item()
-        if args.loss_type == "rloo":
-            sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
-            loss, bound = sequence_ratio_loss(
-                logprobs, sampled, batch.advantages, mask, args.cliprange, args.cliprange_high
-            )
-            metrics = {**clip_metrics(bound, mask), **self.engine_weights_of(logprobs, batch)[1]}
-        else:
-            loss, metrics = self.token_policy_loss(logprobs, batch)
+        loss, metrics = self.policy_loss(logprobs, batch)  # loss_type's, from ops.POLICY_LOSSES
         return loss, {**metrics, "entropy": masked_mean(entropy, mask).item(), **extra}

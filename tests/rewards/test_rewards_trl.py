@@ -16,13 +16,8 @@ from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl import RewardFunctionError
-from steadyrl.rewards import (
-    RewardInputs,
-    group_normalized_total,
-    is_async_reward,
-    score_completions,
-    weighted_total,
-)
+from steadyrl.ops import group_normalized_total
+from steadyrl.rewards import RewardInputs, is_async_reward, score_completions, weighted_total
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 
 PROMPTS = ["abc:", "abc:", "xyz:", "xyz:", "mop:", "mop:"]
@@ -276,9 +271,10 @@ def test_grpo_trains_with_an_async_and_a_multi_task_reward(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert lines and all(list(line["rewards"].values()).count(None) == 1 for line in lines), "None shows as null"
     assert steps_seen == [0, 2]
-    scores = trainer.training_buffer.buffer.rollout.reward_scores  # the last rollout's [N, 2]: one of the two None per sample
+    rollout = trainer.training_buffer.buffer.rollout  # the last one
+    scores = rollout.reward_scores  # [N, 2]: one of the two None per sample
     assert (scores.isnan().sum(1) == 1).all()
-    torch.testing.assert_close(trainer.training_buffer.buffer.rollout.scores, weighted_total(scores, torch.tensor([1.0, 2.0])))
+    torch.testing.assert_close(rollout.scores, weighted_total(scores, torch.tensor([1.0, 2.0])))
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     assert logs and all(math.isfinite(entry["reward"]) for entry in logs)
     # each function's mean where it applied; NaN in a rollout where it applied to no sample (as TRL's nanmean)

@@ -2,7 +2,8 @@
 two-sided clipping (``delta``) and the truncated importance-sampling correction for vLLM's log-probs.
 
 ``PolicyLossOptions`` declares and checks the fields (a mixin of the algorithms' configs); ``PolicyLossMixin``
-turns a micro-batch's log-probs into the loss (a mixin of the trainers). The math is in ``ops/policy_loss.py``.
+turns a micro-batch's log-probs into the loss (a mixin of the trainers). The losses, and the names ``loss_type``
+accepts, are ``ops.POLICY_LOSSES``: a loss registered there is accepted and computed here without a change.
 """
 
 from __future__ import annotations
@@ -16,14 +17,22 @@ from ...generation import backend_class
 from ...ops import (
     ENGINE_CORRECTION_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_TYPES,
-    aggregate_token_loss,
-    clip_metrics,
-    clipped_surrogate,
-    importance_log_weights,
+    POLICY_LOSSES,
+    LossSettings,
 )
 from ...rollout import Rollout
 from ..config.value_checks import finite
+
+
+def accepted_loss_types(extra: tuple[str, ...] = ()) -> list[str]:
+    """The ``loss_type`` names a config accepts: every shared registered loss, and those of ``extra`` (its own)."""
+    return [name for name, loss in POLICY_LOSSES.items() if loss.shared or name in extra]
+
+
+def loss_type_help(extra: tuple[str, ...] = ()) -> str:
+    """``loss_type``'s help: each accepted loss (``extra``: the config's own) and what it computes."""
+    losses = "; ".join(f"{name} ({POLICY_LOSSES[name].description})" for name in accepted_loss_types(extra))
+    return f"The policy loss (a per-token objective, then how a micro-batch's tokens are reduced): {losses}."
 
 
 @dataclass
@@ -39,15 +48,7 @@ class PolicyLossOptions:
 
     settings_group: ClassVar[str] = "Policy loss (GRPO and RLOO)"
 
-    loss_type: str = field(
-        default="dapo",
-        metadata={
-            "help": "How per-token losses become a micro-batch's loss: grpo (per-sequence mean, then mean over "
-            "sequences), bnpo (token mean over the micro-batch), dr_grpo (token sum / (sequences x "
-            "max_completion_length)) or dapo (token mean over the whole optimizer step, across gradient "
-            "accumulation and processes)."
-        },
-    )
+    loss_type: str = field(default="dapo", metadata={"help": loss_type_help()})
     importance_sampling_level: str = field(
         default="token",
         metadata={
@@ -83,11 +84,11 @@ class PolicyLossOptions:
         default=None, metadata={"help": "TRL's deprecated name of vllm_importance_sampling_clip_max."}
     )
 
-    extra_loss_types: ClassVar[tuple[str, ...]] = ()  # the algorithm's own loss types, beyond LOSS_TYPES
+    extra_loss_types: ClassVar[tuple[str, ...]] = ()  # the registered losses only this algorithm accepts
 
     def _check_policy_loss(self) -> None:
         """Check the fields above (after the TRL synonyms are resolved)."""
-        choices = LOSS_TYPES + self.extra_loss_types
+        choices = accepted_loss_types(self.extra_loss_types)
         if self.loss_type not in choices:
             raise ValueError(f"loss_type={self.loss_type!r} is invalid: use one of {', '.join(choices)}.")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
@@ -132,6 +133,25 @@ class PolicyLossOptions:
                 "vllm_importance_sampling_correction=True needs use_vllm=True: it corrects for the difference "
                 "between vLLM's log-probs and the trainer's, and HF generate samples with the trained model itself."
             )
+        self._check_loss_reads_options()
+
+    def _check_loss_reads_options(self) -> None:
+        """Refuse a token-level option (``ops.TOKEN_OPTIONS``) set for a loss whose objective does not read it."""
+        objective = POLICY_LOSSES[self.loss_type].objective
+        given = {
+            "importance_sampling_level": self.importance_sampling_level != "token",
+            "delta": self.delta is not None,
+            "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction,
+        }
+        for name, set_ in given.items():
+            if set_ and name not in objective.reads:
+                names = accepted_loss_types(self.extra_loss_types)
+                readers = [other for other in names if name in POLICY_LOSSES[other].objective.reads]
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} does not apply to loss_type={self.loss_type!r} "
+                    f"({objective.description}): leave it unset, or use a loss_type that reads it "
+                    f"({', '.join(readers)})."
+                )
 
 
 class PolicyLossMixin:
@@ -147,6 +167,11 @@ class PolicyLossMixin:
             return batch.engine_weights, {}
         return self.engine_check(logprobs.detach(), batch.engine_logprobs, batch.policy_mask)
 
+    def step_tokens(self, rollout: Rollout) -> torch.Tensor | None:
+        """``tokens_per_micro_batch`` where the loss's aggregation divides by it (``dapo``), else None."""
+        aggregation = POLICY_LOSSES[self.args.loss_type].aggregation
+        return self.tokens_per_micro_batch(rollout) if aggregation.step_tokens else None
+
     def tokens_per_micro_batch(self, rollout: Rollout) -> torch.Tensor:
         """[N] (one value, repeated): the rollout's loss tokens, over every process, per micro-batch; ``dapo``
         divides each micro-batch's token sum by it."""
@@ -157,24 +182,23 @@ class PolicyLossMixin:
         micro_batches = len(rollout) // self.args.micro_train_batch_size * self.accelerator.num_processes
         return torch.full((len(rollout),), (tokens / micro_batches).item(), device=rollout.scores.device)
 
-    def token_policy_loss(
+    def policy_loss(
         self, logprobs: torch.Tensor, batch: Rollout, kl: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped surrogate of ``logprobs`` [B, C] with the batch's advantages (one per sequence), weighted by
-        the vLLM importance weights if any, plus ``beta`` x ``kl`` [B, C] (GRPO's KL term; with
-        ``use_bias_correction_kl`` weighted by the importance ratio), aggregated as ``loss_type`` says."""
-        args, mask = self.args, self.loss_mask(batch)  # [B, C]
+        """``loss_type``'s loss (``ops.POLICY_LOSSES``) of ``logprobs`` [B, C] with the batch's advantages (one per
+        sequence), weighted by the vLLM importance weights if any, plus ``beta`` x ``kl`` [B, C] (GRPO's KL term;
+        with ``use_bias_correction_kl`` weighted by the importance ratio), and its metrics."""
         sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs  # trained once: the same
-        log_weights = importance_log_weights(logprobs, sampled, mask, args.importance_sampling_level)
-        advantages = batch.advantages.unsqueeze(1)  # [B, 1]
-        per_token, bound = clipped_surrogate(log_weights, advantages, args.cliprange, args.cliprange_high, args.delta)
         engine_weights, engine_metrics = self.engine_weights_of(logprobs, batch)
-        if engine_weights is not None:
-            per_token = per_token * engine_weights
-        if kl is not None:
-            if getattr(args, "use_bias_correction_kl", False):
-                kl = kl * torch.exp(log_weights)
-            per_token = per_token + args.beta * kl
         normaliser = None if batch.tokens_per_micro_batch is None else batch.tokens_per_micro_batch[0]
-        loss = aggregate_token_loss(per_token, mask, args.loss_type, args.max_completion_length, normaliser)
-        return loss, {**clip_metrics(bound, mask), **engine_metrics}
+        loss, metrics = POLICY_LOSSES[self.args.loss_type](
+            logprobs,
+            sampled,
+            batch.advantages,
+            self.loss_mask(batch),  # [B, C]
+            LossSettings.of(self.args),
+            engine_weights=engine_weights,
+            kl=kl,
+            tokens_per_micro_batch=normaliser,
+        )
+        return loss, {**metrics, **engine_metrics}

@@ -1,0 +1,135 @@
+"""Each registered policy loss (ops.POLICY_LOSSES) against a direct computation of its formula on random tensors:
+the objective (clipped surrogate per token or per sequence, delta's cap, TRL's RLOO loss), the vLLM weights and the
+KL term in TRL's order, and each aggregation; the clip metrics; the registry's shape."""
+
+import pytest
+import torch
+
+from steadyrl.ops import POLICY_LOSSES, Aggregation, LossSettings, PolicyLoss, RegisteredLoss
+
+B, C, MAX_LENGTH, STEP_TOKENS = 6, 7, 9, 11.5
+EPS, EPS_HIGH = 0.2, 0.28
+
+
+def random_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Log-ratios wide enough that both clip bounds bind, advantages of both signs, ragged masks with an empty row."""
+    generator = torch.Generator().manual_seed(seed)
+    logprobs = -torch.rand(B, C, generator=generator, dtype=torch.float64) * 3
+    lengths = torch.tensor([7, 3, 1, 5, 0, 6])
+    return {
+        "logprobs": logprobs.requires_grad_(),
+        "old_logprobs": logprobs.detach() + 0.5 * torch.randn(B, C, generator=generator, dtype=torch.float64),
+        "advantages": torch.randn(B, generator=generator, dtype=torch.float64),
+        "mask": (torch.arange(C) < lengths.unsqueeze(1)).long(),
+        "engine": torch.rand(B, C, generator=generator, dtype=torch.float64) * 2,
+        "kl": torch.rand(B, C, generator=generator, dtype=torch.float64) * 0.1,
+    }
+
+
+def direct_clipped(batch, level: str, delta: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-min(w A, clip(w, 1 - eps, 1 + eps_high) A), w capped at delta first; w per token or GSPO's per sequence."""
+    mask = batch["mask"].double()
+    log_ratio = batch["logprobs"] - batch["old_logprobs"]
+    if level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1).clamp(min=1)).unsqueeze(1)
+    w, a = log_ratio.exp(), batch["advantages"].unsqueeze(1)
+    unclipped = w if delta is None else torch.minimum(w, torch.tensor(delta, dtype=w.dtype))
+    return -torch.minimum(unclipped * a, w.clamp(1 - EPS, 1 + EPS_HIGH) * a), w
+
+
+def direct_aggregate(name: str, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    per_token, mask = per_token.expand(B, C), mask.double()
+    if name == "grpo":
+        return torch.stack(
+            [per_token[i][mask[i] > 0].mean() if mask[i].any() else per_token.new_zeros(()) for i in range(B)]
+        ).mean()
+    if name == "bnpo":
+        return per_token[mask > 0].mean()
+    if name == "dr_grpo":
+        return per_token[mask > 0].sum() / (B * MAX_LENGTH)
+    assert name == "dapo"
+    return per_token[mask > 0].sum() / STEP_TOKENS
+
+
+def settings(**overrides) -> LossSettings:
+    return LossSettings(cliprange=EPS, cliprange_high=EPS_HIGH, max_completion_length=MAX_LENGTH, **overrides)
+
+
+def compute(name: str, batch, config: LossSettings, engine: bool = False, kl: bool = False):
+    return POLICY_LOSSES[name](
+        batch["logprobs"],
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["mask"],
+        config,
+        engine_weights=batch["engine"] if engine else None,
+        kl=batch["kl"] if kl else None,
+        tokens_per_micro_batch=STEP_TOKENS,
+    )
+
+
+@pytest.mark.parametrize("name", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("delta", [None, 1.5])
+@pytest.mark.parametrize(
+    ("engine", "kl", "bias_correction"), [(False, False, False), (True, True, True), (False, True, False)]
+)
+def test_clipped_surrogate_losses_equal_their_formula(name, level, delta, engine, kl, bias_correction):
+    batch = random_batch()
+    config = settings(importance_sampling_level=level, delta=delta, beta=0.04, use_bias_correction_kl=bias_correction)
+    loss, metrics = compute(name, batch, config, engine, kl)
+    per_token, w = direct_clipped(batch, level, delta)
+    if engine:
+        per_token = per_token * batch["engine"]
+    if kl:
+        per_token = per_token + 0.04 * batch["kl"] * (w if bias_correction else 1.0)
+    expected = direct_aggregate(name, per_token, batch["mask"])
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(loss, batch["logprobs"])
+    (expected_grad,) = torch.autograd.grad(expected, batch["logprobs"])
+    torch.testing.assert_close(grad, expected_grad)
+    assert set(metrics) == {"clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio"}
+
+
+def test_clip_metrics_are_shares_of_the_loss_tokens():
+    batch = random_batch(1)
+    _, metrics = compute("bnpo", batch, settings())
+    _, w = direct_clipped(batch, "token", None)
+    a, tokens = batch["advantages"].unsqueeze(1), batch["mask"] > 0
+    low, high = ((w < 1 - EPS) & (a < 0))[tokens], ((w > 1 + EPS_HIGH) & (a > 0))[tokens]
+    assert low.any() and high.any(), "both bounds must bind"
+    assert metrics["clip_ratio/low_mean"] == pytest.approx(low.double().mean().item())
+    assert metrics["clip_ratio/high_mean"] == pytest.approx(high.double().mean().item())
+    assert (
+        metrics["clip_ratio"] == metrics["clip_ratio/region_mean"] == pytest.approx((low | high).double().mean().item())
+    )
+
+
+def test_rloo_loss_is_trls_per_sequence_ratio():
+    """TRL's RLOOTrainer: w = exp(sum of the sequence's token log-ratios), clipped surrogate, mean over the sequences
+    (an empty sequence included: w = 1)."""
+    batch = random_batch(2)
+    batch["old_logprobs"] = batch["logprobs"].detach() + 0.1 * torch.randn(B, C, dtype=torch.float64)
+    loss, metrics = compute("rloo", batch, settings())
+    mask = batch["mask"].double()
+    w = ((batch["logprobs"] - batch["old_logprobs"]) * mask).sum(1).exp()
+    a = batch["advantages"]
+    expected = (-torch.minimum(w * a, w.clamp(1 - EPS, 1 + EPS_HIGH) * a)).mean()
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(loss, batch["logprobs"])
+    (expected_grad,) = torch.autograd.grad(expected, batch["logprobs"])
+    torch.testing.assert_close(grad, expected_grad)
+    region = ((w < 1 - EPS) & (a < 0)) | ((w > 1 + EPS_HIGH) & (a > 0))  # per sequence, weighted by its tokens
+    share = (region.double() * mask.sum(1)).sum() / mask.sum()
+    assert metrics["clip_ratio"] == pytest.approx(share.item())
+
+
+def test_the_registry_pairs_an_objective_with_an_aggregation_under_trls_names():
+    assert list(POLICY_LOSSES)[:5] == ["grpo", "bnpo", "dr_grpo", "dapo", "rloo"]
+    for name, loss in POLICY_LOSSES.items():
+        assert isinstance(loss, RegisteredLoss), name
+        assert isinstance(loss.objective, PolicyLoss) and isinstance(loss.aggregation, Aggregation), name
+        assert loss.objective.description and loss.aggregation.description, name
+    assert [name for name, loss in POLICY_LOSSES.items() if not loss.shared] == ["rloo"]  # RLOO's own
+    assert [name for name, loss in POLICY_LOSSES.items() if loss.aggregation.step_tokens] == ["dapo"]
+    assert POLICY_LOSSES["rloo"].objective.reads == frozenset()  # one ratio per sequence: no token-level option
