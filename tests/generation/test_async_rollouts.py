@@ -119,7 +119,10 @@ def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tm
     )
     in_loss = make_trainer(tmp_path / "in-loss", algorithm="grpo", **one_step)
     in_loss.train()
-    assert in_loss.training_buffer.buffer.rollout.old_logprobs is None and in_loss.training_buffer.buffer.rollout.engine_logprobs is not None
+    assert (
+        in_loss.training_buffer.buffer.rollout.old_logprobs is None
+        and in_loss.training_buffer.buffer.rollout.engine_logprobs is not None
+    )
     separate = make_trainer(tmp_path / "separate", algorithm="grpo", trainer_cls=SeparatePass, **one_step)
     separate.train()
     assert separate.training_buffer.buffer.rollout.old_logprobs is not None

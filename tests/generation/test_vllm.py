@@ -246,7 +246,9 @@ def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorit
     diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
     assert len(diffs) == 8 and max(diffs) < 1e-4, diffs
     if algorithm == "grpo":
-        rollout = trainer.training_buffer.buffer.rollout  # trained once: the training pass's own log-probs give the weights
+        rollout = (
+            trainer.training_buffer.buffer.rollout
+        )  # trained once: the training pass's own log-probs give the weights
         assert rollout.old_logprobs is None and rollout.engine_logprobs.shape == rollout.completion_ids.shape
         for log in trainer.state.log_history:
             low, high = log["sampling/importance_sampling_ratio/min"], log["sampling/importance_sampling_ratio/max"]
