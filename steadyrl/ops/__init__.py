@@ -34,6 +34,7 @@ from .logprobs import (
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss
 from .masked import masked_mean, masked_moments, masked_var, masked_whiten
 from .policy_loss import (
+    CISPO,
     ENGINE_CORRECTION_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
     POLICY_LOSSES,
@@ -66,6 +67,7 @@ __all__ = [
     "TOKEN_OPTIONS",
     "Aggregation",
     "BatchMean",
+    "CISPO",
     "ClippedSurrogate",
     "FixedLengthSum",
     "LossSettings",

@@ -6,11 +6,12 @@ importance weight per sequence; the aggregations multiply it by the [B, C] loss 
     w = pi / pi_old            per token ("token"), or exp(mean log-ratio of the sequence) ("sequence", GSPO)
     ClippedSurrogate  l = -min(w A, clip(w, 1 - eps, 1 + eps_high) A)   with ``delta``: w capped at delta first
     SequenceRatio     l = the same with w = exp(sum of the sequence's token log-ratios), one per sequence (TRL's RLOO)
+    CISPO             l = -sg(min(w, eps_high)) A log pi                                 (MiniMax, 2025)
 
     SequenceMean      mean over sequences of each sequence's token mean                 grpo  (Shao et al., 2024)
     TokenMean         token mean over the micro-batch                                    bnpo
     FixedLengthSum    token sum / (B x max_completion_length)                            dr_grpo (Liu et al., 2025)
-    StepTokenMean     token sum / mean loss tokens per micro-batch of the rollout: a     dapo  (Yu et al., 2025)
+    StepTokenMean     token sum / mean loss tokens per micro-batch of the rollout: a     dapo, cispo (Yu et al., 2025)
                       token mean over the whole optimizer step, across accumulation and processes
     BatchMean         mean of the [B, 1] sequence losses                                 rloo  (Ahmadian et al., 2024)
 
@@ -217,6 +218,22 @@ class SequenceRatio(ClippedSurrogate):
         return TokenLoss(loss, log_ratio, bound)
 
 
+class CISPO(PolicyLoss):
+    """CISPO (MiniMax-M1: MiniMax, 2025), as TRL's ``loss_type="cispo"``: REINFORCE weighted by the importance weight
+    clipped from above and detached, l = -sg(min(w, eps_max)) A log pi, w per token or per sequence. eps_max is
+    ``cliprange_high`` (TRL's ``epsilon_high``; default ``cliprange``) as a bound on w itself, not on w - 1: ScaleRL
+    (Khatri et al., 2025) recommends 5.0. Logged: ``cispo_clip_ratio``, the share of tokens with w > eps_max, A > 0."""
+
+    description = "CISPO: -min(w, epsilon_high) x A x log-prob, the weight detached"
+    reads = frozenset({"importance_sampling_level", "vllm_importance_sampling_correction"})
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
+        log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
+        weights, advantages = torch.exp(log_weights), advantages.unsqueeze(1)  # [B, C] or [B, 1]; [B, 1]
+        loss = -weights.clamp(max=settings.high).detach() * advantages * logprobs  # [B, C]
+        return TokenLoss(loss, log_weights, {"cispo_clip_ratio": (weights > settings.high) & (advantages > 0)})
+
+
 # ---- aggregations --------------------------------------------------------------------------------------------------
 
 
@@ -335,4 +352,5 @@ POLICY_LOSSES: dict[str, RegisteredLoss] = {
     "dr_grpo": RegisteredLoss(ClippedSurrogate(), FixedLengthSum()),
     "dapo": RegisteredLoss(ClippedSurrogate(), StepTokenMean()),
     "rloo": RegisteredLoss(SequenceRatio(), BatchMean(), shared=False),
+    "cispo": RegisteredLoss(CISPO(), StepTokenMean()),
 }

@@ -127,7 +127,7 @@ def steadyrl_side(tmp_path, algorithm: str, **settings):
     return trainer
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
 def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     trainer = steadyrl_side(tmp_path, "grpo", loss_type=loss_type, beta=BETA)
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
@@ -156,10 +156,13 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     }
     assert_same(ours, loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs)))
     clipped = trainer.compute_loss_on_batch(trainer.model, batch)[1]
-    assert clipped["clip_ratio/low_mean"] > 0 and clipped["clip_ratio/high_mean"] > 0, "both bounds must bind"
+    if loss_type == "cispo":  # the weight capped at epsilon_high itself (0.28): wherever A > 0
+        assert clipped["cispo_clip_ratio"] > 0
+    else:
+        assert clipped["clip_ratio/low_mean"] > 0 and clipped["clip_ratio/high_mean"] > 0, "both bounds must bind"
 
 
-@pytest.mark.parametrize("loss_type", ["rloo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["rloo", "dapo", "cispo"])
 def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
     """loss_type='rloo' is TRL's RLOOTrainer loss (one ratio per sequence); RLOO's token-level types are GRPO's
     without the KL term (RLOO's KL is in the reward)."""
@@ -220,7 +223,8 @@ def test_beta_zero_makes_no_reference_and_runs_no_reference_pass(tmp_path):
 @pytest.mark.parametrize(
     ("config", "settings", "message"),
     [
-        (GRPOConfig, {"loss_type": "cispo"}, "loss_type='cispo' is invalid: use one of grpo, bnpo, dr_grpo, dapo"),
+        (GRPOConfig, {"loss_type": "cispo", "delta": 2.0}, "delta=2.0 does not apply to loss_type='cispo'"),
+        (GRPOConfig, {"loss_type": "sapo"}, "loss_type='sapo' is invalid: use one of grpo, bnpo, dr_grpo, dapo, cispo"),
         (GRPOConfig, {"scale_rewards": "prompt"}, "scale_rewards='prompt' is invalid"),
         (GRPOConfig, {"num_generations": 1}, "num_generations=1 is invalid for GRPO"),
         (GRPOConfig, {"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2 is not supported"),

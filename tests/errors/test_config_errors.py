@@ -77,7 +77,7 @@ def _(ctx):
 
 @trigger("loss-type")
 def _(ctx):
-    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="cispo")
+    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="sapo")
 
 
 @trigger("rloo-sequence-loss")

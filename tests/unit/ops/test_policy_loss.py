@@ -1,6 +1,6 @@
 """Each registered policy loss (ops.POLICY_LOSSES) against a direct computation of its formula on random tensors:
-the objective (clipped surrogate per token or per sequence, delta's cap, TRL's RLOO loss), the vLLM weights and the
-KL term in TRL's order, and each aggregation; the clip metrics; the registry's shape."""
+the objective (clipped surrogate per token or per sequence, delta's cap, TRL's RLOO loss, TRL's CISPO), the vLLM
+weights and the KL term in TRL's order, and each aggregation; the clip metrics; the registry's shape."""
 
 import pytest
 import torch
@@ -52,7 +52,9 @@ def direct_aggregate(name: str, per_token: torch.Tensor, mask: torch.Tensor) -> 
 
 
 def settings(**overrides) -> LossSettings:
-    return LossSettings(cliprange=EPS, cliprange_high=EPS_HIGH, max_completion_length=MAX_LENGTH, **overrides)
+    return LossSettings(
+        **{"cliprange": EPS, "cliprange_high": EPS_HIGH, "max_completion_length": MAX_LENGTH, **overrides}
+    )
 
 
 def compute(name: str, batch, config: LossSettings, engine: bool = False, kl: bool = False):
@@ -131,5 +133,39 @@ def test_the_registry_pairs_an_objective_with_an_aggregation_under_trls_names():
         assert isinstance(loss.objective, PolicyLoss) and isinstance(loss.aggregation, Aggregation), name
         assert loss.objective.description and loss.aggregation.description, name
     assert [name for name, loss in POLICY_LOSSES.items() if not loss.shared] == ["rloo"]  # RLOO's own
-    assert [name for name, loss in POLICY_LOSSES.items() if loss.aggregation.step_tokens] == ["dapo"]
+    assert [name for name, loss in POLICY_LOSSES.items() if loss.aggregation.step_tokens] == ["dapo", "cispo"]
     assert POLICY_LOSSES["rloo"].objective.reads == frozenset()  # one ratio per sequence: no token-level option
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize(("engine", "kl"), [(False, False), (True, True)])
+def test_cispo_equals_trls_formula(level, engine, kl):
+    """TRL 1.16's GRPOTrainer._compute_loss with loss_type="cispo": coef = exp(log importance weight), per token or
+    the sequence's mean; loss = -clamp(coef, max=epsilon_high).detach() x A x log pi, times the vLLM ratio, plus
+    beta x KL x coef; sum over the loss tokens / the step's tokens per micro-batch (num_items_in_batch, rescaled)."""
+    batch, eps_max = random_batch(3), 1.0  # some weights above eps_max, some below
+    loss, metrics = compute(
+        "cispo",
+        batch,
+        settings(cliprange_high=eps_max, importance_sampling_level=level, beta=0.04, use_bias_correction_kl=True),
+        engine,
+        kl,
+    )
+    logps, mask, a = batch["logprobs"], batch["mask"].double(), batch["advantages"].unsqueeze(1)
+    log_ratio = logps - batch["old_logprobs"]
+    if level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_ratio)
+    per_token_loss = -torch.clamp(coef_1, max=eps_max).detach() * a * logps
+    if engine:
+        per_token_loss = per_token_loss * batch["engine"]
+    if kl:
+        per_token_loss = per_token_loss + 0.04 * batch["kl"] * coef_1
+    expected = (per_token_loss * mask).sum() / STEP_TOKENS
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(loss, logps)
+    (expected_grad,) = torch.autograd.grad(expected, logps)
+    torch.testing.assert_close(grad, expected_grad)
+    clipped = ((coef_1 > eps_max) & (a > 0)).expand(B, C)[mask > 0]
+    assert 0 < clipped.double().mean().item() < 1
+    assert metrics == {"cispo_clip_ratio": pytest.approx(clipped.double().mean().item())}
