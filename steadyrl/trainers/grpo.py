@@ -135,12 +135,7 @@ class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
                 "on their own: add the penalty as a reward function instead, or use 'sum_then_normalize'."
             )
 
-    def _check_samples_per_prompt(self, name: str) -> None:
-        n = self.n_samples_per_prompt
-        if isinstance(n, int) and n < 2:
-            raise ValueError(
-                f"{name}={n} is invalid for GRPO: group-relative advantages need at least 2 completions per prompt."
-            )
+    least_samples_per_prompt: ClassVar = (2, "GRPO", "group-relative advantages need")
 
 
 class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):

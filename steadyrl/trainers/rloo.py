@@ -62,12 +62,7 @@ class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
                 )
             self.reward_clip_range = (float(bounds[0]), float(bounds[1]))
 
-    def _check_samples_per_prompt(self, name: str) -> None:
-        n = self.n_samples_per_prompt
-        if isinstance(n, int) and n < 2:
-            raise ValueError(
-                f"{name}={n} is invalid for RLOO: the leave-one-out baseline needs at least 2 completions per prompt."
-            )
+    least_samples_per_prompt: ClassVar = (2, "RLOO", "the leave-one-out baseline needs")
 
 
 class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import TrainingArguments
@@ -197,8 +197,15 @@ class OnPolicyConfig(
             names[synonym.own_name] = given_name(synonym, trl_value, own_value)
         return names
 
+    # (the fewest completions per prompt the algorithm needs, its name, why); None: any number
+    least_samples_per_prompt: ClassVar[tuple[int, str, str] | None] = None
+
     def _check_samples_per_prompt(self, name: str) -> None:
         """What the algorithm needs of ``n_samples_per_prompt``, given as ``name``."""
+        n = self.n_samples_per_prompt
+        if self.least_samples_per_prompt is not None and isinstance(n, int) and n < self.least_samples_per_prompt[0]:
+            least, algorithm, why = self.least_samples_per_prompt
+            raise ValueError(f"{name}={n} is invalid for {algorithm}: {why} at least {least} completions per prompt.")
 
     def _resolve_lengths(self) -> None:
         for name, default in (

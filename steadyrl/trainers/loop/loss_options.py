@@ -22,6 +22,7 @@ from ...ops import (
 )
 from ...rollout import Rollout
 from ..config.value_checks import finite
+from .scoring import engine_check
 
 
 def accepted_loss_types(extra: tuple[str, ...] = ()) -> list[str]:
@@ -165,7 +166,7 @@ class PolicyLossMixin:
         sampling policy's."""
         if batch.engine_logprobs is None:
             return batch.engine_weights, {}
-        return self.engine_check(logprobs.detach(), batch.engine_logprobs, batch.policy_mask)
+        return engine_check(self.args, logprobs.detach(), batch.engine_logprobs, batch.policy_mask)
 
     def step_tokens(self, rollout: Rollout) -> torch.Tensor | None:
         """``tokens_per_micro_batch`` where the loss's aggregation divides by it (``dapo``), else None."""
