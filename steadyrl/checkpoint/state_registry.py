@@ -88,14 +88,15 @@ class StateRegistry:
 
 
 def _pull_tensors(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """``value`` with each tensor replaced by a reference to its entry in ``tensors``."""
+    """``value`` with each tensor replaced by a reference to its entry in ``tensors`` (keyed by its dotted path:
+    ``rollout.completion_ids``)."""
     if isinstance(value, torch.Tensor):
         tensors[path] = value.contiguous()
         return {TENSOR_REF: path}
     if isinstance(value, dict):
-        return {key: _pull_tensors(item, f"{path}/{key}", tensors) for key, item in value.items()}
+        return {key: _pull_tensors(item, f"{path}.{key}" if path else str(key), tensors) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_pull_tensors(item, f"{path}/{i}", tensors) for i, item in enumerate(value)]
+        return [_pull_tensors(item, f"{path}.{i}" if path else str(i), tensors) for i, item in enumerate(value)]
     return value
 
 

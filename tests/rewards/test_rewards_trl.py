@@ -335,7 +335,7 @@ def test_a_checkpoint_holding_none_rewards_resumes_identically(tmp_path):
     from safetensors.torch import load_file
 
     buffer = load_file(tmp_path / "whole" / "checkpoint-3" / "rollout_buffer_0.safetensors")
-    assert buffer["reward_scores"].isnan().any(), "the checkpointed buffer must hold a None reward"
+    assert buffer["rollout.reward_scores"].isnan().any(), "the checkpointed buffer must hold a None reward"
     shutil.copytree(tmp_path / "whole" / "checkpoint-3", tmp_path / "resumed" / "checkpoint-3")
     run(tmp_path / "resumed", resume=True)
     expected = (tmp_path / "whole" / "final-actor" / "model.safetensors").read_bytes()
