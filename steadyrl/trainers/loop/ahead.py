@@ -26,15 +26,16 @@ from ...generation import Generation
 from ...generation.weights import whole_weights
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
 from .scoring import Scorer
-from .sources import RolloutSource, Sampled
+from .sources import RolloutSource, Sampled, TrainerStage
 
 
-class AheadSource(RolloutSource):
+class AheadSource(RolloutSource, TrainerStage):
     """Single-turn rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead."""
 
     def __init__(self, trainer, scorer: Scorer, scores_on_worker: bool, *args) -> None:
-        super().__init__(*args)
-        self.trainer, self.scorer, self.scores_on_worker = trainer, scorer, scores_on_worker
+        RolloutSource.__init__(self, *args)
+        TrainerStage.__init__(self, trainer)
+        self.scorer, self.scores_on_worker = scorer, scores_on_worker
         self.queue: list[SampledRollout] = []  # generated ahead, oldest first (a checkpoint part)
         self.in_flight: list[Future] = []
         self.pool: ThreadPoolExecutor | None = None

@@ -9,14 +9,12 @@ from collections import defaultdict
 from ...models.loading import deepspeed_backward
 from ...rollout import Rollout
 from .reference_sync import mix_into_reference, sync_due
+from .sources import TrainerStage
 
 
-class Learner:
+class Learner(TrainerStage):
     """Trains the modules ``trained_modules()`` returns (the actor first) on one mini-batch per call, with the
     algorithm's ``compute_loss_on_batch(model, micro_batch) -> (loss or {module: loss}, metrics)``."""
-
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
 
     def step(self, minibatch: Rollout) -> dict[str, float]:
         """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``

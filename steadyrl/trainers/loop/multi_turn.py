@@ -24,7 +24,7 @@ from ...agents.rollout_func import trajectories_from
 from ...agents.tools import ToolBox
 from ...agents.turns import run_turns
 from ...generation import Generation
-from .sources import RolloutSource
+from .sources import RolloutSource, TrainerStage
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -97,13 +97,14 @@ def check_multi_turn(
     return multi_turn, reward_funcs + added
 
 
-class MultiTurnSource(RolloutSource):
+class MultiTurnSource(RolloutSource, TrainerStage):
     """Rollouts whose completions interleave sampled turns with tool results (masked out of the loss by
     ``env_mask``), or come from ``rollout_func(prompts, trainer)``."""
 
     def __init__(self, multi_turn: MultiTurn, trainer, context_length: int, *args) -> None:
-        super().__init__(*args)
-        self.multi_turn, self.trainer, self.context_length = multi_turn, trainer, context_length
+        RolloutSource.__init__(self, *args)
+        TrainerStage.__init__(self, trainer)
+        self.multi_turn, self.context_length = multi_turn, context_length
 
     def complete(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
         """``prompts`` come back as the reward functions see them (with an environment's ``reset()`` text)."""

@@ -254,7 +254,7 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
         self.sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
         self.prompt_draw = PromptDraw(self.sampler, train_dataset, args, self.accelerator)
         self.generator = ActorGenerator(self)
-        self.scorer = Scorer(self.score, tokenizer, self.conversational, args, lambda: self.state)
+        self.scorer = Scorer(self, tokenizer, self.conversational, args)
         source_args = (self.prompt_draw, self.generator, tokenizer, self.conversational, args)
         if self.multi_turn.active:
             self.rollout_source = MultiTurnSource(self.multi_turn, self, self.context_length(), *source_args)

@@ -9,7 +9,6 @@ vLLM's log-probs checked against the trainer's.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 
@@ -27,7 +26,7 @@ from ...ops import (
 )
 from ...rewards import RewardInputs, reward_func_name, weighted_total
 from ...rollout import Rollout, TokenBatch, engine_logprob_tensor, rollout_metrics
-from .sources import Sampled
+from .sources import Sampled, TrainerStage
 
 
 def trajectory_fields(generation: Generation) -> dict:
@@ -38,19 +37,20 @@ def trajectory_fields(generation: Generation) -> dict:
     return fields if generation.completions is None else {**fields, "completions": generation.completions}
 
 
-class Scorer:
-    """Scores a sampled rollout's completions with ``score(inputs, trainer_state)`` (the trainer's: reward functions
+class Scorer(TrainerStage):
+    """Scores a sampled rollout's completions with the trainer's ``score(inputs, trainer_state)`` (reward functions
     and models, or online DPO's judge) on the inputs TRL's reward functions receive."""
 
-    def __init__(self, score: Callable, tokenizer, conversational: bool, args, trainer_state: Callable) -> None:
-        self.score_inputs, self.tokenizer, self.conversational, self.args = score, tokenizer, conversational, args
-        self.trainer_state = trainer_state
+    def __init__(self, trainer, tokenizer, conversational: bool, args) -> None:
+        super().__init__(trainer)
+        self.tokenizer, self.conversational, self.args = tokenizer, conversational, args
 
     def __call__(self, sampled: Sampled, state=None, tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores [N, num_rewards] with ``state`` as ``trainer_state`` (default: the trainer's now), and the metrics
         the reward functions logged; ``tokenizer`` decodes (default the policy's; a worker thread passes its own)."""
         inputs = self.reward_inputs(sampled.prompts, sampled.prompt_ids, sampled.generation, sampled.columns, tokenizer)
-        return self.score_inputs(inputs, state or self.trainer_state()), inputs.metric_means()
+        trainer = self.trainer
+        return trainer.score(inputs, state or trainer.state), inputs.metric_means()
 
     def reward_inputs(self, prompts, prompt_ids, generation: Generation, columns: dict, tokenizer=None) -> RewardInputs:
         """What reward functions and judges see of the completions, in TRL's conventions."""
@@ -68,13 +68,10 @@ class Scorer:
         return dataclasses.replace(inputs, **trajectory_fields(generation))
 
 
-class ScoringPasses:
+class ScoringPasses(TrainerStage):
     """The passes over a scored rollout before training: the sampling policy's log-probs where the loss needs them
     apart from its own pass (``needs_old_logprobs``), the reference's where a KL term reads them, and the check of
     vLLM's log-probs (``engine_check``)."""
-
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
 
     @torch.no_grad()
     def __call__(self, sampled: Sampled, scores: torch.Tensor, metrics: dict) -> tuple[Rollout, dict[str, float]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -76,12 +77,22 @@ class PromptDraw:
         self.rollouts = state["count"]
 
 
-class ActorGenerator:
-    """One completion per prompt row with the trainer's current actor through its generation backend, each sampled
-    with its seed; the actor's weights pushed first, and gathered for HF generate under ZeRO-3 or FSDP2."""
+class TrainerStage:
+    """A stage that reads the trainer's current state (its model, TrainerState, backend, ...). It holds the trainer
+    weakly: the trainer holds its stages, and a strong reference back would make a cycle that keeps a finished trainer
+    (models, optimizer states, a vLLM engine) in memory until Python's cyclic collector happens to run."""
 
     def __init__(self, trainer) -> None:
-        self.trainer = trainer
+        self._trainer = weakref.ref(trainer)
+
+    @property
+    def trainer(self):
+        return self._trainer()
+
+
+class ActorGenerator(TrainerStage):
+    """One completion per prompt row with the trainer's current actor through its generation backend, each sampled
+    with its seed; the actor's weights pushed first, and gathered for HF generate under ZeRO-3 or FSDP2."""
 
     def __call__(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
         """With HF generate in calls of ``chunk`` rows (all at once if None); vLLM schedules its own batches."""
