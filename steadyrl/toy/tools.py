@@ -138,22 +138,32 @@ def teach_tool_format(
     """Fine-tune ``model`` on tool conversations, ``right_share`` of them calling with the question's numbers and
     answering the sum (the others: random arguments and answer); the loss covers the assistant turns only."""
     import torch
+    from transformers.utils import get_json_schema
 
     rng = random.Random(seed + 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
+    tools = [get_json_schema(add)]  # what the template would make of [add] on every call, made once
 
-    def ids(messages, opening):
-        return tokenizer.apply_chat_template(messages, tools=[add], add_generation_prompt=opening, return_dict=False)
+    def ids(conversations, opening):
+        return tokenizer.apply_chat_template(
+            conversations, tools=tools, add_generation_prompt=opening, return_dict=False
+        )
 
     for _ in range(steps):
+        conversations = [_conversation(rng, right_share) for _ in range(batch_size)]  # 4 messages each
+        # each conversation up to the end of its assistant turns (messages 2 and 4: the second is the whole), and
+        # up to their opening (messages 1 and 3, then the generation prompt): the same token ids as rendering the
+        # prefixes one at a time, in 2 calls instead of 5 x batch_size
+        closed = ids([c[:n] for c in conversations for n in (4, 2)], False)
+        opened = ids([c[:n] for c in conversations for n in (1, 3)], True)
         rows = []
-        for _ in range(batch_size):
-            messages = _conversation(rng, right_share)
-            full, labels = ids(messages, False), None
+        for i in range(batch_size):
+            full = closed[2 * i]
             labels = [-100] * len(full)
-            for turn in (1, 3):  # the assistant turns: from after their opening to their <|im_end|>
-                start, end = len(ids(messages[:turn], True)), len(ids(messages[: turn + 1], False)) - 1
+            # the assistant turns: from after their opening to their <|im_end|> (a closed turn ends with a newline)
+            for opening, turn_end in ((opened[2 * i], closed[2 * i + 1]), (opened[2 * i + 1], full)):
+                start, end = len(opening), len(turn_end) - 1
                 labels[start:end] = full[start:end]
             rows.append((full, labels))
         width = max(len(full) for full, _ in rows)
