@@ -7,7 +7,7 @@ As a script::
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
-                            [--real] [--tools tools|environment] [--set key=value ...]
+                            [--real [--live-checks N]] [--tools tools|environment] [--set key=value ...]
 
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
@@ -97,6 +97,38 @@ def real_task() -> dict:
         train_dataset=arithmetic_dataset(size=64),
         reward_funcs=[correct_answer, answer_format, shorter_is_better],
     )
+
+
+def recording(reward_func, path: str):
+    """``reward_func`` (under its own name, so the logged reward keys stay) writing the prompts and completions of its
+    first call, as TRL passes them, to ``path`` (JSON)."""
+    import functools
+
+    @functools.wraps(reward_func)
+    def recorded(prompts, completions, **kwargs):
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                json.dump({"prompts": prompts, "completions": completions}, f)
+        return reward_func(prompts=prompts, completions=completions, **kwargs)
+
+    return recorded
+
+
+def live_checks(trainer, output_dir: str, size: int) -> None:
+    """What the live actor does right after ``train()``, for a test to compare with a model loaded from disk:
+    its greedy replies to ``size`` held-out problems, then a user's own ``generate`` of the first one (token ids of
+    prompt and reply), written to OUTPUT_DIR/live_actor.json."""
+    from steadyrl.real import arithmetic_dataset, greedy_accuracy
+
+    model, tokenizer = trainer.model, trainer.processing_class
+    held_out = arithmetic_dataset("eval", size=size)
+    _, replies = greedy_accuracy(model, tokenizer, held_out, max_new_tokens=12)
+    question = tokenizer.apply_chat_template(
+        held_out[0]["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    generated = model.generate(**question, do_sample=False, max_new_tokens=12)
+    with open(os.path.join(output_dir, "live_actor.json"), "w") as f:
+        json.dump({"greedy_replies": replies, "generate": generated.tolist(), "training": model.training}, f)
 
 
 def tool_task(kind: str) -> dict:
@@ -310,12 +342,21 @@ def main() -> None:
     parser.add_argument("--fail-push", type=int, help="STEP: the main process's push of checkpoint-STEP fails (a bug)")
     parser.add_argument("--eval-prompts", type=int, help="evaluate on this many held-out toy prompts every 2 steps")
     parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct on the arithmetic task")
+    parser.add_argument(
+        "--live-checks",
+        type=int,
+        help="with --real: record the reward inputs (reward_inputs.json) and, after training, the live actor's greedy "
+        "replies to this many held-out problems and its generate of the first (live_actor.json)",
+    )
     parser.add_argument("--tools", choices=["tools", "environment"], help="multi-turn, on the tool fixture")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
     if opts.real:
         overrides = {**REAL_DEFAULTS, **real_task(), **overrides}
+        if opts.live_checks:
+            first, *others = overrides["reward_funcs"]
+            overrides["reward_funcs"] = [recording(first, os.path.join(opts.output_dir, "reward_inputs.json")), *others]
     if opts.tools:
         overrides = {**tool_task(opts.tools), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
@@ -342,6 +383,8 @@ def main() -> None:
     if opts.fail_push:
         fail_push(trainer, opts.fail_push)
     trainer.train(resume_from_checkpoint=True if opts.resume else None)
+    if opts.live_checks:
+        live_checks(trainer, opts.output_dir, opts.live_checks)
     trainer.save_model(os.path.join(opts.output_dir, "final-actor"))
     if trainer.is_world_process_zero():  # one writer: on several machines output_dir is shared
         with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
