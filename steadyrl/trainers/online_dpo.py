@@ -38,13 +38,14 @@ from .config.batch_hierarchy import check_positive_int
 from .config.field_groups import inherited_field
 from .config.on_policy_config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
 from .config.trl_calls import refuse_unused
-from .config.trl_names import MAX_NEW_TOKENS, given_name, resolve_max_prompt_length, resolve_synonym
+from .config.trl_names import MAX_NEW_TOKENS, SYNONYMS, resolve_max_prompt_length, views_of
 from .loop.on_policy import OnPolicyTrainer
 
 LOSS_TYPES = ("sigmoid", "ipo")
 TIE_RULES = ("skip", "first")
 
 
+@views_of(MAX_NEW_TOKENS)
 @dataclass
 class OnlineDPOConfig(OnPolicyConfig):
     """``OnPolicyConfig`` plus online DPO's options. Two completions per prompt; steadyrl's batch sizes count
@@ -66,6 +67,7 @@ class OnlineDPOConfig(OnPolicyConfig):
     settings_group: ClassVar[str] = "Online DPO"
     _default_samples_per_prompt = 2
     _completions_per_item = 2  # TRL's per_device_train_batch_size counts prompts, each with a pair of completions
+    synonyms = (*SYNONYMS, MAX_NEW_TOKENS)
 
     n_samples_per_prompt: int | None = field(
         default=None, metadata={"help": "Completions per prompt: must be 2 (a pair)."}
@@ -114,12 +116,12 @@ class OnlineDPOConfig(OnPolicyConfig):
                 f"per prompt. Use {name}=2."
             )
 
-    def _resolve_lengths(self) -> None:
-        for name in ("max_new_tokens", "max_length"):
-            check_positive_int(name, getattr(self, name))
-        completion = resolve_synonym(MAX_NEW_TOKENS, self.max_new_tokens, self.max_completion_length)
-        completion_name = given_name(MAX_NEW_TOKENS, self.max_new_tokens, self.max_completion_length)
-        self.max_completion_length = self.max_new_tokens = completion or DEFAULT_MAX_COMPLETION_LENGTH
+    def _resolve_lengths(self, names: dict[str, str]) -> None:
+        completion_name = names["max_completion_length"]  # max_new_tokens when given under TRL's name
+        check_positive_int(completion_name, self.max_completion_length)
+        check_positive_int("max_length", self.max_length)
+        if self.max_completion_length is None:
+            self.max_completion_length = DEFAULT_MAX_COMPLETION_LENGTH
         self.max_prompt_length = resolve_max_prompt_length(
             self.max_prompt_length,
             self.max_length,

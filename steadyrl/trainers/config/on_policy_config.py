@@ -25,8 +25,10 @@ from .field_groups import (
     VLLMFields,
 )
 from .trl_names import (
+    RESOLVED,
     SYNONYMS,
     UNSUPPORTED,
+    Synonym,
     TRLNames,
     command_line_value,
     given_name,
@@ -103,13 +105,14 @@ class OnPolicyConfig(
     _default_samples_per_prompt = 4
     _completions_per_item = 1  # completions per unit of per_device_train_batch_size (online DPO: 2, a pair)
     unsupported_trl_fields = UNSUPPORTED  # TRL fields accepted only at TRL's default
+    synonyms: ClassVar[tuple[Synonym, ...]] = SYNONYMS  # TRL's names, views of steadyrl's (trl_names.py)
 
     def __post_init__(self):
         self._check_trl_fields()
         check_staleness(self)  # before TrainingArguments sets up the processes it would refuse
         names = self._resolve_synonyms()
         self._check_samples_per_prompt(names["n_samples_per_prompt"])
-        self._resolve_lengths()
+        self._resolve_lengths(names)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not self.use_cpu and not torch.accelerator.is_available():
             # Without use_cpu, TrainingArguments finds no backend and every process would train alone on the
@@ -184,17 +187,18 @@ class OnPolicyConfig(
             setattr(self, name, parse_dict_field(name, getattr(self, name), example))
 
     def _resolve_synonyms(self) -> dict[str, str]:
-        """Resolve each TRL synonym and steadyrl's name onto one value; return the name given for each setting."""
+        """Resolve each TRL synonym and steadyrl's name onto one value, stored under steadyrl's name only (TRL's
+        name is a view of it from now on); return the name given for each setting."""
         defaults = {"n_samples_per_prompt": self._default_samples_per_prompt, "num_ppo_epochs": 1, "cliprange": 0.2}
         names = {}
-        for synonym in SYNONYMS:
-            trl_value, own_value = getattr(self, synonym.trl_name), getattr(self, synonym.own_name)
+        for synonym in self.synonyms:
+            trl_value, own_value = synonym.take(self), getattr(self, synonym.own_name)
             value = resolve_synonym(synonym, trl_value, own_value)
             if value is None:
                 value = self.cliprange if synonym.own_name == "cliprange_high" else defaults.get(synonym.own_name)
             setattr(self, synonym.own_name, value)
-            setattr(self, synonym.trl_name, value)
             names[synonym.own_name] = given_name(synonym, trl_value, own_value)
+        vars(self)[RESOLVED] = True
         return names
 
     # (the fewest completions per prompt the algorithm needs, its name, why); None: any number
@@ -207,7 +211,8 @@ class OnPolicyConfig(
             least, algorithm, why = self.least_samples_per_prompt
             raise ValueError(f"{name}={n} is invalid for {algorithm}: {why} at least {least} completions per prompt.")
 
-    def _resolve_lengths(self) -> None:
+    def _resolve_lengths(self, names: dict[str, str]) -> None:
+        """Default lengths; ``names``: the name given for each setting (``_resolve_synonyms``)."""
         for name, default in (
             ("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
             ("max_completion_length", DEFAULT_MAX_COMPLETION_LENGTH),
