@@ -23,8 +23,9 @@ $(STAMP): setup.cfg pyproject.toml
 
 # Two workers, one file each at a time, one torch thread each: on two cores the suite is mostly process start-up
 # and small-model Python overhead, which parallelises, while two multi-threaded workers would fight over the cores.
+# --durations: the 25 slowest tests close the report, to see where CI's time goes.
 test: install
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 # GRPO teaches the real SmolLM2-135M-Instruct two-digit additions (steadyrl demo without --model: the toy task)
 demo: install

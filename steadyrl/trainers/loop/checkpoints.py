@@ -23,12 +23,21 @@ logger = logging.get_logger(__name__)
 class CheckpointMixin:
     """The checkpoint half of ``OnPolicyTrainer`` (a mixin of it: it uses the trainer's state and checkpointer)."""
 
+    def save_if_due(self) -> bool:
+        """Checkpoint this step if the callbacks decided so (every ``save_steps``); return whether one was written."""
+        if not self.control.should_save:
+            return False
+        self.save_checkpoint()
+        self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+        self.control.should_save = False
+        return True
+
     def stop_for_signal(self, signum: int | None, saved: bool) -> None:
         """After a SIGTERM / SIGINT before the last step: checkpoint this step (the one exception to save_steps),
         end, and exit with a non-zero status (``stopped_status``), so that a scheduler restarts the job."""
         if not saved:
-            self.save_checkpoint()
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            self.control.should_save = True
+            self.save_if_due()
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         name = signal.Signals(signum).name if signum else "a signal on another process"
         logger.warning(

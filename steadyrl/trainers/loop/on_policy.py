@@ -366,7 +366,8 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
                     self.learner.sync_reference(self.state.global_step)
                     self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                    saved = self.log_and_save()
+                    self.report_step()  # log and evaluate as the callbacks decided
+                    saved = self.save_if_due()  # checkpoint-<global_step> every save_steps
                     if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
                         self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
         finally:

@@ -1,5 +1,5 @@
 """What the on-policy loop reports: the logged means of each logging step (every process's share averaged), the
-completion log, and the end-of-training summary; and the evaluation and checkpoint the callbacks asked for."""
+completion log, the evaluation the callbacks asked for, and the end-of-training summary."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ...rollout import Rollout, completion_rows
 
 
 class ReportingMixin:
-    """Logging, and the logging step's evaluation and checkpoint, for ``OnPolicyTrainer``."""
+    """Logging and the logging step's evaluation, for ``OnPolicyTrainer``."""
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """``Trainer.log`` (report_to, the printed line, ``log_history``), and the entry appended to
@@ -35,9 +35,9 @@ class ReportingMixin:
             self.metrics_log.append({**summary, "step": self.state.global_step})
         return summary
 
-    def log_and_save(self) -> bool:
-        """Log, evaluate and checkpoint as the callbacks decided (the checkpoint's log history then holds this
-        step's evaluation); return whether a checkpoint was written."""
+    def report_step(self) -> None:
+        """Log and evaluate as the callbacks decided at this step's end (before any checkpoint of the step, so that
+        its log history holds this step's evaluation)."""
         if self.control.should_log:
             logs = self.pending_metrics.take_means()
             if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
@@ -50,12 +50,6 @@ class ReportingMixin:
         if self.control.should_evaluate:
             self.evaluate()
             self.control.should_evaluate = False
-        if self.control.should_save:
-            self.save_checkpoint()
-            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-            self.control.should_save = False
-            return True
-        return False
 
     def log_completions(self) -> None:
         """Write the latest rollout's completions (every process's) to the completion log, once per rollout."""
