@@ -53,14 +53,21 @@ from ..ops import (
 )
 from ..rollout import Advantages, Rollout
 from .config.on_policy_config import OnPolicyConfig
+from .config.trl_names import Synonym, views_of
 from .loop.on_policy import OnPolicyTrainer
 
 logger = logging.get_logger(__name__)
 
 
+KL_COEF = Synonym("kl_coef", "beta", "the KL coefficient")
+RESPONSE_LENGTH = Synonym("response_length", "max_completion_length", "the most tokens generated per completion")
+
+
+@views_of(KL_COEF, RESPONSE_LENGTH)
 @dataclass
 class OldPPONames:
-    """TRL's old ``PPOConfig`` names: two map onto steadyrl's fields, two are refused with what to use instead."""
+    """TRL's old ``PPOConfig`` names: two are views of steadyrl's fields (stored once, under steadyrl's name), two
+    are refused with what to use instead."""
 
     settings_group: ClassVar[str] = "TRL's old PPO names"
 
@@ -135,19 +142,18 @@ class PPOConfig(OldPPONames, OnPolicyConfig):
             raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps} is invalid: it must be >= 0.")
 
     def _resolve_old_trl_names(self) -> None:
-        for old, own, meaning, default in (
-            ("kl_coef", "beta", "the KL coefficient", 0.05),
-            ("response_length", "max_completion_length", "the most tokens generated per completion", None),
-        ):
-            value = getattr(self, old)
+        """Before ``OnPolicyConfig.__post_init__`` resolves TRL's current names (and marks the config resolved)."""
+        for synonym, default in ((KL_COEF, 0.05), (RESPONSE_LENGTH, None)):
+            value, own = synonym.take(self), getattr(self, synonym.own_name)
             if value is None:
                 continue
-            if getattr(self, own) not in (default, value):
+            if own not in (default, value):
                 raise ValueError(
-                    f"{old}={value!r} contradicts {own}={getattr(self, own)!r}: both set {meaning} ({old} is TRL's "
-                    f"old PPO name of {own}); give one of them."
+                    f"{synonym.trl_name}={value!r} contradicts {synonym.own_name}={own!r}: both set "
+                    f"{synonym.meaning} ({synonym.trl_name} is TRL's old PPO name of {synonym.own_name}); give one "
+                    "of them."
                 )
-            setattr(self, own, value)
+            setattr(self, synonym.own_name, value)
         if self.num_mini_batches is not None:
             raise ValueError(
                 f"num_mini_batches={self.num_mini_batches} is TRL's old PPO setting, not steadyrl's: a rollout's "

@@ -115,6 +115,7 @@ WHERE = frozenset({"output_dir", "run_name", "resume_from_checkpoint", "local_ra
 # TRL's names for steadyrl's fields (trl_names.py): they restate a setting the fingerprint holds under its own name.
 MIRRORS = frozenset(
     {synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)}
+    | {"kl_coef", "response_length"}  # TRL's old PPO names (ppo.py), views of beta and max_completion_length
     | {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"}
 )
 

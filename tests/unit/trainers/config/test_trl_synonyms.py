@@ -117,3 +117,13 @@ def test_command_line_and_yaml_take_trls_names(tmp_path):
     _, config = parse(GRPOConfig, ["--config", str(settings), "--toy", "--num_iterations", "2"])
     assert (config.n_samples_per_prompt, config.cliprange, config.num_ppo_epochs) == (4, 0.3, 2)
     assert not {"num_generations", "epsilon", "num_iterations"} & set(vars(config))
+
+
+def test_old_ppo_names_are_views_of_beta_and_max_completion_length(tmp_path):
+    args = PPOConfig(output_dir=str(tmp_path), kl_coef=0.1, response_length=24)
+    assert (args.beta, args.max_completion_length) == (0.1, 24)
+    assert "kl_coef" not in vars(args) and "response_length" not in vars(args)
+    args.kl_coef = 0.2
+    assert args.beta == 0.2 and args.kl_coef == 0.2
+    with pytest.raises(ValueError, match=r"kl_coef=0.1 contradicts beta=0.3: both set the KL coefficient"):
+        PPOConfig(output_dir=str(tmp_path), kl_coef=0.1, beta=0.3)
