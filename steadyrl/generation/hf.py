@@ -15,7 +15,7 @@ class HFGenerationBackend(GenerationBackend):
 
     def generation_config(self) -> GenerationConfig:
         s, tok = self.settings, self.tokenizer
-        return GenerationConfig(
+        settings = dict(
             do_sample=True,
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
@@ -26,8 +26,8 @@ class HFGenerationBackend(GenerationBackend):
             cache_implementation=s.cache_implementation,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
-            **s.extra,
         )
+        return GenerationConfig(**{**settings, **s.extra})  # generation_kwargs override, as in TRL
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:

@@ -254,17 +254,15 @@ class VLLMGenerationBackend(GenerationBackend):
         from vllm import SamplingParams
 
         s = self.settings
-        return SamplingParams(
+        settings = dict(
             max_tokens=s.max_new_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
             min_p=s.min_p or 0.0,
             repetition_penalty=s.repetition_penalty,
-            seed=seed,
-            logprobs=0,
-            **s.extra,
         )
+        return SamplingParams(**{**settings, **s.extra}, seed=seed, logprobs=0)  # generation_kwargs override
 
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
         from vllm.inputs import TokensPrompt

@@ -289,20 +289,16 @@ class VLLMServerBackend(GenerationBackend):
 
     def request_body(self, prompt: list[int], seed: int) -> dict:
         s = self.settings
-        return dict(
-            model=self.served_name,
-            prompt=prompt,
+        settings = dict(
             max_tokens=s.max_new_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
             min_p=s.min_p or 0.0,
             repetition_penalty=s.repetition_penalty,
-            seed=seed,
-            logprobs=0,
-            return_token_ids=True,
-            **s.extra,
         )
+        request = dict(model=self.served_name, prompt=prompt, seed=seed, logprobs=0, return_token_ids=True)
+        return {**settings, **s.extra, **request}  # generation_kwargs override the settings, not the request
 
     def _one(self, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
         choice = self.client.complete(self.request_body(prompt, seed))

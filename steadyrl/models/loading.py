@@ -104,7 +104,7 @@ def reward_model_scorer(
         reward_tokenizer = AutoTokenizer.from_pretrained(reward_model, trust_remote_code=args.trust_remote_code)
     model = load_scalar_model(reward_model, "reward_model", from_pretrained_kwargs(args), args)
     if reward_tokenizer is None or same_tokenizer(tokenizer, reward_tokenizer, conversational):
-        check_same_vocabulary(model, "reward_model", policy, tokenizer)
+        check_same_vocabulary(model, "reward_model", policy, tokenizer, tokenizer_checked=reward_tokenizer is not None)
         reward_tokenizer = None  # the fast path: the policy's token ids as they are
     else:
         if conversational and not getattr(reward_tokenizer, "chat_template", None):

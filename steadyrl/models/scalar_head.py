@@ -50,26 +50,35 @@ def load_scalar_model(
     return model
 
 
-def check_same_vocabulary(model: PreTrainedModel, role: str, policy: PreTrainedModel, tokenizer, own_tokenizer=None):
-    """Refuse a scalar model that would read the policy's token ids as other tokens."""
+def check_same_vocabulary(
+    model: PreTrainedModel, role: str, policy: PreTrainedModel, tokenizer, tokenizer_checked: bool = False
+):
+    """Refuse a model that would read the policy's token ids as other tokens, or has no embedding row for some.
+
+    ``tokenizer_checked``: the model's own tokenizer was found to be the policy's (``same_tokenizer``), so only the
+    rows are compared: an embedding padded past the tokenizer (Qwen2.5's reward models have 152,064 rows for
+    151,665 tokens) is accepted. Without its tokenizer, a model must have the policy's vocabulary size.
+    """
     policy_vocab = policy.config.get_text_config().vocab_size
     vocab = model.config.get_text_config().vocab_size
+    if tokenizer_checked:
+        if vocab < len(tokenizer):
+            raise ValueError(
+                f"{role} has vocab_size={vocab}, fewer embedding rows than its tokenizer (the policy's) has tokens "
+                f"({len(tokenizer)}): some of the policy's token ids would have no embedding."
+            )
+        return
     if vocab != policy_vocab:
         hint = (
             " If it has a tokenizer of its own, pass it as reward_processing_class (or give the reward model as a "
-            "path, which loads its tokenizer): completions are then re-rendered for it."
+            "path, which loads its tokenizer): completions are then re-rendered for it, or read as they are if it is "
+            "the policy's."
             if role == "reward_model"
             else ""
         )
         raise ValueError(
             f"{role} has vocab_size={vocab} but the policy has vocab_size={policy_vocab}: it scores the policy's "
             f"token ids, so it must share the policy's tokenizer.{hint}"
-        )
-    if own_tokenizer is not None and own_tokenizer.get_vocab() != tokenizer.get_vocab():
-        differing = sorted(set(own_tokenizer.get_vocab().items()) ^ set(tokenizer.get_vocab().items()))[:3]
-        raise ValueError(
-            f"{role}'s tokenizer does not match the policy's (processing_class): e.g. {differing}. "
-            "Use a model trained with the policy's tokenizer."
         )
 
 

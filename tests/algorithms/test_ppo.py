@@ -82,6 +82,25 @@ def test_reward_model_with_another_vocabulary_is_refused(tmp_path, toy_path):
         ppo_trainer(tmp_path, toy_path, reward_model=tiny_classifier(100))
 
 
+def test_reward_model_with_the_policys_tokenizer_and_a_padded_embedding_scores_the_policys_ids(tmp_path, toy_path):
+    """As Qwen2.5's reward models (152,064 embedding rows for 151,665 tokens): given as a path whose tokenizer is the
+    policy's, a reward model with more embedding rows than the policy is accepted and scores the policy's token ids
+    as they are (not re-rendered), and a PPO step trains on its scores."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_path)
+    padded = tiny_classifier(len(tokenizer) + 18)
+    padded.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    trainer = ppo_trainer(
+        tmp_path / "run", toy_path, reward_funcs=None, reward_model=str(tmp_path / "rm"), overrides={"max_steps": 1}
+    )
+    scorer = trainer.reward_funcs[-1]
+    assert scorer.tokenizer is None, "the policy's token ids must be scored as they are"
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
 def test_reward_model_with_another_tokenizer_scores_text_and_the_critic_starts_from_the_policy(
     tmp_path, toy_path, reward_model_path, caplog
 ):

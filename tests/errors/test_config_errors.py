@@ -8,6 +8,7 @@ import math
 
 import pytest
 from support.toy_run import make_config, make_trainer
+from transformers import AutoModelForCausalLM
 
 from errors.error_table import AHEAD, Context, Triggers, rloo
 from steadyrl import GRPOConfig, RLOOTrainer
@@ -55,9 +56,20 @@ def _(ctx):
     rloo(ctx, quantization_config={"load_in_4bit": True})
 
 
+@trigger("generation-kwargs-reserved")
+def _(ctx):
+    make_config(ctx.tmp_path, generation_kwargs={"seed": 1})
+
+
 @trigger("ref-model-unused")
 def _(ctx):
     make_trainer(ctx.tmp_path, algorithm="grpo", beta=0.0, ref_model=toy_model_path())
+
+
+@trigger("ref-model-is-policy")
+def _(ctx):
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path())
+    make_trainer(ctx.tmp_path, algorithm="online-dpo", model=model, ref_model=model)
 
 
 @trigger("ppo-num-mini-batches")

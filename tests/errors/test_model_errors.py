@@ -75,6 +75,13 @@ def _(ctx):
     rloo(ctx, reward_model=classifier(vocab_size=100))
 
 
+@trigger("reward-model-rows")
+def _(ctx):
+    classifier(vocab_size=40).save_pretrained(ctx.tmp_path / "rm")
+    AutoTokenizer.from_pretrained(toy_model_path()).save_pretrained(ctx.tmp_path / "rm")
+    rloo(ctx, reward_model=str(ctx.tmp_path / "rm"))
+
+
 @trigger("no-tokenizer")
 def _(ctx):
     config = Qwen2Config(

@@ -84,3 +84,18 @@ def test_eval_dataset_of_another_dataset_in_evaluate(tmp_path):
         from datasets import Dataset
 
         trainer.evaluate(Dataset.from_dict({"prompt": ["ab:", None], "letters": ["ab", "ab"]}))
+
+
+def test_a_dict_of_eval_datasets_is_evaluated_one_by_one_with_its_names(tmp_path):
+    """As ``Trainer``: ``eval_dataset={"a": ..., "b": ...}`` logs ``eval_a_*`` and ``eval_b_*``, and each dataset's
+    metrics are those of evaluating it alone."""
+    held_out = {"a": toy_dataset(num_prompts=2, seed=3), "b": toy_dataset(num_prompts=3, seed=4)}
+    trainer = make_trainer(tmp_path, max_steps=1, eval_dataset=held_out)
+    metrics = trainer.evaluate()
+    assert {"eval_a_reward", "eval_b_reward", "eval_a_completions/mean_length"} <= set(metrics)
+    alone = trainer.evaluate(held_out["b"], metric_key_prefix="eval_b")
+    assert {k: v for k, v in alone.items() if k != "epoch"} == {k: v for k, v in metrics.items() if "eval_b_" in k}
+    with pytest.raises(ValueError, match=r"eval_dataset\['c'\]\['prompt'\]\[1\] is None"):
+        from datasets import Dataset
+
+        trainer.evaluate({"c": Dataset.from_dict({"prompt": ["ab:", None], "letters": ["ab", "ab"]})})

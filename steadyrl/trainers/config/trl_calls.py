@@ -91,5 +91,19 @@ def load_reference(ref_model, policy: PreTrainedModel, init_kwargs: dict, args=N
         ref_model = load_split(AutoModelForCausalLM, ref_model, init_kwargs, args, frozen=True)
     else:
         check_whole(ref_model, "ref_model")
+        check_not_the_policy(ref_model, policy)
     check_same_vocabulary(ref_model, "ref_model", policy, None)
     return ref_model.eval().requires_grad_(False)
+
+
+def check_not_the_policy(ref_model: torch.nn.Module, policy: torch.nn.Module) -> None:
+    """Refuse a reference that is the policy itself (or shares its parameters): freezing it as the reference would
+    freeze the policy, and ``train()`` would run to the end updating nothing."""
+    policy_parameters = {id(p) for p in policy.parameters()}
+    if any(id(p) in policy_parameters for p in ref_model.parameters()):
+        raise ValueError(
+            "ref_model is the policy itself (it shares model's parameters): as the frozen reference it would freeze "
+            "the policy, and training would update nothing. Leave ref_model unset (the reference is then a frozen "
+            "copy of model, or under peft_config the base model with its adapters disabled), or pass a copy "
+            "(copy.deepcopy(model))."
+        )

@@ -69,6 +69,10 @@ def check_ranges(config) -> None:
         )
 
 
+# keyword arguments of generation that steadyrl gives each request itself (generation/*.py)
+GENERATION_KWARGS_RESERVED = frozenset({"seed", "n", "num_return_sequences", "logprobs", "return_token_ids"})
+
+
 def check_generation_and_logging(config) -> None:
     if config.min_p is not None and not (finite(config.min_p) and 0 <= config.min_p <= 1):
         raise ValueError(f"min_p={config.min_p!r} is invalid: it must be in [0, 1] (None: no min-p sampling).")
@@ -79,6 +83,14 @@ def check_generation_and_logging(config) -> None:
         )
     for name in ("num_generations_eval", "num_completions_to_print", "micro_generation_batch_size"):
         check_positive_int(name, getattr(config, name))
+    reserved = sorted(set(config.generation_kwargs or {}) & GENERATION_KWARGS_RESERVED)
+    if reserved:
+        raise ValueError(
+            f"generation_kwargs sets {', '.join(reserved)}, which steadyrl sets for each request: one completion per "
+            "request with its own seed (drawn from the config's seed, so that a resumed run samples the same "
+            "completions) and its log-probs. Remove them: the completions per prompt are n_samples_per_prompt "
+            "(num_generations), the seeds follow seed."
+        )
     if config.cache_implementation is not None and not isinstance(config.cache_implementation, str):
         raise ValueError(f"cache_implementation={config.cache_implementation!r} is invalid: give a name or None.")
     flags = (

@@ -25,13 +25,20 @@ EVAL_ROLLOUT = -1  # the rollout index in evaluation's sampling seeds, which no 
 
 
 def check_eval_dataset(dataset, conversational: bool) -> None:
-    """Refuse an eval_dataset whose prompts are unusable or of another kind than the training prompts."""
-    check_dataset(dataset, "eval_dataset")
-    if prompt_kind(dataset, "eval_dataset") != conversational:
+    """Refuse an eval_dataset (or any dataset of a dict of them, as ``Trainer`` takes) whose prompts are unusable
+    or of another kind than the training prompts."""
+    if isinstance(dataset, dict):
+        for name, each in dataset.items():
+            check_one_eval_dataset(each, f"eval_dataset[{name!r}]", conversational)
+    else:
+        check_one_eval_dataset(dataset, "eval_dataset", conversational)
+
+
+def check_one_eval_dataset(dataset, name: str, conversational: bool) -> None:
+    check_dataset(dataset, name)
+    if prompt_kind(dataset, name) != conversational:
         kinds = ("conversations", "strings") if conversational else ("strings", "conversations")
-        raise ValueError(
-            f"eval_dataset holds {kinds[1]} but train_dataset {kinds[0]}: give both the same kind of prompt."
-        )
+        raise ValueError(f"{name} holds {kinds[1]} but train_dataset {kinds[0]}: give both the same kind of prompt.")
 
 
 def summary(
@@ -65,13 +72,19 @@ class EvaluationMixin:
         """Generate ``num_generations_eval`` (default ``n_samples_per_prompt``) completions for every prompt of
         ``eval_dataset`` (default: the trainer's), score them with the reward functions, log and return the
         metrics: ``eval_reward``, ``eval_reward_std``, ``eval_rewards/<name>/mean`` and ``/std``, and
-        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``."""
+        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``. A dict of datasets is
+        evaluated one by one, as by ``Trainer``: the metrics of ``{"a": ...}`` are named ``eval_a_reward``, ...."""
         if eval_dataset is None:
             eval_dataset = self.eval_dataset
         else:
             check_eval_dataset(eval_dataset, self.conversational)
         if eval_dataset is None:
             raise ValueError("evaluate() needs an eval_dataset: pass one to the trainer or to evaluate().")
+        if isinstance(eval_dataset, dict):
+            metrics = {}
+            for name, dataset in eval_dataset.items():
+                metrics.update(self.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
         if not self.reward_funcs:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
         self.rollout_source.drain()  # max_staleness: the server is free before evaluation pushes the current weights

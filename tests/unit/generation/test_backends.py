@@ -89,3 +89,20 @@ def test_the_importance_sampling_correction_needs_a_backend_that_reports_logprob
         GRPOConfig(**correction)
     monkeypatch.setitem(BACKENDS, "copying", CopyingBackend)
     assert CopyingConfig(**correction).vllm_importance_sampling_correction
+
+
+def test_generation_kwargs_override_the_sampling_settings_and_hf_generate_samples_with_them():
+    """TRL's scripts pass ``generation_kwargs={"do_sample": True, ...}``: it overrides the settings (no "multiple
+    values for keyword argument" from GenerationConfig) and generate runs with it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from steadyrl.toy import toy_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    extra = {"do_sample": True, "temperature": 0.7, "top_k": 5}
+    backend = HFGenerationBackend(tokenizer, SamplingSettings(max_new_tokens=4, extra=extra))
+    config = backend.generation_config()
+    assert (config.do_sample, config.temperature, config.top_k, config.max_new_tokens) == (True, 0.7, 5, 4)
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path())
+    generation = backend.generate(model, [tokenizer("abc")["input_ids"]] * 2, seeds=[0, 1])
+    assert len(generation.completion_ids) == 2 and all(len(ids) <= 4 for ids in generation.completion_ids)
