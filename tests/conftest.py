@@ -105,8 +105,16 @@ def run_entries(output_dir) -> list[str]:
     return sorted(path.name for path in Path(output_dir).iterdir() if path.name != "metrics.jsonl")
 
 
+def step_entries(log_history: list[dict]) -> list[dict]:
+    """``log_history`` without its last entry's end-of-training summary (``train_loss``, ``train_runtime``, ...),
+    which ``Trainer`` appends after the run's last step."""
+    return [entry for entry in log_history if "train_runtime" not in entry]
+
+
 def read_logs(output_dir):
-    return {entry["step"]: entry for entry in json.loads((Path(output_dir) / "log_history.json").read_text())}
+    """The step entries of OUTPUT_DIR/log_history.json by step (the end-of-training summary left out)."""
+    history = json.loads((Path(output_dir) / "log_history.json").read_text())
+    return {entry["step"]: entry for entry in step_entries(history)}
 
 
 def assert_close_to_scale(actual, expected, rel: float = 1e-5, scale: float | None = None, what: str = "") -> None:

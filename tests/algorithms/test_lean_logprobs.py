@@ -2,6 +2,7 @@
 log-probs themselves: unit/ops/test_logprobs.py)."""
 
 import torch
+from conftest import step_entries
 from support.toy_run import make_trainer
 
 from steadyrl import RLOOTrainer
@@ -32,7 +33,7 @@ def test_skipping_the_old_logprob_pass_changes_no_metric(tmp_path):
     skipped.train()
     forced = make_trainer(tmp_path / "forced", trainer_cls=ForcedOldPass, **one_step)
     forced.train()
-    for a, b in zip(skipped.state.log_history, forced.state.log_history):
+    for a, b in zip(step_entries(skipped.state.log_history), step_entries(forced.state.log_history), strict=True):
         assert a.keys() == b.keys()
         for key in a.keys() - {"tokens_per_second"}:
             assert abs(a[key] - b[key]) < 1e-5, (a["step"], key, a[key], b[key])

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import step_entries
 from support.toy_run import make_config
 from transformers import (
     AutoModelForCausalLM,
@@ -157,7 +158,7 @@ def test_memory_options_change_no_result(tmp_path, toy_path, reward_model_path):
             tmp_path / name, toy_path, reward_model=reward_model_path, overrides={"max_steps": 3, **options}
         )
         trainer.train()
-        logs.append(trainer.state.log_history)
+        logs.append(step_entries(trainer.state.log_history))
     for plain, saving in zip(*logs):
         for key in ("loss", "policy_loss", "value_loss", "reward", "kl", "grad_norm", "critic_grad_norm"):
             assert saving[key] == pytest.approx(plain[key], rel=1e-5, abs=1e-6), key

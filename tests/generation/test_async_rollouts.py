@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, read_logs, run_toy
+from conftest import ROOT, read_logs, run_toy, step_entries
 from support.toy_run import make_trainer
 from support.vllm_serving import serving
 from transformers import TrainerCallback
@@ -129,7 +129,7 @@ def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tm
     ratio = "sampling/importance_sampling_ratio"
     lagged = [e for e in in_loss.state.log_history if e.get("async/staleness_steps", 0) > 0]
     assert lagged and max(max(e[f"{ratio}/max"] - 1, 1 - e[f"{ratio}/min"]) for e in lagged) > 0.05
-    for a, b in zip(in_loss.state.log_history, separate.state.log_history, strict=True):
+    for a, b in zip(step_entries(in_loss.state.log_history), step_entries(separate.state.log_history), strict=True):
         for key in (f"{ratio}/min", f"{ratio}/max", "loss"):
             assert abs(a[key] - b[key]) < 1e-4 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
         for key in (f"{ratio}/mean", "generation_logprob_diff"):  # micro-batch means here, token means there

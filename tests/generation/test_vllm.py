@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, read_logs, run_toy
+from conftest import ROOT, read_logs, run_toy, step_entries
 from peft import LoraConfig, get_peft_model
 from resume.test_resume import assert_same_result
 from support.toy_run import make_config, make_trainer
@@ -70,7 +70,7 @@ def test_in_place_sync_matches_hf_greedy_and_trainer_logprobs(tmp_path):
     assert vllm_greedy == hf_greedy, "after 3 updates vLLM's greedy completions differ from the actor's"
     assert trainer.backend.engines_created == 1, "the engine must be created once per run"
     assert pushes == [0, 1, 2, 3]
-    diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
+    diffs = [log["generation_logprob_diff"] for log in step_entries(trainer.state.log_history)]
     assert len(diffs) == 4 and max(diffs) < 1e-4, diffs
 
 
@@ -186,7 +186,7 @@ def test_lora_run_with_vllm_generates_with_the_adapted_actor(tmp_path):
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
     )
     trainer.train()
-    diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
+    diffs = [log["generation_logprob_diff"] for log in step_entries(trainer.state.log_history)]
     assert max(diffs) < 1e-4, "vLLM did not sample with the adapted (merged) weights"
 
 
@@ -243,14 +243,14 @@ def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorit
         tmp_path, algorithm=algorithm, temperature=0.7, max_steps=8, **VLLM, **ONE_STEP_ROLLOUTS, **extra
     )
     trainer.train()
-    diffs = [log["generation_logprob_diff"] for log in trainer.state.log_history]
+    diffs = [log["generation_logprob_diff"] for log in step_entries(trainer.state.log_history)]
     assert len(diffs) == 8 and max(diffs) < 1e-4, diffs
     if algorithm == "grpo":
         rollout = (
             trainer.training_buffer.buffer.rollout
         )  # trained once: the training pass's own log-probs give the weights
         assert rollout.old_logprobs is None and rollout.engine_logprobs.shape == rollout.completion_ids.shape
-        for log in trainer.state.log_history:
+        for log in step_entries(trainer.state.log_history):
             low, high = log["sampling/importance_sampling_ratio/min"], log["sampling/importance_sampling_ratio/max"]
             assert 1 - 1e-3 < low <= high < 1 + 1e-3, log
 

@@ -60,6 +60,12 @@ def test_a_plain_run_prints_its_metrics_and_summary_quietly_and_keeps_them(tmp_p
     assert [e["step"] for e in logged] == [1, 2, 3, 4, 4]
     assert all("reward" in e and "loss" in e for e in logged[:4])
     assert {"final_reward", "train_loss"} <= set(logged[-1]) and logged[-1]["final_reward"] == logged[3]["reward"]
+    # as Trainer's: the summary is log_history[-1] (TRL's tests read its train_loss), after the last checkpoint
+    history = json.loads((full / "log_history.json").read_text())
+    assert {"train_loss", "train_runtime", "train_samples_per_second"} <= set(history[-1]), history[-1]
+    assert history[-1]["train_loss"] == sum(e["loss"] for e in history[:4]) / 4
+    saved = json.loads((full / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
+    assert [e["step"] for e in saved] == [1, 2, 3, 4] and "train_runtime" not in saved[-1]
 
     resumed = tmp_path / "resumed"  # killed after step 4 was logged but before its checkpoint was written
     shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("checkpoint-4", "final-actor"))

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import read_logs, run_toy
+from conftest import read_logs, run_toy, step_entries
 
 from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint, scan_checkpoints, verify_checkpoint
 
@@ -136,7 +136,7 @@ def test_resume_from_config_field_and_fresh_start(uninterrupted, tmp_path, caplo
     shutil.copytree(uninterrupted / "checkpoint-9", tmp_path / "run" / "checkpoint-9")
     trainer = make_trainer(tmp_path / "run", algorithm=algorithm, resume_from_checkpoint="true", max_steps=10)
     trainer.train()
-    steps = [entry["step"] for entry in trainer.state.log_history]
+    steps = [entry["step"] for entry in step_entries(trainer.state.log_history)]
     assert steps == list(range(1, 11)), "the config field resume_from_checkpoint was not honoured"
 
 

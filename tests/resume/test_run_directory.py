@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_entries
+from conftest import run_entries, step_entries
 from datasets import Dataset
 from support.toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,7 +50,7 @@ def test_a_fresh_start_refuses_another_runs_checkpoints_and_overwrite_deletes_th
     resumed = make_trainer(run, max_steps=4, save_steps=1, save_total_limit=2)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.log_history[0]["step"] == 1 and resumed.state.global_step == 4
-    assert [entry["step"] for entry in resumed.state.log_history] == [1, 2, 3, 4]
+    assert [entry["step"] for entry in step_entries(resumed.state.log_history)] == [1, 2, 3, 4]
 
 
 def test_partial_checkpoints_of_a_run_killed_in_its_first_save_do_not_block_a_fresh_start(tmp_path):
@@ -181,8 +181,8 @@ def test_settings_that_do_not_change_training_may_change_and_are_logged(old_run,
     ) in caplog.text and "resume with max_steps=4." in caplog.text
     # steps 5 and 6 train at 5e-4 and 2.5e-4 (logged as their mean); the first resumed step too, not at the rate the
     # loaded optimizer held (the old schedule's 0)
-    assert trainer.state.log_history[-1]["step"] == 6
-    assert trainer.state.log_history[-1]["learning_rate"] == pytest.approx((5e-4 + 2.5e-4) / 2)
+    assert step_entries(trainer.state.log_history)[-1]["step"] == 6
+    assert step_entries(trainer.state.log_history)[-1]["learning_rate"] == pytest.approx((5e-4 + 2.5e-4) / 2)
 
 
 def test_low_precision_weights_without_master_copies_are_refused_unless_allowed(tmp_path):
@@ -224,5 +224,11 @@ def test_a_complete_checkpoint_killed_before_its_rename_is_promoted_at_the_next_
     trainer = make_trainer(run, max_steps=5, save_steps=2, save_total_limit=2)
     trainer.train(resume_from_checkpoint=True)
     assert "Promoted" in caplog.text and "tmp-checkpoint-4" in caplog.text
-    assert [entry["step"] for entry in trainer.state.log_history] == [1, 2, 3, 4, 5]  # resumed from step 4
+    assert [entry["step"] for entry in step_entries(trainer.state.log_history)] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]  # resumed from step 4
     assert names(run) == ["checkpoint-2", "checkpoint-4"]

@@ -22,17 +22,16 @@ class ReportingMixin:
             self.metrics_log.append(self.state.log_history[-1])
 
     def report_summary(self) -> dict[str, float]:
-        """The end-of-training summary, printed and sent to report_to and metrics.jsonl (not to ``log_history``,
-        which a checkpoint holds and a resumed run must reproduce)."""
+        """The end-of-training summary, logged as ``Trainer`` logs it: printed, sent to report_to and metrics.jsonl,
+        and the last entry of ``log_history`` (``train_loss``, ``train_runtime``, ...). It comes after the run's last
+        checkpoint, so no checkpoint holds it and a resumed run's history stays the uninterrupted run's."""
         tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.reduce(tokens, "sum")
         summary = self.meter.summary(
             self.state.global_step, self.args.train_batch_size, int(tokens.item()), self.state.log_history
         )
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control, {**summary})
-        if self.metrics_log is not None:
-            self.metrics_log.append({**summary, "step": self.state.global_step})
+        self.log(dict(summary))
         return summary
 
     def report_step(self) -> None:
