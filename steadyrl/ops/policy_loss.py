@@ -7,6 +7,7 @@ importance weight per sequence; the aggregations multiply it by the [B, C] loss 
     ClippedSurrogate  l = -min(w A, clip(w, 1 - eps, 1 + eps_high) A)   with ``delta``: w capped at delta first
     SequenceRatio     l = the same with w = exp(sum of the sequence's token log-ratios), one per sequence (TRL's RLOO)
     CISPO             l = -sg(min(w, eps_high)) A log pi                                 (MiniMax, 2025)
+    SAPO              l = -sigmoid(tau (w - 1)) 4 / tau A, tau = tau_pos if A > 0 else tau_neg  (arXiv 2511.20347)
 
     SequenceMean      mean over sequences of each sequence's token mean                 grpo  (Shao et al., 2024)
     TokenMean         token mean over the micro-batch                                    bnpo
@@ -14,6 +15,7 @@ importance weight per sequence; the aggregations multiply it by the [B, C] loss 
     StepTokenMean     token sum / mean loss tokens per micro-batch of the rollout: a     dapo, cispo (Yu et al., 2025)
                       token mean over the whole optimizer step, across accumulation and processes
     BatchMean         mean of the [B, 1] sequence losses                                 rloo  (Ahmadian et al., 2024)
+    SequenceSum       mean over sequences of each sequence's token sum                   luspo (arXiv 2602.05261)
 
 ``POLICY_LOSSES`` pairs them under TRL's names; GRPOConfig and RLOOConfig accept its names. Adding a loss is a
 ``PolicyLoss`` subclass and one line there.
@@ -45,6 +47,8 @@ class LossSettings:
     max_completion_length: int | None = None
     beta: float = 0.0  # the KL term's coefficient, where the trainer passes one
     use_bias_correction_kl: bool = False
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
 
     @classmethod
     def of(cls, config) -> LossSettings:
@@ -234,6 +238,23 @@ class CISPO(PolicyLoss):
         return TokenLoss(loss, log_weights, {"cispo_clip_ratio": (weights > settings.high) & (advantages > 0)})
 
 
+class SAPO(PolicyLoss):
+    """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347, 2025), as TRL's ``loss_type="sapo"``: a smooth gate
+    in place of the hard clip, l = -sigmoid(tau (w - 1)) x 4 / tau x A, whose gradient in w is A at w = 1 and fades
+    as w leaves it; tau is ``sapo_temperature_pos`` where A > 0, ``sapo_temperature_neg`` elsewhere (a higher one
+    fades faster), w per token or per sequence."""
+
+    description = "SAPO: -sigmoid(tau x (w - 1)) x 4 / tau x A, tau by the advantage's sign"
+    reads = frozenset({"importance_sampling_level", "vllm_importance_sampling_correction"})
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
+        log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
+        advantages = advantages.unsqueeze(1)  # [B, 1]
+        tau = torch.where(advantages > 0, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
+        loss = -torch.sigmoid(tau * (torch.exp(log_weights) - 1)) * 4 / tau * advantages
+        return TokenLoss(loss, log_weights, {})
+
+
 # ---- aggregations --------------------------------------------------------------------------------------------------
 
 
@@ -300,6 +321,13 @@ class BatchMean(Aggregation):
         return per_token_loss.mean()  # [B, 1]: one term per sequence, whatever its tokens
 
 
+class SequenceSum(Aggregation):
+    description = "mean over sequences of each sequence's token sum (a sequence's weight grows with its length)"
+
+    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
+        return (per_token_loss * mask.to(per_token_loss.dtype)).sum(-1).mean()
+
+
 # ---- the registry --------------------------------------------------------------------------------------------------
 
 
@@ -353,4 +381,6 @@ POLICY_LOSSES: dict[str, RegisteredLoss] = {
     "dapo": RegisteredLoss(ClippedSurrogate(), StepTokenMean()),
     "rloo": RegisteredLoss(SequenceRatio(), BatchMean(), shared=False),
     "cispo": RegisteredLoss(CISPO(), StepTokenMean()),
+    "sapo": RegisteredLoss(SAPO(), SequenceMean()),
+    "luspo": RegisteredLoss(ClippedSurrogate(), SequenceSum()),  # LUSPO: GSPO's weights, each sequence x its length
 }

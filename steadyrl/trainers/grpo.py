@@ -68,8 +68,12 @@ class GRPODefaultOnlyFields:
     off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Only None."})
     cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Only False."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Only None."})
-    sapo_temperature_neg: float = field(default=1.05, metadata={"help": "No effect (loss_type='sapo')."})
-    sapo_temperature_pos: float = field(default=1.0, metadata={"help": "No effect (loss_type='sapo')."})
+    sapo_temperature_neg: float = field(
+        default=1.05, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is <= 0."}
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is > 0."}
+    )
     vespo_k_pos: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
     vespo_lambda_pos: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
     vespo_k_neg: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})

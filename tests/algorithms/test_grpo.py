@@ -127,9 +127,14 @@ def steadyrl_side(tmp_path, algorithm: str, **settings):
     return trainer
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
+@pytest.mark.parametrize(
+    "loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "sapo/sequence", "luspo", "luspo/sequence"]
+)
 def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
-    trainer = steadyrl_side(tmp_path, "grpo", loss_type=loss_type, beta=BETA)
+    # "/sequence": GSPO's sequence-level weights (LUSPO's paper setup: each sequence's loss summed over its tokens)
+    loss_type, _, level = loss_type.partition("/")
+    level = {"importance_sampling_level": level} if level else {}
+    trainer = steadyrl_side(tmp_path, "grpo", loss_type=loss_type, beta=BETA, **level)
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
     given = scoring_inputs(trainer, tokens)
     # dapo: TRL divides by (generation tokens / processes) x GA / steps_per_generation; steadyrl by the tokens per
@@ -146,7 +151,7 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
 
     model = trl_model(trainer.model)
-    trl_grpo = trl_trainer("grpo", model, tmp_path, loss_type=loss_type, beta=BETA)
+    trl_grpo = trl_trainer("grpo", model, tmp_path, loss_type=loss_type, beta=BETA, **level)
     inputs = {
         **vars(tokens),
         "advantages": given["advantages"],
@@ -158,11 +163,13 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     clipped = trainer.compute_loss_on_batch(trainer.model, batch)[1]
     if loss_type == "cispo":  # the weight capped at epsilon_high itself (0.28): wherever A > 0
         assert clipped["cispo_clip_ratio"] > 0
-    else:
+    elif loss_type == "sapo":  # a smooth gate, no clip
+        assert not any(name.startswith("clip_ratio") for name in clipped)
+    elif not level:  # (a sequence's mean log-ratio stays inside the clip in this batch)
         assert clipped["clip_ratio/low_mean"] > 0 and clipped["clip_ratio/high_mean"] > 0, "both bounds must bind"
 
 
-@pytest.mark.parametrize("loss_type", ["rloo", "dapo", "cispo"])
+@pytest.mark.parametrize("loss_type", ["rloo", "dapo", "cispo", "sapo"])
 def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
     """loss_type='rloo' is TRL's RLOOTrainer loss (one ratio per sequence); RLOO's token-level types are GRPO's
     without the KL term (RLOO's KL is in the reward)."""
@@ -224,7 +231,7 @@ def test_beta_zero_makes_no_reference_and_runs_no_reference_pass(tmp_path):
     ("config", "settings", "message"),
     [
         (GRPOConfig, {"loss_type": "cispo", "delta": 2.0}, "delta=2.0 does not apply to loss_type='cispo'"),
-        (GRPOConfig, {"loss_type": "sapo"}, "loss_type='sapo' is invalid: use one of grpo, bnpo, dr_grpo, dapo, cispo"),
+        (GRPOConfig, {"loss_type": "vespo"}, "loss_type='vespo' is invalid: use one of grpo, bnpo, dr_grpo, dapo, "),
         (GRPOConfig, {"scale_rewards": "prompt"}, "scale_rewards='prompt' is invalid"),
         (GRPOConfig, {"num_generations": 1}, "num_generations=1 is invalid for GRPO"),
         (GRPOConfig, {"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2 is not supported"),

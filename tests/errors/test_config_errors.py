@@ -89,7 +89,7 @@ def _(ctx):
 
 @trigger("loss-type")
 def _(ctx):
-    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="sapo")
+    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="vespo")
 
 
 @trigger("rloo-sequence-loss")

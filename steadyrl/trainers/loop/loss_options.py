@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+from transformers.utils import logging
 
 from ...generation import backend_class
 from ...ops import (
@@ -23,6 +24,8 @@ from ...ops import (
 from ...rollout import Rollout
 from ..config.value_checks import finite
 from .scoring import engine_check
+
+logger = logging.get_logger(__name__)
 
 
 def accepted_loss_types(extra: tuple[str, ...] = ()) -> list[str]:
@@ -135,6 +138,15 @@ class PolicyLossOptions:
                 "between vLLM's log-probs and the trainer's, and HF generate samples with the trained model itself."
             )
         self._check_loss_reads_options()
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            value = getattr(self, name, 1.0)
+            if not (finite(value) and value > 0):
+                raise ValueError(f"{name}={value!r} is invalid: SAPO's gate temperature must be a finite number > 0.")
+        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
+            logger.warning(  # as TRL warns: the paper's LUSPO weighs whole sequences (GSPO's weights)
+                "loss_type='luspo' is meant for importance_sampling_level='sequence' (the paper's setup); with "
+                f"importance_sampling_level={self.importance_sampling_level!r} each token has its own weight."
+            )
 
     def _check_loss_reads_options(self) -> None:
         """Refuse a token-level option (``ops.TOKEN_OPTIONS``) set for a loss whose objective does not read it."""
