@@ -8,6 +8,8 @@ importance weight per sequence; the aggregations multiply it by the [B, C] loss 
     SequenceRatio     l = the same with w = exp(sum of the sequence's token log-ratios), one per sequence (TRL's RLOO)
     CISPO             l = -sg(min(w, eps_high)) A log pi                                 (MiniMax, 2025)
     SAPO              l = -sigmoid(tau (w - 1)) 4 / tau A, tau = tau_pos if A > 0 else tau_neg  (arXiv 2511.20347)
+    VESPO             l = -sg(phi(W)) A log pi, phi(W) = e^lam W^k e^(-lam W), W the sequence's   (arXiv 2602.10693)
+                      product of token ratios (times vLLM's, folded in); k, lam by the advantage's sign
 
     SequenceMean      mean over sequences of each sequence's token mean                 grpo  (Shao et al., 2024)
     TokenMean         token mean over the micro-batch                                    bnpo
@@ -24,39 +26,25 @@ importance weight per sequence; the aggregations multiply it by the [B, C] loss 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from typing import ClassVar, NamedTuple
 
 import torch
 
+from .aggregations import (
+    Aggregation,
+    BatchMean,
+    FixedLengthSum,
+    SequenceMean,
+    SequenceSum,
+    StepTokenMean,
+    TokenMean,
+)
+from .loss_settings import LossSettings
 from .masked import masked_mean
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 ENGINE_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 TOKEN_OPTIONS = frozenset({"importance_sampling_level", "delta", "vllm_importance_sampling_correction"})
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The config values a policy loss reads (GRPOConfig's and RLOOConfig's names; ``of(config)`` takes them)."""
-
-    cliprange: float = 0.2  # TRL: epsilon
-    cliprange_high: float | None = None  # TRL: epsilon_high; None: cliprange
-    delta: float | None = None
-    importance_sampling_level: str = "token"
-    max_completion_length: int | None = None
-    beta: float = 0.0  # the KL term's coefficient, where the trainer passes one
-    use_bias_correction_kl: bool = False
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-
-    @classmethod
-    def of(cls, config) -> LossSettings:
-        return cls(**{f.name: getattr(config, f.name, f.default) for f in fields(cls)})
-
-    @property
-    def high(self) -> float:
-        return self.cliprange if self.cliprange_high is None else self.cliprange_high
 
 
 class TokenLoss(NamedTuple):
@@ -174,6 +162,9 @@ class PolicyLoss:
 
     description: ClassVar[str] = ""
     reads: ClassVar[frozenset[str]] = TOKEN_OPTIONS
+    # takes the vLLM correction's weights (``engine_weights=``) into its own objective, instead of the loss being
+    # multiplied by them afterwards
+    folds_engine_weights: ClassVar[bool] = False
 
     def __call__(
         self,
@@ -255,77 +246,47 @@ class SAPO(PolicyLoss):
         return TokenLoss(loss, log_weights, {})
 
 
-# ---- aggregations --------------------------------------------------------------------------------------------------
+LOG_FLOOR = math.log(1e-8)  # VESPO's bounds on log-weights, as in its reference implementation
 
 
-class Aggregation:
-    """How a per-token loss [B, C] or [B, 1] becomes the micro-batch's loss, over the loss mask [B, C].
-    ``step_tokens``: it divides by ``tokens_per_micro_batch``, the rollout's loss tokens per micro-batch (over
-    every process), which the trainer computes with the advantages.
-
-    Example::
-
-        TokenMean()(per_token_loss, mask, LossSettings())  # a scalar
-    """
-
-    description: ClassVar[str] = ""
-    step_tokens: ClassVar[bool] = False
-
-    def __call__(
-        self,
-        per_token_loss: torch.Tensor,
-        mask: torch.Tensor,
-        settings: LossSettings,
-        tokens_per_micro_batch: float | torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        raise NotImplementedError
+@torch.no_grad()
+def gamma_weights(
+    advantages: torch.Tensor,  # [B, 1]
+    log_ratio: torch.Tensor,  # [B, C] log(pi / pi_old) per token
+    mask: torch.Tensor,  # [B, C]
+    engine_weights: torch.Tensor | None,  # [B, C]: pi_old / pi_vLLM per token (truncated or masked), or None
+    settings: LossSettings,
+) -> torch.Tensor:
+    """VESPO's sequence weights phi(W) [B, 1] = e^lam W^k e^(-lam W) (so phi(1) = 1), in log space, detached: W is
+    the sequence's product of its token ratios, times vLLM's, each log bounded as in the reference code."""
+    log_w = (log_ratio.clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True)
+    if engine_weights is not None:
+        log_w = log_w + torch.log(engine_weights).clamp(LOG_FLOOR, 20.0).sum(-1, keepdim=True)
+    log_w = log_w.clamp(LOG_FLOOR, 20.0)
+    positive = advantages >= 0
+    k = torch.where(positive, settings.vespo_k_pos, settings.vespo_k_neg)
+    lam = torch.where(positive, settings.vespo_lambda_pos, settings.vespo_lambda_neg).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-class SequenceMean(Aggregation):
-    description = "mean over sequences of each sequence's token mean"
+class VESPO(PolicyLoss):
+    """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693, 2026), as TRL's
+    ``loss_type="vespo"``: REINFORCE scaled by a detached Gamma weight of the sequence's importance weight,
+    l = -sg(phi(W)) A log pi, with shape ``vespo_k_pos`` / ``vespo_lambda_pos`` where A >= 0 and ``_neg`` elsewhere;
+    with the vLLM correction its token weights enter W (``folds_engine_weights``). Logged: ``vespo/phi_seq_mean``."""
 
-    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
-        mask = mask.to(per_token_loss.dtype)
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    description = "VESPO: -phi(W) x A x log-prob, phi a Gamma weight of the sequence's importance weight, detached"
+    reads = frozenset({"vllm_importance_sampling_correction"})
+    folds_engine_weights = True
 
+    def __call__(self, logprobs, old_logprobs, advantages, mask, settings, engine_weights=None):
+        log_ratio, advantages = logprobs - old_logprobs, advantages.unsqueeze(1)  # [B, C], [B, 1]
+        phi = gamma_weights(advantages, log_ratio, mask.to(logprobs.dtype), engine_weights, settings)  # [B, 1]
+        return TokenLoss(-phi * advantages * logprobs, log_ratio, {"vespo/phi_seq_mean": phi})
 
-class TokenMean(Aggregation):
-    description = "token mean over the micro-batch"
-
-    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
-        mask = mask.to(per_token_loss.dtype)
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-class FixedLengthSum(Aggregation):
-    description = "token sum / (sequences x max_completion_length)"
-
-    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
-        masked = per_token_loss * mask.to(per_token_loss.dtype)
-        return masked.sum() / (masked.shape[0] * settings.max_completion_length)
-
-
-class StepTokenMean(Aggregation):
-    description = "token mean over the whole optimizer step, across gradient accumulation and processes"
-    step_tokens = True
-
-    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
-        masked = per_token_loss * mask.to(per_token_loss.dtype)
-        return masked.sum() / torch.as_tensor(tokens_per_micro_batch).clamp(min=1.0)
-
-
-class BatchMean(Aggregation):
-    description = "mean over the sequences"
-
-    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
-        return per_token_loss.mean()  # [B, 1]: one term per sequence, whatever its tokens
-
-
-class SequenceSum(Aggregation):
-    description = "mean over sequences of each sequence's token sum (a sequence's weight grows with its length)"
-
-    def __call__(self, per_token_loss, mask, settings, tokens_per_micro_batch=None):
-        return (per_token_loss * mask.to(per_token_loss.dtype)).sum(-1).mean()
+    def metrics(self, flags, mask):
+        phi = flags["vespo/phi_seq_mean"].expand(mask.shape)
+        return {"vespo/phi_seq_mean": masked_mean(phi, mask.to(phi.dtype)).item()}
 
 
 # ---- the registry --------------------------------------------------------------------------------------------------
@@ -362,10 +323,12 @@ class RegisteredLoss(NamedTuple):
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's loss and metrics: the objective's per-token loss, times the engine weights, plus
         beta x KL (times w with ``use_bias_correction_kl``), aggregated (TRL's order)."""
-        out = self.objective(logprobs, old_logprobs, advantages, mask, settings)
-        per_token = out.loss
-        if engine_weights is not None:
-            per_token = per_token * engine_weights
+        if self.objective.folds_engine_weights:
+            out = self.objective(logprobs, old_logprobs, advantages, mask, settings, engine_weights=engine_weights)
+            per_token = out.loss
+        else:
+            out = self.objective(logprobs, old_logprobs, advantages, mask, settings)
+            per_token = out.loss if engine_weights is None else out.loss * engine_weights
         if kl is not None:
             if settings.use_bias_correction_kl:
                 kl = kl * torch.exp(out.log_weights)
@@ -383,4 +346,5 @@ POLICY_LOSSES: dict[str, RegisteredLoss] = {
     "cispo": RegisteredLoss(CISPO(), StepTokenMean()),
     "sapo": RegisteredLoss(SAPO(), SequenceMean()),
     "luspo": RegisteredLoss(ClippedSurrogate(), SequenceSum()),  # LUSPO: GSPO's weights, each sequence x its length
+    "vespo": RegisteredLoss(VESPO(), StepTokenMean()),
 }

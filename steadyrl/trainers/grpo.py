@@ -68,16 +68,6 @@ class GRPODefaultOnlyFields:
     off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Only None."})
     cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Only False."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Only None."})
-    sapo_temperature_neg: float = field(
-        default=1.05, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is <= 0."}
-    )
-    sapo_temperature_pos: float = field(
-        default=1.0, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is > 0."}
-    )
-    vespo_k_pos: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
-    vespo_lambda_pos: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
-    vespo_k_neg: float = field(default=3.0, metadata={"help": "No effect (loss_type='vespo')."})
-    vespo_lambda_neg: float = field(default=2.0, metadata={"help": "No effect (loss_type='vespo')."})
 
 
 @dataclass
@@ -115,6 +105,24 @@ class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
         default=True, metadata={"help": "Weight the KL term by the importance ratio (TRL's default True)."}
     )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
+    sapo_temperature_neg: float = field(
+        default=1.05, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is <= 0."}
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is > 0."}
+    )
+    vespo_k_pos: float = field(
+        default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is >= 0."}
+    )
+    vespo_lambda_pos: float = field(
+        default=3.0, metadata={"help": "loss_type='vespo': the Gamma weight's rate lambda where the advantage is >= 0."}
+    )
+    vespo_k_neg: float = field(
+        default=3.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is < 0."}
+    )
+    vespo_lambda_neg: float = field(
+        default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's rate lambda where the advantage is < 0."}
+    )
 
     def __post_init__(self):
         as_bool = {True: "group", False: "none", "true": "group", "false": "none"}  # TRL's booleans; the CLI's text

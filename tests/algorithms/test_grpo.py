@@ -128,7 +128,8 @@ def steadyrl_side(tmp_path, algorithm: str, **settings):
 
 
 @pytest.mark.parametrize(
-    "loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "sapo/sequence", "luspo", "luspo/sequence"]
+    "loss_type",
+    ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "sapo/sequence", "luspo", "luspo/sequence", "vespo"],
 )
 def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     # "/sequence": GSPO's sequence-level weights (LUSPO's paper setup: each sequence's loss summed over its tokens)
@@ -163,7 +164,7 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
     clipped = trainer.compute_loss_on_batch(trainer.model, batch)[1]
     if loss_type == "cispo":  # the weight capped at epsilon_high itself (0.28): wherever A > 0
         assert clipped["cispo_clip_ratio"] > 0
-    elif loss_type == "sapo":  # a smooth gate, no clip
+    elif loss_type in ("sapo", "vespo"):  # a smooth gate, no clip
         assert not any(name.startswith("clip_ratio") for name in clipped)
     elif not level:  # (a sequence's mean log-ratio stays inside the clip in this batch)
         assert clipped["clip_ratio/low_mean"] > 0 and clipped["clip_ratio/high_mean"] > 0, "both bounds must bind"
@@ -231,7 +232,7 @@ def test_beta_zero_makes_no_reference_and_runs_no_reference_pass(tmp_path):
     ("config", "settings", "message"),
     [
         (GRPOConfig, {"loss_type": "cispo", "delta": 2.0}, "delta=2.0 does not apply to loss_type='cispo'"),
-        (GRPOConfig, {"loss_type": "vespo"}, "loss_type='vespo' is invalid: use one of grpo, bnpo, dr_grpo, dapo, "),
+        (GRPOConfig, {"loss_type": "gpg"}, "loss_type='gpg' is invalid: use one of grpo, bnpo, dr_grpo, dapo, "),
         (GRPOConfig, {"scale_rewards": "prompt"}, "scale_rewards='prompt' is invalid"),
         (GRPOConfig, {"num_generations": 1}, "num_generations=1 is invalid for GRPO"),
         (GRPOConfig, {"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2 is not supported"),

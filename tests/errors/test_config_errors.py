@@ -56,6 +56,14 @@ def _(ctx):
     rloo(ctx, quantization_config={"load_in_4bit": True})
 
 
+@trigger("vespo-engine-mode")
+def _(ctx):
+    settings = dict(use_vllm=True, vllm_importance_sampling_correction=True)
+    GRPOConfig(
+        output_dir=str(ctx.tmp_path), loss_type="vespo", vllm_importance_sampling_mode="sequence_mask", **settings
+    )
+
+
 @trigger("generation-kwargs-reserved")
 def _(ctx):
     make_config(ctx.tmp_path, generation_kwargs={"seed": 1})
@@ -89,7 +97,7 @@ def _(ctx):
 
 @trigger("loss-type")
 def _(ctx):
-    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="vespo")
+    GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="gpg")
 
 
 @trigger("rloo-sequence-loss")

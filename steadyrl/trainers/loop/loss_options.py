@@ -142,6 +142,20 @@ class PolicyLossOptions:
             value = getattr(self, name, 1.0)
             if not (finite(value) and value > 0):
                 raise ValueError(f"{name}={value!r} is invalid: SAPO's gate temperature must be a finite number > 0.")
+        token_modes = [mode for mode in ENGINE_CORRECTION_MODES if mode.startswith("token")]
+        if self.loss_type == "vespo" and self.vllm_importance_sampling_correction:
+            if self.vllm_importance_sampling_mode not in token_modes:
+                raise ValueError(
+                    f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} does not apply to "
+                    "loss_type='vespo': VESPO multiplies vLLM's per-token weights into its sequence weight, so use "
+                    f"{' or '.join(repr(mode) for mode in token_modes)}."
+                )
+        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            logger.warning(  # as TRL warns
+                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r}: the loss sums per-token "
+                "terms, so each sequence weighs by its completion length instead of the per-sequence objective; "
+                "GSPO's setup is loss_type='grpo'."
+            )
         if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
             logger.warning(  # as TRL warns: the paper's LUSPO weighs whole sequences (GSPO's weights)
                 "loss_type='luspo' is meant for importance_sampling_level='sequence' (the paper's setup); with "

@@ -133,7 +133,7 @@ def test_the_registry_pairs_an_objective_with_an_aggregation_under_trls_names():
         assert isinstance(loss.objective, PolicyLoss) and isinstance(loss.aggregation, Aggregation), name
         assert loss.objective.description and loss.aggregation.description, name
     assert [name for name, loss in POLICY_LOSSES.items() if not loss.shared] == ["rloo"]  # RLOO's own
-    assert [name for name, loss in POLICY_LOSSES.items() if loss.aggregation.step_tokens] == ["dapo", "cispo"]
+    assert [name for name, loss in POLICY_LOSSES.items() if loss.aggregation.step_tokens] == ["dapo", "cispo", "vespo"]
     assert POLICY_LOSSES["rloo"].objective.reads == frozenset()  # one ratio per sequence: no token-level option
 
 
@@ -169,3 +169,31 @@ def test_cispo_equals_trls_formula(level, engine, kl):
     clipped = ((coef_1 > eps_max) & (a > 0)).expand(B, C)[mask > 0]
     assert 0 < clipped.double().mean().item() < 1
     assert metrics == {"cispo_clip_ratio": pytest.approx(clipped.double().mean().item())}
+
+
+@pytest.mark.parametrize(("engine", "kl"), [(False, False), (True, True)])
+def test_vespo_equals_trls_formula_with_vllms_weights_folded_in(engine, kl):
+    """TRL 1.16's loss_type="vespo": phi = GRPOTrainer.get_gamma_weights(A, log-ratio, mask, vLLM's per-token ratio)
+    (detached), loss = -phi x A x log pi (vLLM's ratio inside phi, not multiplied into the loss), plus beta x KL x w;
+    reduced as dapo. Non-default k and lambda, so the signs' shapes differ."""
+    from trl import GRPOTrainer
+
+    batch = random_batch(4)
+    shape = dict(vespo_k_pos=1.5, vespo_lambda_pos=2.5, vespo_k_neg=2.5, vespo_lambda_neg=1.5)
+    config = settings(beta=0.04, use_bias_correction_kl=True, **shape)
+    loss, metrics = compute("vespo", batch, config, engine, kl)
+    logps, mask, a = batch["logprobs"], batch["mask"].double(), batch["advantages"].unsqueeze(1)
+    log_ratio = logps - batch["old_logprobs"]
+    ratio = batch["engine"] if engine else None
+    k_and_lambda = dict(k_pos=1.5, lambda_pos=2.5, k_neg=2.5, lambda_neg=1.5)
+    phi = GRPOTrainer.get_gamma_weights(a, log_ratio, mask, ratio, **k_and_lambda)
+    per_token_loss = -phi * a * logps
+    if kl:
+        per_token_loss = per_token_loss + 0.04 * batch["kl"] * log_ratio.exp()
+    expected = (per_token_loss * mask).sum() / STEP_TOKENS
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(loss, logps)
+    (expected_grad,) = torch.autograd.grad(expected, logps)
+    torch.testing.assert_close(grad, expected_grad)
+    assert metrics == {"vespo/phi_seq_mean": pytest.approx(phi.expand(B, C)[mask > 0].mean().item())}
+    assert 0 < phi.min() < phi.max(), "the batch must give the sequences different weights"

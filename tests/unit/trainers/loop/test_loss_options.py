@@ -99,3 +99,27 @@ def test_adding_a_loss_is_one_class_and_one_registry_line(tmp_path, monkeypatch)
     torch.testing.assert_close(loss, bnpo / 2)
     assert metrics == bnpo_metrics
     assert Trainer(args).step_tokens(batch) is None  # a token mean over the micro-batch needs no step normaliser
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ({"loss_type": "dapo", "importance_sampling_level": "sequence"}, "weighs by its completion length"),
+        ({"loss_type": "luspo"}, "loss_type='luspo' is meant for importance_sampling_level='sequence'"),
+        ({"loss_type": "grpo", "importance_sampling_level": "sequence"}, None),
+    ],
+)
+def test_loss_settings_trl_warns_about_are_warned_about(tmp_path, caplog, settings, warned):
+    """TRL warns where a loss and the importance-sampling level do not match the paper's setup; so does steadyrl."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            GRPOConfig(output_dir=str(tmp_path), **settings)
+    finally:
+        hf_logging.disable_propagation()
+    if warned is None:
+        assert "importance_sampling_level" not in caplog.text
+    else:
+        assert warned in caplog.text
