@@ -70,6 +70,7 @@ class Rollout(TokenBatch):
     engine_logprobs: torch.Tensor | None = None  # [N, C] float32: vLLM's log-probs of the sampled tokens, kept when
     #                                              old_logprobs is None (a rollout trained once: the training pass's
     #                                              own log-probs are the trainer's side of the check and correction)
+    #                                              or the loss reads them (off-policy masking)
     tokens_per_micro_batch: torch.Tensor | None = None  # [N] the dapo loss's normaliser, the same in every row
     env_mask: torch.Tensor | None = None  # [N, C] long: 1 where the policy sampled the token, 0 where a tool or the
     #                                       environment wrote it (multi-turn); None: the policy sampled every token

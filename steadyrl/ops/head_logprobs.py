@@ -33,16 +33,31 @@ LOGIT_TRANSFORM_FIELDS = (
 _warned: set[str] = set()
 
 
-def compute_dtype(hidden: torch.Tensor) -> torch.dtype:
-    """The dtype the head's matmul runs in: autocast's where it is on (as nn.Linear would), else the input's."""
+class Float32Head(nn.Linear):
+    """An output embedding whose logits are computed in float32, whatever the hidden states', the weight's or
+    autocast's dtype (``cast_lm_head_to_fp32``; ScaleRL, Khatri et al., 2025). A class swapped in place of
+    ``nn.Linear`` on the model's own head, so its parameters and every wrapper's hooks stay as they were."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(hidden.float(), self.weight.float(), bias)
+
+
+def compute_dtype(hidden: torch.Tensor, head: nn.Linear | None = None) -> torch.dtype:
+    """The dtype the head's matmul runs in: float32 for a ``Float32Head``, else autocast's where it is on (as
+    nn.Linear would), else the input's."""
+    if isinstance(head, Float32Head):
+        return torch.float32
     device = hidden.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
 
 
 class ChunkedHeadLogProbs(torch.autograd.Function):
-    """log_softmax((hidden @ weight.T + bias) / temperature) at ``token_ids`` [N] (and the entropy [N], without
-    gradient, if asked) from ``hidden`` [N, H], ``rows`` positions at a time. The backward recomputes each chunk's
-    logits and turns them into grad_hidden and grad_weight from (onehot - softmax) / temperature."""
+    """log_softmax((hidden @ weight.T + bias) / temperature) at ``token_ids`` [N] (and the entropy [N] if asked)
+    from ``hidden`` [N, H], ``rows`` positions at a time. The backward recomputes each chunk's logits and turns them
+    into grad_hidden and grad_weight from (onehot - softmax) / temperature, and where the entropy has a gradient (an
+    entropy bonus) from -p (log p + H) / temperature as well."""
 
     @staticmethod
     def forward(
@@ -62,18 +77,15 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
                 else:
                     total = shifted.exp().sum(-1)
                 logprobs[part] = shifted.gather(-1, token_ids[part, None]).squeeze(-1) - total.log()
-        ctx.save_for_backward(hidden, weight, bias, token_ids)
+        ctx.save_for_backward(hidden, weight, bias, token_ids, entropy)
         ctx.temperature, ctx.dtype, ctx.rows = temperature, dtype, rows
-        if entropy is None:
-            return logprobs
-        ctx.mark_non_differentiable(entropy)
-        return logprobs, entropy
+        return logprobs if entropy is None else (logprobs, entropy)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor | None, *_):
-        hidden, weight, bias, token_ids = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
+        hidden, weight, bias, token_ids, entropy = ctx.saved_tensors
         needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
-        if grad is None:
+        if grad is None and grad_entropy is None:
             return (None,) * 8
         temperature, dtype = ctx.temperature, ctx.dtype
         grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
@@ -84,11 +96,14 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             for start in range(0, len(hidden), ctx.rows):
                 part = slice(start, start + ctx.rows)
-                g = grad[part].float().unsqueeze(-1)
-                # d log p(t) / d logits = (onehot(t) - softmax(logits)) / T, as _GatheredLogSoftmax's backward (with
-                # exp(logits - max) / the forward's sum as softmax, SmolLM2's gradients were 5x further off float64)
-                grad_logits = torch.softmax(chunk_logits(hidden[part], w, b, temperature), dim=-1).mul_(-g)
-                grad_logits.scatter_add_(-1, token_ids[part, None], g)
+                logits = chunk_logits(hidden[part], w, b, temperature)
+                grad_logits = entropy_and_logprob_grad(
+                    logits,
+                    token_ids[part],
+                    None if grad is None else grad[part],
+                    None if grad_entropy is None else grad_entropy[part],
+                    None if grad_entropy is None else entropy[part],
+                )
                 if temperature != 1.0:
                     grad_logits.div_(temperature)
                 grad_logits = grad_logits.to(dtype)
@@ -101,6 +116,28 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
         grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
         grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+
+
+def entropy_and_logprob_grad(
+    logits: torch.Tensor,  # [n, V] float32, already divided by the temperature
+    token_ids: torch.Tensor,  # [n]
+    grad: torch.Tensor | None,  # [n] of the log-probs at token_ids
+    grad_entropy: torch.Tensor | None,  # [n] of the entropies
+    entropy: torch.Tensor | None,  # [n] the forward's entropies, where grad_entropy is given
+) -> torch.Tensor:
+    """The gradient [n, V] float32 with respect to ``logits``: d log p(t) / dz = onehot(t) - softmax(z), as
+    _GatheredLogSoftmax's backward (with exp(z - max) / the forward's sum as softmax, SmolLM2's gradients were 5x
+    further off float64), and dH / dz = -p (log p + H)."""
+    g = torch.zeros_like(logits[:, 0]) if grad is None else grad.float()
+    if grad_entropy is None:
+        grad_logits = torch.softmax(logits, dim=-1).mul_(-g.unsqueeze(-1))
+    else:
+        logp = torch.log_softmax(logits, dim=-1)
+        weight = logp.add_(entropy.float().unsqueeze(-1)).mul_(grad_entropy.float().unsqueeze(-1))  # gH (log p + H)
+        grad_logits = torch.softmax(logits, dim=-1).mul_(weight.add_(g.unsqueeze(-1))).neg_()
+    if grad is not None:
+        grad_logits.scatter_add_(-1, token_ids[:, None], g.unsqueeze(-1))
+    return grad_logits
 
 
 def shifted_entropy(shifted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +169,7 @@ def chunkable_head(model: nn.Module) -> tuple[nn.Linear | None, str]:
     head = get_head() if callable(get_head) else None
     if head is None:
         return None, "it has no output embedding (get_output_embeddings() is missing or None)"
-    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+    if not isinstance(head, nn.Linear) or type(head).forward not in (nn.Linear.forward, Float32Head.forward):
         return (
             None,
             f"its output embedding is a {type(head).__name__}, not a plain torch.nn.Linear (a LoRA adapter "
@@ -176,7 +213,7 @@ def head_returns_logprobs(
             head.bias,
             token_ids,
             temperature,
-            compute_dtype(hidden),
+            compute_dtype(hidden, head),
             rows,
             with_entropy,
         )

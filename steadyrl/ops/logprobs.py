@@ -111,15 +111,36 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     return _GatheredLogSoftmax.apply(logits, token_ids, temperature)
 
 
-@torch.no_grad()
+class _Entropy(torch.autograd.Function):
+    """Entropy [B, C] of softmax(logits / temperature) from [B, C, V], a few rows at a time, keeping no [B, C, V]
+    intermediate: the backward rebuilds log-softmax from the logits (dH / dx = -p (log p + H) / T)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        parts = []
+        for rows in row_chunks(logits):
+            x = scaled(logits[rows], temperature)
+            parts.append(shifted_entropy(x - x.amax(-1, keepdim=True))[0])
+        entropy = torch.cat(parts)
+        ctx.save_for_backward(logits, entropy)
+        ctx.temperature = temperature
+        return entropy
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, entropy = ctx.saved_tensors
+        parts = []
+        for rows in row_chunks(logits):
+            logp = F.log_softmax(scaled(logits[rows], ctx.temperature), dim=-1)
+            part = logp.exp().mul_(logp.add(entropy[rows].unsqueeze(-1))).mul_(-grad[rows].float().unsqueeze(-1))
+            parts.append((part if ctx.temperature == 1.0 else part.div_(ctx.temperature)).to(logits.dtype))
+        return torch.cat(parts), None
+
+
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy [B, C] of softmax(logits / temperature), a few rows at a time: logsumexp - sum(p * logits), both of
-    logits minus their row max (shifted_entropy)."""
-    parts = []
-    for rows in row_chunks(logits):
-        x = scaled(logits[rows], temperature)
-        parts.append(shifted_entropy(x - x.amax(-1, keepdim=True))[0])
-    return torch.cat(parts)
+    logits minus their row max (shifted_entropy); differentiable (an entropy bonus) without a [B, C, V] copy."""
+    return _Entropy.apply(logits, temperature)
 
 
 def completion_logprobs(
@@ -132,7 +153,8 @@ def completion_logprobs(
     with_entropy: bool = False,
     chunked_head: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked).
+    """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked), both
+    differentiable.
 
     With ``chunked_head`` (and a plain nn.Linear head whose output is the logits), from the last hidden states, the
     head projecting CHUNK_HEAD_LOGITS // V positions at a time (head_logprobs.py): no [B, C, V] logits exist. Else,
@@ -156,7 +178,7 @@ def completion_logprobs(
         warn_full_logits_once(model, f"its forward called its output embedding {len(calls)} times, not once")
         logits = output if not calls else model_logits(model, inputs, keep)  # no call: the output is the logits
         return logprobs_from_logits(logits[:, -keep:-1], completion_ids, temperature, with_entropy)
-    return output[..., 0], output[..., 1].detach() if with_entropy else None  # entropy without gradient, as before
+    return output[..., 0], output[..., 1] if with_entropy else None
 
 
 def logprobs_from_logits(

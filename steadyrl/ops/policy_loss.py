@@ -320,15 +320,19 @@ class RegisteredLoss(NamedTuple):
         engine_weights: torch.Tensor | None = None,  # [B, C] or [B, 1]: pi_trainer / pi_vLLM, truncated
         kl: torch.Tensor | None = None,  # [B, C]: GRPO's KL term, added with coefficient settings.beta
         tokens_per_micro_batch: float | torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,  # [B, C] or [B, 1]: 0 where a token selection drops the policy term
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's loss and metrics: the objective's per-token loss, times the engine weights, plus
-        beta x KL (times w with ``use_bias_correction_kl``), aggregated (TRL's order)."""
+        """The micro-batch's loss and metrics: the objective's per-token loss, times ``keep`` (entropy and
+        off-policy masking) and the engine weights, plus beta x KL (times w with ``use_bias_correction_kl``),
+        aggregated over ``mask`` (TRL's order: a dropped token still counts where the aggregation counts tokens)."""
         if self.objective.folds_engine_weights:
             out = self.objective(logprobs, old_logprobs, advantages, mask, settings, engine_weights=engine_weights)
             per_token = out.loss
         else:
             out = self.objective(logprobs, old_logprobs, advantages, mask, settings)
             per_token = out.loss if engine_weights is None else out.loss * engine_weights
+        if keep is not None:
+            per_token = per_token * keep
         if kl is not None:
             if settings.use_bias_correction_kl:
                 kl = kl * torch.exp(out.log_weights)

@@ -3,9 +3,10 @@
 Shapes: P prompts x k samples = N sequences, C completion tokens.
 
     A_i = (r_i - mean of its group's k rewards) / (std of the group | std of the batch | 1)     scale_rewards
-    l_t = loss_type's objective at token t, e.g. the clipped surrogate of A_i  (+ beta * KL_t, the k3 estimate
-          against the reference)
+    l_t = loss_type's objective at token t, e.g. the clipped surrogate of A_i, times m_t (0 where
+          top_entropy_quantile or off_policy_mask_threshold drops it)  (+ beta * KL_t, the k3 estimate vs the reference)
     loss = l aggregated as loss_type says (ops.POLICY_LOSSES: grpo, bnpo, dr_grpo, dapo, ...)
+           - entropy_coef * mean entropy of the kept tokens (with an entropy bonus)
 
 Unlike RLOO's, GRPO's KL term is part of the loss, not of the reward.
 """
@@ -33,18 +34,12 @@ from .config.on_policy_config import OnPolicyConfig
 from .config.trl_names import UNSUPPORTED, Unsupported
 from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
 from .loop.on_policy import OnPolicyTrainer
+from .loop.token_selection import TokenSelectionMixin, TokenSelectionOptions
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 _NOT_HERE = "steadyrl's GRPO does not implement it"
 GRPO_UNSUPPORTED = {
     **UNSUPPORTED,
-    "top_entropy_quantile": Unsupported(1.0, f"{_NOT_HERE} (entropy masking)", "Leave it at 1.0."),
-    "entropy_coef": Unsupported(0.0, f"{_NOT_HERE} (an entropy bonus)", "Leave it at 0.0."),
-    "use_adaptive_entropy": Unsupported(False, f"{_NOT_HERE} (an adaptive entropy bonus)", "Leave it False."),
-    "off_policy_mask_threshold": Unsupported(None, f"{_NOT_HERE} (off-policy sequence masking)", "Leave it unset."),
-    "cast_lm_head_to_fp32": Unsupported(
-        False, "steadyrl computes log-probs in float32 from the LM head's logits", "Leave it False."
-    ),
     "log_completions_hub_repo": Unsupported(
         None, "steadyrl writes completions to output_dir/completions.jsonl", "Leave it unset."
     ),
@@ -58,20 +53,11 @@ class GRPODefaultOnlyFields:
 
     settings_group: ClassVar[str] = "TRL's GRPO fields accepted only at TRL's default"
 
-    top_entropy_quantile: float = field(default=1.0, metadata={"help": "Only 1.0."})
-    entropy_coef: float = field(default=0.0, metadata={"help": "Only 0.0."})
-    use_adaptive_entropy: bool = field(default=False, metadata={"help": "Only False."})
-    entropy_coef_min: float = field(default=0.0, metadata={"help": "No effect (use_adaptive_entropy)."})
-    entropy_coef_max: float = field(default=1.0, metadata={"help": "No effect (use_adaptive_entropy)."})
-    entropy_coef_delta: float = field(default=0.005, metadata={"help": "No effect (use_adaptive_entropy)."})
-    entropy_target: float = field(default=0.2, metadata={"help": "No effect (use_adaptive_entropy)."})
-    off_policy_mask_threshold: float | None = field(default=None, metadata={"help": "Only None."})
-    cast_lm_head_to_fp32: bool = field(default=False, metadata={"help": "Only False."})
     log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Only None."})
 
 
 @dataclass
-class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
+class GRPOConfig(GRPODefaultOnlyFields, TokenSelectionOptions, PolicyLossOptions, OnPolicyConfig):
     """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
     ``loss_type`` ``dapo``; 8 completions per prompt). Each field's ``help`` describes it (docs/configuration.md
     lists them).
@@ -111,6 +97,13 @@ class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
     sapo_temperature_pos: float = field(
         default=1.0, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is > 0."}
     )
+    cast_lm_head_to_fp32: bool = field(
+        default=False,
+        metadata={
+            "help": "Store the policy's and the reference's LM head in float32 and compute their logits in float32 "
+            "(ScaleRL), for bf16/fp16 training; its gradient is float32 too. A LoRA adapter on lm_head is refused."
+        },
+    )
     vespo_k_pos: float = field(
         default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is >= 0."}
     )
@@ -130,6 +123,7 @@ class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
         self.scale_rewards = as_bool.get(key, self.scale_rewards)
         super().__post_init__()
         self._check_policy_loss()
+        self._check_token_selection()
         if self.scale_rewards not in SCALE_REWARDS:
             raise ValueError(
                 f"scale_rewards={self.scale_rewards!r} is invalid: use 'group' (or True), 'batch', or 'none' (or "
@@ -150,7 +144,7 @@ class GRPOConfig(GRPODefaultOnlyFields, PolicyLossOptions, OnPolicyConfig):
     least_samples_per_prompt: ClassVar = (2, "GRPO", "group-relative advantages need")
 
 
-class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):
+class GRPOTrainer(TokenSelectionMixin, PolicyLossMixin, OnPolicyTrainer):
     """GRPO on the shared on-policy loop; arguments as ``OnPolicyTrainer``'s.
 
     Example::
@@ -185,7 +179,9 @@ class GRPOTrainer(PolicyLossMixin, OnPolicyTrainer):
             model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
         )
         kl = None if batch.ref_logprobs is None else kl_penalty(logprobs, batch.ref_logprobs, "k3")  # [B, C]
-        loss, metrics = self.policy_loss(logprobs, batch, kl)
+        keep, selected = self.selected_tokens(logprobs, entropy, batch, mask)  # entropy and off-policy masking
+        loss, metrics = self.policy_loss(logprobs, batch, kl, keep)
+        loss, bonus_metrics = self.with_entropy_bonus(model, loss, entropy, selected)
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask).item()
-        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}
+        return loss, {**metrics, **bonus_metrics, "entropy": masked_mean(entropy.detach(), mask).item()}

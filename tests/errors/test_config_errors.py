@@ -100,6 +100,11 @@ def _(ctx):
     GRPOConfig(output_dir=str(ctx.tmp_path), loss_type="gpg")
 
 
+config_error("top-entropy-quantile", "grpo", top_entropy_quantile=1.2)
+config_error("off-policy-mask-threshold", "grpo", off_policy_mask_threshold=-0.5)
+config_error("adaptive-entropy-bounds", "grpo", use_adaptive_entropy=True, entropy_coef_min=0.5, entropy_coef_max=0.1)
+
+
 @trigger("rloo-sequence-loss")
 def _(ctx):
     make_config(ctx.tmp_path, loss_type="rloo", importance_sampling_level="sequence")

@@ -190,7 +190,7 @@ class PolicyLossMixin:
         """The batch's vLLM importance weights, and for a rollout trained once (it holds ``engine_logprobs``, no
         separate pass ran) the check and weights from this training pass's own ``logprobs`` [B, C], detached: the
         sampling policy's."""
-        if batch.engine_logprobs is None:
+        if batch.engine_logprobs is None or batch.old_logprobs is not None:  # weighed by the scoring pass
             return batch.engine_weights, {}
         return engine_check(self.args, logprobs.detach(), batch.engine_logprobs, batch.policy_mask)
 
@@ -210,11 +210,16 @@ class PolicyLossMixin:
         return torch.full((len(rollout),), (tokens / micro_batches).item(), device=rollout.scores.device)
 
     def policy_loss(
-        self, logprobs: torch.Tensor, batch: Rollout, kl: torch.Tensor | None = None
+        self,
+        logprobs: torch.Tensor,
+        batch: Rollout,
+        kl: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """``loss_type``'s loss (``ops.POLICY_LOSSES``) of ``logprobs`` [B, C] with the batch's advantages (one per
-        sequence), weighted by the vLLM importance weights if any, plus ``beta`` x ``kl`` [B, C] (GRPO's KL term;
-        with ``use_bias_correction_kl`` weighted by the importance ratio), and its metrics."""
+        sequence), weighted by the vLLM importance weights if any and by ``keep`` ([B, C] or [B, 1]: GRPO's token
+        selection), plus ``beta`` x ``kl`` [B, C] (GRPO's KL term; with ``use_bias_correction_kl`` weighted by the
+        importance ratio), and its metrics."""
         sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs  # trained once: the same
         engine_weights, engine_metrics = self.engine_weights_of(logprobs, batch)
         normaliser = None if batch.tokens_per_micro_batch is None else batch.tokens_per_micro_batch[0]
@@ -227,5 +232,6 @@ class PolicyLossMixin:
             engine_weights=engine_weights,
             kl=kl,
             tokens_per_micro_batch=normaliser,
+            keep=keep,
         )
         return loss, {**metrics, **engine_metrics}

@@ -39,6 +39,7 @@ from ...distributed.placement import place_frozen_models
 from ...distributed.processes import on_main_process
 from ...distributed.zero import bind_scheduler
 from ...generation import make_backend
+from ...models.float32_head import cast_lm_head_to_fp32
 from ...models.loading import (
     check_deepspeed_support,
     check_master_weights,
@@ -202,10 +203,12 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
         if ref_model is not None:  # the given reference replaces the copy (under PEFT: the disabled adapters)
             self.ref_model = load_reference(ref_model, model, from_pretrained_kwargs(args), args)
         check_reference_sync(args.sync_ref_model, self.ref_model, peft_config is not None)
-        if args.disable_dropout:
-            for module in (model, self.ref_model):
-                if module is not None:
-                    disable_dropout(module)
+        for module in (model, self.ref_model) if args.disable_dropout else ():
+            if module is not None:
+                disable_dropout(module)
+        for module in (model, self.ref_model) if getattr(args, "cast_lm_head_to_fp32", False) else ():
+            if module is not None:
+                cast_lm_head_to_fp32(module)
         callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
         super().__init__(
             model=model,

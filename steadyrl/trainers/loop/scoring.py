@@ -83,9 +83,9 @@ class ScoringPasses(TrainerStage):
         metrics = {**rollout_metrics(rollout, scores, names, sampled.generation_time), **metrics}
         if engine:  # health of the weight sync (and the correction): engine vs trainer
             engine_logprobs = engine_logprob_tensor(generation.logprobs, rollout.completion_mask.float())
-            if rollout.old_logprobs is None:  # trained once: the training pass's own log-probs check and correct
-                rollout = dataclasses.replace(rollout, engine_logprobs=engine_logprobs)
-            else:
+            if rollout.old_logprobs is None or trainer.reads_engine_logprobs:  # trained once: the training pass's
+                rollout = dataclasses.replace(rollout, engine_logprobs=engine_logprobs)  # own log-probs check them
+            if rollout.old_logprobs is not None:
                 weights, checked = engine_check(args, rollout.old_logprobs, engine_logprobs, rollout.policy_mask)
                 rollout, metrics = dataclasses.replace(rollout, engine_weights=weights), {**metrics, **checked}
         return rollout, metrics

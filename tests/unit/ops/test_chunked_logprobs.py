@@ -13,7 +13,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from steadyrl.ops import completion_logprobs, pad_prompts_and_completions
+from steadyrl.ops import completion_logprobs, joined_inputs, pad_prompts_and_completions
 from steadyrl.ops import head_logprobs as head_module
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-6)
@@ -45,23 +45,24 @@ def padded_tokens() -> dict[str, torch.Tensor]:
     return pad_prompts_and_completions(prompts, completions, pad_token_id=0)
 
 
-def run_path(model, tokens, chunked_head: bool, temperature: float):
-    """Log-probs, entropy, a weighted loss over the completion tokens and the gradient of each trained parameter."""
+def run_path(model, tokens, chunked_head: bool, temperature: float, entropy_weight: float = 0.0):
+    """Log-probs, entropy, a weighted loss over the completion tokens (with ``entropy_weight``, an entropy term as an
+    entropy bonus adds) and the gradient of each trained parameter."""
     model.zero_grad()
     logprobs, entropy = completion_logprobs(
         model, *tokens.values(), temperature=temperature, with_entropy=True, chunked_head=chunked_head
     )
     mask = tokens["completion_mask"]
     weights = torch.linspace(-1.0, 2.0, mask.numel()).view(mask.shape)
-    loss = (logprobs * weights * mask).sum()
+    loss = (logprobs * weights * mask).sum() + entropy_weight * (entropy * weights.flip(1) * mask).sum()
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
-    return logprobs.detach() * mask, entropy * mask, loss.detach(), grads
+    return logprobs.detach() * mask, entropy.detach() * mask, loss.detach(), grads
 
 
-def assert_paths_equal(model, tokens, temperature, tolerance=TOLERANCE):
-    logits_path = run_path(model, tokens, chunked_head=False, temperature=temperature)
-    chunked = run_path(model, tokens, chunked_head=True, temperature=temperature)
+def assert_paths_equal(model, tokens, temperature, tolerance=TOLERANCE, entropy_weight=0.0):
+    logits_path = run_path(model, tokens, chunked_head=False, temperature=temperature, entropy_weight=entropy_weight)
+    chunked = run_path(model, tokens, chunked_head=True, temperature=temperature, entropy_weight=entropy_weight)
     for what, expected, actual in zip(("logprobs", "entropy", "loss"), logits_path[:3], chunked[:3]):
         torch.testing.assert_close(actual, expected, **tolerance, msg=lambda m, what=what: f"{what}: {m}")
     assert chunked[3].keys() == logits_path[3].keys() and chunked[3]
@@ -82,6 +83,29 @@ def small_chunks(monkeypatch):
 def test_chunked_head_equals_the_logits_path(small_chunks, head, temperature):
     model = tiny_qwen(tied=head == "tied", head_bias=head == "untied-with-bias")
     assert_paths_equal(model, padded_tokens(), temperature)
+
+
+@pytest.mark.parametrize("head", ["tied", "untied-with-bias"])
+def test_entropy_gradient_of_both_paths_equals_float64_autograd(small_chunks, head):
+    """An entropy bonus trains through the entropy: its gradient, on the chunked path and on the logits path, equals
+    plain autograd through log_softmax in float64 (within 1e-6 of each gradient's largest element)."""
+    model, tokens = tiny_qwen(tied=head == "tied", head_bias=head != "tied"), padded_tokens()
+    assert_paths_equal(model, tokens, temperature=0.7, entropy_weight=0.3)
+    chunked = run_path(model, tokens, chunked_head=True, temperature=0.7, entropy_weight=0.3)
+    reference = model.double()
+    reference.zero_grad()
+    inputs = dict(tokens)
+    keep = inputs["completion_ids"].shape[1] + 1
+    logits = reference(**joined_inputs(*inputs.values()), use_cache=False).logits[:, -keep:-1] / 0.7
+    logp = torch.log_softmax(logits, dim=-1)
+    mask = inputs["completion_mask"].double()
+    weights = torch.linspace(-1.0, 2.0, mask.numel(), dtype=torch.float64).view(mask.shape)
+    entropy = -(logp.exp() * logp).sum(-1)
+    picked = logp.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    ((picked * weights * mask).sum() + 0.3 * (entropy * weights.flip(1) * mask).sum()).backward()
+    for name, param in reference.named_parameters():
+        scale, error = float(param.grad.abs().max()), float((chunked[3][name].double() - param.grad).abs().max())
+        assert scale > 0 and error <= 1e-6 * scale, (name, error, scale)
 
 
 def test_chunked_head_in_one_chunk_equals_the_logits_path():
@@ -172,3 +196,24 @@ def test_chunked_head_through_ddp_equals_the_logits_path(small_chunks, tmp_path)
         assert_paths_equal(model, padded_tokens(), temperature=0.7)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_float32_head_on_a_bfloat16_model(small_chunks, tied):
+    """cast_lm_head_to_fp32: the head's weight is stored in float32 and its logits computed in float32 on both paths
+    (equal within 1e-6); a tied input embedding still returns bfloat16; the log-probs move closer to a float32 head
+    of the same hidden states than the bfloat16 head's are."""
+    from steadyrl.models.float32_head import cast_lm_head_to_fp32
+
+    model, tokens = tiny_qwen(tied=tied).to(torch.bfloat16), padded_tokens()
+    before = completion_logprobs(model, *tokens.values())[0]
+    cast_lm_head_to_fp32(model)
+    head = model.get_output_embeddings()
+    assert head.weight.dtype == torch.float32 and (model.lm_head.weight is model.model.embed_tokens.weight) == tied
+    assert model.model.embed_tokens(tokens["prompt_ids"]).dtype == torch.bfloat16
+    assert model(**joined_inputs(*tokens.values())).logits.dtype == torch.float32
+    chunked, _ = completion_logprobs(model, *tokens.values(), chunked_head=True)
+    plain, _ = completion_logprobs(model, *tokens.values(), chunked_head=False)
+    mask = tokens["completion_mask"].bool()
+    torch.testing.assert_close(chunked[mask], plain[mask], **TOLERANCE)
+    assert (chunked - before.float())[mask].abs().max() > 1e-4  # a bfloat16 head rounds its logits visibly

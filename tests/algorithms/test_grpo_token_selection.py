@@ -1,0 +1,176 @@
+"""GRPO's token selection, entropy bonus and float32 LM head (TRL 1.16's top_entropy_quantile,
+off_policy_mask_threshold, entropy_coef, use_adaptive_entropy, cast_lm_head_to_fp32): loss and gradients against
+TRL's own GRPOTrainer on the same batch, the adaptive coefficient's update, its checkpointing, and a training run
+that uses them all."""
+
+import json
+
+import pytest
+import torch
+from support.toy_run import make_trainer
+from support.trl_parity import (
+    ADVANTAGES,
+    BETA,
+    GA,
+    GENERATION_TOKENS,
+    STEPS_PER_GENERATION,
+    B,
+    assert_same,
+    fixed_batch,
+    loss_and_gradients,
+    scoring_inputs,
+    steadyrl_side,
+    trl_model,
+    trl_trainer,
+)
+from transformers import AutoModelForCausalLM
+
+from steadyrl.ops.token_selection import high_entropy_mask, off_policy_mask
+from steadyrl.rollout import Rollout
+from steadyrl.toy import toy_model_path
+
+# the fixed batch's old log-probs are the policy's shifted by [0.4, -0.4, 0.05, 0.3, -0.3] per token: a sequence's
+# mean log(pi_old / pi) is 0.4 for the one-token row and 0.01-0.017 for the others; 0.005 drops the two with A < 0
+OFF_POLICY = 0.005
+CASES = {
+    "entropy-mask": dict(loss_type="grpo", top_entropy_quantile=0.5),
+    "entropy-mask/dapo": dict(loss_type="dapo", top_entropy_quantile=0.3),
+    "off-policy": dict(loss_type="grpo", off_policy_mask_threshold=OFF_POLICY),
+    "off-policy/dr_grpo": dict(loss_type="dr_grpo", off_policy_mask_threshold=OFF_POLICY, top_entropy_quantile=0.6),
+    "entropy-bonus": dict(loss_type="dapo", entropy_coef=0.05),
+    "entropy-bonus/masked": dict(loss_type="bnpo", entropy_coef=0.05, top_entropy_quantile=0.5),
+    "adaptive": dict(loss_type="grpo", entropy_coef=0.1, use_adaptive_entropy=True, entropy_target=50.0),
+}
+
+
+def both_sides(tmp_path, settings: dict):
+    """steadyrl's GRPO and TRL's on the fixed batch, with ``settings``; each side's (loss, gradients) computation."""
+    trainer = steadyrl_side(tmp_path, "grpo", beta=BETA, **settings)
+    tokens = fixed_batch(trainer.processing_class.pad_token_id)
+    given = scoring_inputs(trainer, tokens)
+    batch = Rollout(
+        **vars(tokens),
+        scores=torch.zeros(B),
+        ref_logprobs=given["ref"],
+        old_logprobs=given["old"],
+        advantages=given["advantages"],
+        tokens_per_micro_batch=torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION),
+    )
+    model = trl_model(trainer.model)
+    trl_grpo = trl_trainer("grpo", model, tmp_path, beta=BETA, **settings)
+    inputs = {
+        **vars(tokens),
+        "advantages": given["advantages"],
+        "old_per_token_logps": given["old"],
+        "ref_per_token_logps": given["ref"],
+        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
+    }
+    ours = (trainer, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
+    theirs = (model, trl_grpo, lambda: trl_grpo._compute_loss(model, inputs))
+    return ours, theirs, batch
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_token_selection_and_entropy_bonus_equal_trl(tmp_path, case):
+    settings = CASES[case]
+    (trainer, ours), (model, trl_grpo, theirs), batch = both_sides(tmp_path, settings)
+    if settings.get("use_adaptive_entropy"):  # applied once the last step's entropy is at or below the target
+        trainer.algorithm_state.last_entropy, trl_grpo._last_world_entropy = 1.0, 1.0
+    assert_same(loss_and_gradients(trainer.model, ours), loss_and_gradients(model, theirs))
+    if "entropy_coef" in settings:  # the bonus changes the loss: without it the two would differ
+        assert trainer.compute_loss_on_batch(trainer.model, batch)[1]["policy_loss"] != 0
+
+
+def test_masks_drop_what_they_should(tmp_path):
+    """On the fixed batch: off-policy masking drops exactly the negative-advantage sequences above the threshold; the
+    entropy mask keeps the top share of loss tokens (ties kept)."""
+    mask = fixed_batch(0).completion_mask
+    logprobs = torch.zeros(mask.shape)
+    sampled = torch.tensor([[0.4, -0.4, 0.05, 0.3, -0.3]]).repeat(B, 1)
+    kept = off_policy_mask(ADVANTAGES, logprobs, sampled, mask, OFF_POLICY).squeeze(1)
+    assert kept.tolist() == [1, 0, 1, 0]  # A = [1.0, -0.5, 0.8, -1.2]
+    entropy = torch.arange(mask.numel(), dtype=torch.float32).view(mask.shape)
+    high = high_entropy_mask(entropy, mask, 0.75, entropy[mask.bool()])
+    assert high.sum().item() == 4 and (high <= mask.bool()).all()
+    assert entropy[high].min() >= entropy[mask.bool() & ~high].max()
+
+
+def test_adaptive_coefficient_updates_as_trl_and_is_checkpointed(tmp_path):
+    """One optimizer step's window (one micro-batch here): TRL updates entropy_coef from the window's mean entropy;
+    steadyrl's coefficient after the step equals it, and it is in the checkpoint a resume reads."""
+    settings = dict(loss_type="grpo", entropy_coef=0.1, use_adaptive_entropy=True, entropy_target=50.0)
+    settings["entropy_coef_delta"] = 0.03
+    (trainer, ours), (model, trl_grpo, theirs), _ = both_sides(tmp_path, settings)
+    trainer._entropy_window = None
+    ours()
+    trainer.update_entropy_coefficient()
+    theirs()  # outside an accumulation context: the step's boundary, where TRL updates
+    state = trainer.algorithm_state
+    assert state.coef == pytest.approx(trl_grpo.entropy_coef, abs=1e-12) and state.coef == pytest.approx(0.13)
+    assert state.last_entropy == pytest.approx(trl_grpo._last_world_entropy, rel=1e-6)
+
+
+def test_grpo_trains_with_every_option_and_resumes_exactly(tmp_path):
+    """Entropy masking, off-policy masking and an adaptive entropy bonus in a real run of 4 steps (2 per rollout,
+    so old log-probs differ from the policy's): the coefficient moves, is logged, and a run resumed from step 2 ends
+    with the uninterrupted run's weights and coefficient."""
+    settings = dict(
+        top_entropy_quantile=0.5,
+        off_policy_mask_threshold=0.01,
+        entropy_coef=0.01,
+        use_adaptive_entropy=True,
+        entropy_target=100.0,  # above the toy model's entropy: the coefficient rises by delta each step
+        entropy_coef_delta=0.002,
+        num_ppo_epochs=2,
+        max_steps=4,
+        save_steps=2,
+    )
+    full = make_trainer(tmp_path / "full", algorithm="grpo", **settings)
+    full.train()
+    logged = [entry["entropy_coef"] for entry in full.state.log_history if "entropy_coef" in entry]
+    assert logged == pytest.approx([0.012, 0.014, 0.016, 0.018])
+    state = json.loads((tmp_path / "full" / "checkpoint-2" / "steadyrl_state.json").read_text())
+    assert json.dumps(state).count('"entropy_coef": 0.014') == 1, "the coefficient after step 2 is checkpointed"
+
+    cut = make_trainer(tmp_path / "cut", algorithm="grpo", **{**settings, "max_steps": 2})
+    cut.train()
+    resumed = make_trainer(tmp_path / "cut", algorithm="grpo", **settings)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.algorithm_state.coef == full.algorithm_state.coef
+    for (name, ours), theirs in zip(resumed.model.state_dict().items(), full.model.state_dict().values()):
+        assert torch.equal(ours, theirs), name
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_float32_lm_head_equals_trl_on_a_bfloat16_model(tmp_path, loss_type):
+    """cast_lm_head_to_fp32 on a bfloat16 policy: the head's weight becomes float32 and its logits are computed in
+    float32, on steadyrl's chunked head as in TRL's fused one: the same loss and gradients."""
+    policy = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16)
+    settings = dict(loss_type=loss_type, cast_lm_head_to_fp32=True, entropy_coef=0.05)
+    trainer = steadyrl_side(tmp_path, "grpo", model=policy, beta=BETA, allow_low_precision_weights=True, **settings)
+    head = trainer.model.get_output_embeddings()
+    assert head.weight.dtype == torch.float32 and trainer.model.model.norm.weight.dtype == torch.bfloat16
+    tokens = fixed_batch(trainer.processing_class.pad_token_id)
+    given = scoring_inputs(trainer, tokens)
+    batch = Rollout(
+        **vars(tokens),
+        scores=torch.zeros(B),
+        ref_logprobs=given["ref"],
+        old_logprobs=given["old"],
+        advantages=given["advantages"],
+        tokens_per_micro_batch=torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION),
+    )
+    model = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16).train()
+    trl_grpo = trl_trainer("grpo", model, tmp_path, beta=BETA, **settings)
+    model.load_state_dict(trainer.model.state_dict())  # both heads float32 now: an exact copy
+    inputs = {
+        **vars(tokens),
+        "advantages": given["advantages"],
+        "old_per_token_logps": given["old"],
+        "ref_per_token_logps": given["ref"],
+        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
+    }
+    ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
+    theirs = loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs))
+    assert {name: g.dtype for name, g in ours[1].items()} == {name: g.dtype for name, g in theirs[1].items()}
+    assert_same(ours, theirs)
