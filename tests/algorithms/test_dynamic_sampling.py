@@ -6,6 +6,7 @@ import pytest
 import torch
 from support.toy_run import half_constant_reward, make_trainer
 
+from steadyrl.checkpoint import CheckpointError
 from steadyrl.trainers.loop.dynamic_sampling import DynamicSamplingError
 
 ROLLOUT_PROMPTS, K = 4, 2  # support/toy_run.py's rollout: 4 prompts x 2 samples
@@ -96,3 +97,14 @@ def test_without_dynamic_sampling_zero_variance_groups_are_trained_on(tmp_path):
     assert bool((groups[:, 0] == groups[:, 1]).any()), "the toy draw has constant-reward prompts"
     assert torch.isfinite(rollouts[0].advantages).all()
     assert not any("dynamic_sampling/draws" in entry for entry in trainer.state.log_history)
+
+
+def test_a_resume_may_raise_the_bound_but_not_turn_dynamic_sampling_off(tmp_path):
+    settings = dict(algorithm="grpo", reward_funcs=[half_constant_reward], dynamic_sampling=True, save_steps=4)
+    make_trainer(tmp_path, max_steps=4, **settings).train()
+    refused = make_trainer(tmp_path, max_steps=8, **{**settings, "dynamic_sampling": False})
+    with pytest.raises(CheckpointError, match=r"\(dynamic_sampling: checkpoint True, now False\)"):
+        refused.train(resume_from_checkpoint=True)
+    resumed = make_trainer(tmp_path, max_steps=8, max_num_gen_batches=0, **settings)  # from 10: no limit
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 8 and resumed.prompt_draw.draws >= 4
