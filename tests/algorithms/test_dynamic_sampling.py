@@ -1,10 +1,13 @@
 """Dynamic sampling (dynamic_sampling, max_num_gen_batches) on the toy task, with a reward that is the same for every
 completion of half the prompts (those whose word starts with a-m): those groups are dropped and replaced by further
-draws, every trained group's rewards differ, the counts are logged, and the bound stops the run as verl's does."""
+draws, every trained group's rewards differ, the counts are logged, the bound stops the run as verl's does (and a
+resume may raise it), and multi-turn rollouts are filtered alike."""
+
+import zlib
 
 import pytest
 import torch
-from support.toy_run import half_constant_reward, make_trainer
+from support.toy_run import half_constant_reward, make_trainer, tool_task
 
 from steadyrl.checkpoint import CheckpointError
 from steadyrl.trainers.loop.dynamic_sampling import DynamicSamplingError
@@ -108,3 +111,22 @@ def test_a_resume_may_raise_the_bound_but_not_turn_dynamic_sampling_off(tmp_path
     resumed = make_trainer(tmp_path, max_steps=8, max_num_gen_batches=0, **settings)  # from 10: no limit
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 8 and resumed.prompt_draw.draws >= 4
+
+
+def alternating_for_odd_prompts(prompts, completions, **kwargs) -> list[float]:
+    """0 and 1 alternately (a group's two samples differ) for a prompt of odd CRC, else 0.5 (dropped)."""
+    texts = [prompt[-1]["content"] for prompt in prompts]
+    return [float(i % 2) if zlib.crc32(text.encode()) % 2 else 0.5 for i, text in enumerate(texts)]
+
+
+def test_multi_turn_rollouts_are_filtered_after_their_tool_calls(tmp_path):
+    task = {**tool_task("environment"), "reward_funcs": [alternating_for_odd_prompts]}
+    trainer = make_trainer(tmp_path, algorithm="grpo", dynamic_sampling=True, max_steps=4, save_steps=4, **task)
+    rollouts = record_rollouts(trainer)
+    trainer.train()
+    (rollout,) = rollouts
+    assert rollout.env_mask is not None and (rollout.env_mask == 0).any(), "tool results are masked as before"
+    groups = rollout.scores.view(-1, K)
+    assert len(rollout) == ROLLOUT_PROMPTS * K and (groups[:, 0] != groups[:, 1]).all()
+    logged = trainer.state.log_history[0]
+    assert logged["dynamic_sampling/draws"] >= 2 and "tools/call_frequency" in logged
