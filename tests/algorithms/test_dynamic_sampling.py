@@ -10,7 +10,9 @@ import torch
 from support.toy_run import half_constant_reward, make_trainer, tool_task
 
 from steadyrl.checkpoint import CheckpointError
+from steadyrl.generation import Generation
 from steadyrl.trainers.loop.dynamic_sampling import DynamicSamplingError
+from steadyrl.trainers.loop.sources import Sampled
 
 ROLLOUT_PROMPTS, K = 4, 2  # support/toy_run.py's rollout: 4 prompts x 2 samples
 
@@ -130,3 +132,30 @@ def test_multi_turn_rollouts_are_filtered_after_their_tool_calls(tmp_path):
     assert len(rollout) == ROLLOUT_PROMPTS * K and (groups[:, 0] != groups[:, 1]).all()
     logged = trainer.state.log_history[0]
     assert logged["dynamic_sampling/draws"] >= 2 and "tools/call_frequency" in logged
+
+
+def test_the_filter_reads_the_total_reward_the_rollout_holds(tmp_path):
+    """Weighted rewards (None left out) less missing_eos_penalty: what ScoringPasses puts in Rollout.scores."""
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="rloo",
+        dynamic_sampling=True,
+        missing_eos_penalty=0.25,
+        reward_weights=[2.0, 1.0],
+        reward_funcs=[half_constant_reward, half_constant_reward],
+    )
+    eos = trainer.processing_class.eos_token_id
+    sampled = Sampled(
+        prompts=["ab:"] * 4,
+        columns={},
+        prompt_ids=[[5, 6]] * 4,
+        generation=Generation([[7, eos], [7, 8], [9, 9, eos], [9]]),
+        generation_time=0.0,
+    )
+    scores = torch.tensor([[0.5, 0.5], [0.5, float("nan")], [0.1, 0.2], [0.3, 0.0]])
+    rollout = trainer.scoring_passes.padded(
+        sampled.prompt_ids, sampled.generation.completion_ids, scores, False, sampled.generation
+    )
+    totals = trainer.dynamic_sampling.totals(sampled, scores)
+    torch.testing.assert_close(totals, rollout.scores, rtol=0, atol=0)
+    torch.testing.assert_close(totals, torch.tensor([1.5, 0.75, 0.4, 0.35]))

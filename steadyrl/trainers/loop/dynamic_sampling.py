@@ -100,32 +100,36 @@ class DynamicSampling(TrainerStage):
         args, accelerator = self.args, self.trainer.accelerator
         k, needed = args.n_samples_per_prompt, args.rollout_batch_size
         processes, rank = accelerator.num_processes, accelerator.process_index
-        pool: list[tuple[GroupKey, list[dict]]] = []  # this process's kept groups, in draw order
-        kept = dropped = draws = 0
+        keys: list[GroupKey] = []  # every process's kept groups, in draw order
+        pool: dict[GroupKey, list[dict]] = {}  # this process's kept groups' rows
+        dropped = draws = 0
         drawn_metrics, generation_time = [], 0.0
-        while kept < needed:
+        while len(keys) < needed:
             if args.max_num_gen_batches and draws == args.max_num_gen_batches:
-                raise DynamicSamplingError(self.bound_message(draws, kept, dropped))
+                raise DynamicSamplingError(self.bound_message(draws, len(keys), dropped))
             sampled = self.source.next()
             scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
             drawn_metrics.append({**metrics, **sampled.metrics})
             generation_time += sampled.generation_time
             signal = groups_with_signal(self.totals(sampled, scores), k).tolist()  # [G] this process's groups
             everywhere = gather_object(signal) if processes > 1 else signal  # every process's, in rank order
+            share = len(signal)
+            keys += [(draws, i // share, i % share) for i, keep in enumerate(everywhere) if keep]
             rows = sample_rows(sampled, scores)
-            pool += [((draws, rank, g), rows[g * k : (g + 1) * k]) for g, keep in enumerate(signal) if keep]
-            kept, dropped, draws = kept + sum(everywhere), dropped + len(everywhere) - sum(everywhere), draws + 1
-        everyone = gather_object(pool) if processes > 1 else pool
-        groups = dict(everyone)
-        chosen = fill_order(list(groups), needed, processes, rank)
+            pool.update({(draws, rank, g): rows[g * k : (g + 1) * k] for g, keep in enumerate(signal) if keep})
+            dropped, draws = dropped + len(everywhere) - sum(everywhere), draws + 1
+        chosen = fill_order(keys, needed, processes, rank)
+        if processes > 1:  # the rollout's groups reach the process that trains them; unused ones stay put
+            wanted = set(sorted(keys)[:needed])
+            pool = dict(gather_object([(key, rows) for key, rows in pool.items() if key in wanted]))
         metrics = {
             **mean_metrics(drawn_metrics),
             "dynamic_sampling/prompts_drawn": float(draws * needed),
             "dynamic_sampling/groups_dropped": float(dropped),
-            "dynamic_sampling/groups_unused": float(kept - needed),
+            "dynamic_sampling/groups_unused": float(len(keys) - needed),
             "dynamic_sampling/draws": float(draws),
         }
-        sampled, scores = sampled_from_rows([row for key in chosen for row in groups[key]], generation_time, metrics)
+        sampled, scores = sampled_from_rows([row for key in chosen for row in pool[key]], generation_time, metrics)
         return sampled, scores, {}
 
     def totals(self, sampled: Sampled, scores: torch.Tensor) -> torch.Tensor:
