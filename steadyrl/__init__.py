@@ -7,6 +7,7 @@ from .checkpoint import CheckpointError
 from .publish.hub import HubPushError
 from .judges import JudgeError
 from .rewards import RewardFunctionError
+from .trainers.loop.dynamic_sampling import DynamicSamplingError
 from .trainers import (
     ALGORITHMS,
     GRPOConfig,
@@ -26,6 +27,7 @@ __all__ = [
     "ALGORITHMS",
     "CheckpointCallback",
     "CheckpointError",
+    "DynamicSamplingError",
     "GlobalStepCallback",
     "GlobalStepError",
     "GRPOConfig",

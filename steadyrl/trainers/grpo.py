@@ -30,6 +30,7 @@ from ..ops import (
     zero_std_groups,
 )
 from ..rollout import Advantages, Rollout
+from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
 from .config.trl_names import UNSUPPORTED, Unsupported
 from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
@@ -57,7 +58,9 @@ class GRPODefaultOnlyFields:
 
 
 @dataclass
-class GRPOConfig(GRPODefaultOnlyFields, TokenSelectionOptions, PolicyLossOptions, OnPolicyConfig):
+class GRPOConfig(
+    GRPODefaultOnlyFields, TokenSelectionOptions, PolicyLossOptions, DynamicSamplingOptions, OnPolicyConfig
+):
     """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
     ``loss_type`` ``dapo``; 8 completions per prompt). Each field's ``help`` describes it (docs/configuration.md
     lists them).

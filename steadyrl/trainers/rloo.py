@@ -18,13 +18,14 @@ import torch
 
 from ..ops import completion_logprobs, leave_one_out_advantages, masked_mean, masked_moments, sequence_kl, whiten
 from ..rollout import Advantages, Rollout
+from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
 from .loop.loss_options import PolicyLossMixin, PolicyLossOptions, loss_type_help
 from .loop.on_policy import OnPolicyTrainer
 
 
 @dataclass
-class RLOOConfig(PolicyLossOptions, OnPolicyConfig):
+class RLOOConfig(PolicyLossOptions, DynamicSamplingOptions, OnPolicyConfig):
     """``OnPolicyConfig`` plus RLOO's options; ``n_samples_per_prompt`` (k, TRL: ``num_generations``) must be at
     least 2. The KL penalty (``beta``) is part of the reward, as in TRL's RLOO. Each field's ``help`` describes it
     (docs/configuration.md lists them).

@@ -301,3 +301,27 @@ def test_an_error_in_a_checkpoint_push_stops_every_process_with_its_cause(tmp_pa
     _, output = run_toy(tmp_path, "--fail-push", "3", *TWO_PROCESSES, accelerate_config=MULTI_CPU, expect_failure=True)
     assert output.count("RuntimeError: injected failure in the push of step 3") >= 2, output[-3000:]
     assert "[rank1]: RuntimeError: injected failure in the push of step 3" in output, output[-3000:]
+
+
+def test_dynamic_sampling_trains_the_same_groups_on_two_processes_as_on_one(tmp_path, toy_path):
+    """The keep/drop decision is each group's, the fill-up global: both processes draw until the rollout's 4 groups
+    whose rewards differ are kept, and train the first 4 in draw order, each its 2; one process trains the same ones.
+    The reward is constant for half the prompts (toy_run.half_constant_reward), so which groups are kept depends on
+    the prompts alone, not on the completions (HF generate samples differently on one process)."""
+    import json
+
+    settings = [*TWO_PROCESSES[1:], "reward_funcs=half_constant", "dynamic_sampling=true", "log_completions=true"]
+    settings += ["max_steps=8", "save_steps=8"]
+    runs = {"one": tmp_path / "one", "two": tmp_path / "two"}
+    run_toy(runs["one"], "--algorithm", "grpo", overrides=settings)
+    run_toy(runs["two"], "--algorithm", "grpo", accelerate_config=MULTI_CPU, overrides=settings)
+    trained, counts = {}, {}
+    for name, path in runs.items():
+        lines = [json.loads(line) for line in (path / "completions.jsonl").read_text().splitlines()]
+        trained[name] = [(line["step"], line["prompt"]) for line in lines]
+        logs = read_logs(path)
+        counts[name] = [{k: v for k, v in logs[step].items() if k.startswith("dynamic_sampling/")} for step in logs]
+    assert [step for step, _ in trained["two"]] == [step for step in (1, 5) for _ in range(8)], "8 samples a rollout"
+    assert trained["two"] == trained["one"]
+    assert all(prompt[0] >= "n" for _, prompt in trained["two"])
+    assert counts["two"] == counts["one"] and counts["one"][0]["dynamic_sampling/draws"] >= 2, counts

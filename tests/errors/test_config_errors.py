@@ -46,6 +46,9 @@ def _(ctx):
     make_config(ctx.tmp_path, "online-dpo", n_samples_per_prompt=4)
 
 
+config_error("max-num-gen-batches", "grpo", dynamic_sampling=True, max_num_gen_batches=-1)
+
+
 @trigger("trainer-old-order")
 def _(ctx):
     RLOOTrainer(toy_model_path(), make_config(ctx.tmp_path), toy_dataset())

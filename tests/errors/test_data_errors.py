@@ -199,6 +199,12 @@ def _(ctx):
     make_trainer(ctx.tmp_path, reward_funcs=[hangs], reward_timeout=0.1).train()
 
 
+@trigger("dynamic-sampling-bound")
+def _(ctx):
+    constant = [lambda completions, **kwargs: [1.0] * len(completions)]
+    make_trainer(ctx.tmp_path, reward_funcs=constant, dynamic_sampling=True, max_num_gen_batches=2).train()
+
+
 @trigger("reward-column")
 def _(ctx):
     make_trainer(ctx.tmp_path, reward_funcs=[needs_answer])

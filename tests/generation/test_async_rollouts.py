@@ -195,3 +195,23 @@ def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
     events = json.loads((tmp_path / "report.json").read_text())["events"]
     assert sum(event["killed"] for event in events) == 10, events
     assert any(event["mode"] == "in-save" and event["killed"] for event in events), "no kill hit a checkpoint write"
+
+
+def test_dynamic_sampling_draws_ahead(server, tmp_path):
+    """With max_staleness, each draw of dynamic sampling is a rollout's worth of prompts generated ahead: the next
+    draws are in flight while the last is scored, and every rollout is filled with groups whose rewards differ."""
+    trainer = make_trainer(
+        tmp_path,
+        algorithm="grpo",
+        reward_funcs="half_constant",
+        dynamic_sampling=True,
+        max_steps=8,
+        save_steps=100,
+        **async_settings(server, 1),
+    )
+    trainer.train()
+    logs = {entry["step"]: entry for entry in step_entries(trainer.state.log_history)}
+    draws = [logs[step]["dynamic_sampling/draws"] for step in (1, 5)]
+    assert min(draws) >= 2 and trainer.prompt_draw.draws >= sum(draws) + 1, draws  # + the draw requested ahead
+    assert all(logs[step]["frac_reward_zero_std"] == 0.0 for step in logs)
+    assert logs[5]["async/staleness_steps"] > 0

@@ -26,6 +26,9 @@ FUZZ_RUNS = {  # save every step, so kills land in checkpoint writes and rotatio
     "ppo": ("ppo", []),
     "online-dpo": ("online-dpo", []),
     "grpo": ("grpo", ["beta=0.04", "loss_type=dapo"]),
+    # half the prompts get a constant reward: each rollout draws 2 or more batches of prompts, and a kill lands
+    # between draws as often as anywhere else
+    "grpo-dynamic-sampling": ("grpo", ["beta=0.04", "reward_funcs=half_constant", "dynamic_sampling=true"]),
 }
 
 

@@ -9,6 +9,8 @@ As a script::
                             [--fail-push STEP]
                             [--real [--live-checks N]] [--tools tools|environment] [--set key=value ...]
 
+``--set reward_funcs=half_constant`` trains on a reward of ``TOY_REWARDS`` (named, so that crash_fuzz.py can pass it).
+
 writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
 """
 
@@ -22,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, when run as a script
@@ -97,6 +100,18 @@ def real_task() -> dict:
         train_dataset=arithmetic_dataset(size=64),
         reward_funcs=[correct_answer, answer_format, shorter_is_better],
     )
+
+
+def half_constant_reward(prompts, completions, **kwargs) -> list[float]:
+    """0.5 for every completion of a prompt whose word starts with a-m (a group without signal, for
+    ``dynamic_sampling`` to drop), else a hash of the completion in [0, 1) (distinct completions differ)."""
+    return [
+        0.5 if prompt[0] < "n" else zlib.crc32(completion.encode()) / 2**32
+        for prompt, completion in zip(prompts, completions)
+    ]
+
+
+TOY_REWARDS = {"half_constant": half_constant_reward}  # reward_funcs="<name>" (--set reward_funcs=half_constant)
 
 
 def recording(reward_func, path: str):
@@ -189,10 +204,15 @@ def make_trainer(
         model=model or toy_model_path(),
         args=make_config(output_dir, algorithm, **overrides),
         train_dataset=toy_dataset(**DATASETS.get(algorithm, {})) if train_dataset is None else train_dataset,
-        reward_funcs=[letters_reward] if reward_funcs is None else reward_funcs,
+        reward_funcs=[letters_reward] if reward_funcs is None else toy_rewards(reward_funcs),
         callbacks=callbacks,
         **extra,
     )
+
+
+def toy_rewards(reward_funcs):
+    """``reward_funcs`` as given, or a toy reward of ``TOY_REWARDS`` by name (from the command line)."""
+    return [TOY_REWARDS[reward_funcs]] if isinstance(reward_funcs, str) else reward_funcs
 
 
 class KillAfterSave(TrainerCallback):

@@ -107,6 +107,7 @@ FREE_SETTINGS = frozenset(
         "vllm_group_port",
         "vllm_server_weight_transfer",
         "vllm_server_weights_dir",
+        "max_num_gen_batches",  # dynamic sampling's bound only stops a run (raise it to resume), never changes one
     }
 )
 # Free settings a checkpoint does not record: where the run happens to be (a checkpoint's content does not depend on

@@ -5,6 +5,8 @@ One global step, as ``run_loop`` and ``make_rollout`` call the stages (each an o
     sampled  <- rollout_source.next()     prompts (PromptDraw) -> completions: sources.py (max_staleness: ahead.py;
                                           tools / environments / rollout_func: multi_turn.py)
     scores   <- scorer(sampled)           reward functions and models on TRL's inputs: scoring.py
+                                          (dynamic_sampling: both, repeated until the groups whose rewards differ
+                                          fill the rollout: dynamic_sampling.py)
     rollout  <- scoring_passes(...)       padded tokens, weighted total, old / reference log-probs: scoring.py
     rollout  <- + compute_advantages()    the algorithm: grpo.py, rloo.py, ppo.py, online_dpo.py (math in ops/)
     metrics  <- learner.step(minibatch)   micro-batches -> the algorithm's loss -> backward -> optimizer: learner.py
@@ -63,6 +65,7 @@ from ..config.trl_config import as_own_config
 from .ahead import AheadSource
 from .algorithm import AlgorithmHooks
 from .checkpoints import CheckpointMixin
+from .dynamic_sampling import DynamicSampling
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .learner import Learner
 from .loop_state import PendingMetrics, TrainingBuffer
@@ -266,6 +269,8 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
             self.rollout_source = AheadSource(self, self.scorer, on_worker, *source_args)
         else:
             self.rollout_source = RolloutSource(*source_args)
+        dynamic = getattr(args, "dynamic_sampling", False)
+        self.dynamic_sampling = DynamicSampling(self, self.rollout_source, self.scorer, args) if dynamic else None
         self.scoring_passes = ScoringPasses(self)
         self.learner = Learner(self)
         self.training_buffer, self.pending_metrics = TrainingBuffer(), PendingMetrics()
@@ -311,8 +316,11 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
     @torch.no_grad()
     def make_rollout(self) -> RolloutBuffer:
         """The next rollout, through each stage in order, as a buffer with a fixed mini-batch schedule."""
-        sampled = self.rollout_source.next()  # prompts -> completions
-        scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
+        if self.dynamic_sampling is not None:  # draws until the groups whose rewards differ fill the rollout
+            sampled, scores, metrics = self.dynamic_sampling()
+        else:
+            sampled = self.rollout_source.next()  # prompts -> completions
+            scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
         rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
         added = self.compute_advantages(rollout)  # the algorithm's part
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}

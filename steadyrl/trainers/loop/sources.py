@@ -47,18 +47,20 @@ def repeat_rows(rows: dict[str, list], k: int, keep_columns: bool) -> tuple[list
 
 
 class PromptDraw:
-    """This process's share of each rollout's prompts, each ``n_samples_per_prompt`` times, and one sampling seed per
-    sample from (seed, rollout, prompt, sample). Its state, the number of rollouts drawn, is a checkpoint part."""
+    """This process's share of each batch of ``rollout_batch_size`` prompts drawn, each ``n_samples_per_prompt``
+    times, and one sampling seed per sample from (seed, draw, prompt, sample). A rollout is one draw, or with
+    ``dynamic_sampling`` as many as it takes to fill it: counting draws, not rollouts, keeps every drawn prompt's
+    seeds its own. Its state, the number of draws so far, is a checkpoint part."""
 
     def __init__(self, sampler, dataset, args, accelerator) -> None:
         self.sampler, self.dataset, self.args, self.accelerator = sampler, dataset, args, accelerator
-        self.rollouts = 0  # rollouts drawn so far: part of every completion's sampling seed
+        self.draws = 0  # batches of prompts drawn so far: part of every completion's sampling seed
 
     def __call__(self) -> tuple[list, dict[str, list], list[int]]:
         k, seed = self.args.n_samples_per_prompt, self.args.seed
         prompts, columns, first_prompt = self.next_prompts()
-        seeds = [sampling_seed(seed, self.rollouts, first_prompt + i // k, i % k) for i in range(len(prompts))]
-        self.rollouts += 1
+        seeds = [sampling_seed(seed, self.draws, first_prompt + i // k, i % k) for i in range(len(prompts))]
+        self.draws += 1
         return prompts, columns, seeds
 
     def next_prompts(self) -> tuple[list, dict[str, list], int]:
@@ -71,10 +73,10 @@ class PromptDraw:
         return *repeat_rows(rows, args.n_samples_per_prompt, not args.remove_unused_columns), first
 
     def state_dict(self) -> dict:
-        return {"count": self.rollouts}
+        return {"count": self.draws}
 
     def load_state_dict(self, state: dict) -> None:
-        self.rollouts = state["count"]
+        self.draws = state["count"]
 
 
 class TrainerStage:
