@@ -9,6 +9,8 @@ from .judges import JudgeError
 from .rewards import RewardFunctionError
 from .trainers import (
     ALGORITHMS,
+    DistillationConfig,
+    DistillationTrainer,
     GRPOConfig,
     GRPOTrainer,
     OnlineDPOConfig,
@@ -28,6 +30,8 @@ __all__ = [
     "CheckpointError",
     "GlobalStepCallback",
     "GlobalStepError",
+    "DistillationConfig",
+    "DistillationTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "HubPushError",
