@@ -251,7 +251,8 @@ def load_teacher(teacher, policy: PreTrainedModel, tokenizer, args: Distillation
         teacher = load_split(AutoModelForCausalLM, teacher, kwargs, args, frozen=True)
     else:
         check_whole(teacher, "teacher_model")
-        if any(p is q for p in teacher.parameters() for q in policy.parameters()):
+        student_parameters = {id(p) for p in policy.parameters()}
+        if any(id(p) in student_parameters for p in teacher.parameters()):
             raise ValueError(
                 "teacher_model is the student itself (it shares model's parameters): frozen as the teacher it would "
                 "freeze the student, and training would update nothing. Pass a separate teacher model."

@@ -178,7 +178,7 @@ def make_trainer(
     if not trainer_cls.uses_rewards:  # distillation: a teacher instead of rewards
         from steadyrl.toy import chat_dataset, chat_model_path, untrained_chat_model_path
 
-        extra = {"peft_config": peft_config, "processing_class": processing_class, "tools": tools}
+        extra = dict(peft_config=peft_config, processing_class=processing_class, tools=tools, eval_dataset=eval_dataset)
         return trainer_cls(
             model=model or untrained_chat_model_path(),
             teacher_model=chat_model_path(),
