@@ -10,6 +10,8 @@ from .rewards import RewardFunctionError
 from .trainers.loop.dynamic_sampling import DynamicSamplingError
 from .trainers import (
     ALGORITHMS,
+    DistillationConfig,
+    DistillationTrainer,
     GRPOConfig,
     GRPOTrainer,
     OnlineDPOConfig,
@@ -30,6 +32,8 @@ __all__ = [
     "DynamicSamplingError",
     "GlobalStepCallback",
     "GlobalStepError",
+    "DistillationConfig",
+    "DistillationTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "HubPushError",

@@ -186,11 +186,12 @@ def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[s
     ``scores`` [N, num_rewards] holds each reward function's scores before weighting, NaN where it returned None."""
     mask, total = rollout.completion_mask, rollout.scores
     metrics = {
-        "reward": total.mean().item(),
-        "reward_std": total.std().item() if len(total) > 1 else 0.0,
         "completion_length": mask.sum(1).float().mean().item(),
         "tokens_per_second": mask.sum().item() / max(generation_time, 1e-9),
     }
+    if scores.shape[1]:  # not for an algorithm without rewards (distillation)
+        spread = total.std().item() if len(total) > 1 else 0.0
+        metrics = {"reward": total.mean().item(), "reward_std": spread, **metrics}
     if rollout.old_logprobs is not None and rollout.ref_logprobs is not None:  # else the loss reports it
         metrics["kl"] = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.policy_mask).mean().item()
     if len(reward_names) > 1:  # the mean where the function applied (not None), as TRL: NaN if it applied nowhere

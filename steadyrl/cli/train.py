@@ -211,7 +211,8 @@ def train(
         from ..toy import letters_reward, toy_dataset, toy_model_path
 
         model, dataset = toy_model_path(), toy_dataset()
-        trainer_kwargs.setdefault("reward_funcs", [letters_reward])
+        if trainer_class.uses_rewards:
+            trainer_kwargs.setdefault("reward_funcs", [letters_reward])
     else:
         model = script.model_name_or_path
         dataset = load_prompt_dataset(script.dataset_name, script.dataset_split)
@@ -221,7 +222,7 @@ def train(
             model=model,
             args=config,
             train_dataset=dataset,
-            reward_model=script.reward_model_name_or_path,
+            **({"reward_model": script.reward_model_name_or_path} if script.reward_model_name_or_path else {}),
             **trainer_kwargs,
         )
     with refusals_as_errors(prog, (CheckpointError, OutputDirNotShared)):  # output_dir and resume checks, saves

@@ -41,3 +41,24 @@ def offloaded(model: torch.nn.Module, device, offload: bool):
     finally:
         if offload:
             model.to("cpu")
+
+
+def frozen_output_embedding(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """A frozen model's LM head whole, outside its forward: (weight [V, H], bias or None, whether it is split over the
+    processes). A ZeRO-3 partitioned head is gathered and copied, an FSDP2 sharded one put together
+    (``full_tensor``): each process then holds the whole V x H head, which its caller keeps (the weights never
+    change). Else the parameters themselves, wherever the model is now."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # a DeepSpeed engine's model
+        model = model.module
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, head.bias
+    params = [p for p in (weight, bias) if p is not None]
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return weight.detach().clone(), None if bias is None else bias.detach().clone(), True
+    if any(hasattr(p, "full_tensor") for p in params):
+        whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in (weight, bias) if p is not None]
+        return whole[0].detach(), whole[1].detach() if bias is not None else None, True
+    return weight.detach(), None if bias is None else bias.detach(), False

@@ -11,6 +11,7 @@ from .chat import (
     chat_dataset,
     chat_model_path,
     letters_in_answer,
+    untrained_chat_model_path,
 )
 from .reward_model import toy_reward_model_path
 from .task import (
@@ -40,4 +41,5 @@ __all__ = [
     "toy_dataset",
     "toy_model_path",
     "toy_reward_model_path",
+    "untrained_chat_model_path",
 ]

@@ -206,3 +206,17 @@ def chat_model_path() -> str:
     spec = [CHAT_VERSION, SPECIAL_TOKENS, CHARACTERS, CHAT_TEMPLATE, MODEL_CONFIG, FORMAT_TRAINING, ANSWER_LENGTH]
     fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return build_cached(f"chat-model-{fingerprint}", build)
+
+
+def untrained_chat_model_path() -> str:
+    """The chat model's architecture and tokenizer with its seeded initialisation and no training, cached; a student
+    for distillation from ``chat_model_path()`` (the same tokenizer)."""
+
+    def build(directory: Path) -> None:
+        tokenizer = build_chat_tokenizer()
+        build_chat_model(tokenizer, teach=lambda model, tokenizer, **training: None).save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    spec = [CHAT_VERSION, SPECIAL_TOKENS, CHARACTERS, CHAT_TEMPLATE, MODEL_CONFIG, FORMAT_TRAINING, "untrained"]
+    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return build_cached(f"chat-student-{fingerprint}", build)

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         help="smollm2: GRPO on a real pretrained chat model (steadyrl demo --model smollm2 --help)",
     )
     parser.add_argument("--output_dir", default="demo-output")
-    parser.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="rloo")
+    rewarded = sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.trainer_class.uses_rewards)
+    parser.add_argument("--algorithm", choices=rewarded, default="rloo")
     parser.add_argument("--max_steps", type=int, default=100)
     parser.add_argument(
         "--resume_from_checkpoint", default=None, help="'true' for the newest complete checkpoint, or a path"

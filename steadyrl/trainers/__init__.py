@@ -7,6 +7,7 @@ Adding an algorithm is one file (its config and trainer) plus one line in ``ALGO
 from typing import NamedTuple
 
 from .config.on_policy_config import OnPolicyConfig
+from .distillation import DistillationConfig, DistillationTrainer
 from .grpo import GRPOConfig, GRPOTrainer
 from .loop.on_policy import OnPolicyTrainer
 from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
@@ -25,11 +26,14 @@ ALGORITHMS: dict[str, Algorithm] = {
     "grpo": Algorithm(GRPOConfig, GRPOTrainer),
     "ppo": Algorithm(PPOConfig, PPOTrainer),
     "online-dpo": Algorithm(OnlineDPOConfig, OnlineDPOTrainer),
+    "distillation": Algorithm(DistillationConfig, DistillationTrainer),
 }
 
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "DistillationConfig",
+    "DistillationTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "OnPolicyConfig",

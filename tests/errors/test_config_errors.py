@@ -11,8 +11,8 @@ from support.toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM
 
 from errors.error_table import AHEAD, Context, Triggers, rloo
-from steadyrl import GRPOConfig, RLOOTrainer
-from steadyrl.toy import toy_dataset, toy_model_path
+from steadyrl import DistillationTrainer, GRPOConfig, RLOOTrainer
+from steadyrl.toy import chat_dataset, toy_dataset, toy_model_path, untrained_chat_model_path
 
 trigger = Triggers(__file__)
 config_error = trigger.config_error
@@ -81,6 +81,25 @@ def _(ctx):
 def _(ctx):
     model = AutoModelForCausalLM.from_pretrained(toy_model_path())
     make_trainer(ctx.tmp_path, algorithm="online-dpo", model=model, ref_model=model)
+
+
+config_error("distillation-beta", "distillation", beta=1.5)
+
+
+@trigger("distillation-no-teacher")
+def _(ctx):
+    DistillationTrainer(untrained_chat_model_path(), args=make_config(ctx.tmp_path, "distillation"))
+
+
+@trigger("teacher-is-student")
+def _(ctx):
+    model = AutoModelForCausalLM.from_pretrained(untrained_chat_model_path())
+    DistillationTrainer(model, model, make_config(ctx.tmp_path, "distillation"), chat_dataset("train"))
+
+
+@trigger("distillation-eval")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="distillation", eval_dataset=chat_dataset("eval"))
 
 
 @trigger("ppo-num-mini-batches")

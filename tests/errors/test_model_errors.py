@@ -17,8 +17,8 @@ from transformers import (
 )
 
 from errors.error_table import Context, Triggers, chat_tokenizer, conversations, rloo
-from steadyrl import GRPOTrainer
-from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
+from steadyrl import DistillationTrainer, GRPOTrainer
+from steadyrl.toy import chat_model_path, letters_reward, toy_dataset, toy_model_path
 
 trigger = Triggers(__file__)
 
@@ -73,6 +73,11 @@ def _(ctx):
 @trigger("reward-model-vocab")
 def _(ctx):
     rloo(ctx, reward_model=classifier(vocab_size=100))
+
+
+@trigger("teacher-vocabulary")
+def _(ctx):
+    DistillationTrainer(toy_model_path(), chat_model_path(), make_config(ctx.tmp_path, "distillation"), toy_dataset())
 
 
 @trigger("reward-model-rows")

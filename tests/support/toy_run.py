@@ -3,7 +3,7 @@ chosen moments.
 
 As a script::
 
-    python tests/support/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--resume]
+    python tests/support/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo|distillation] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
@@ -11,7 +11,8 @@ As a script::
 
 ``--set reward_funcs=half_constant`` trains on a reward of ``TOY_REWARDS`` (named, so that crash_fuzz.py can pass it).
 
-writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes.
+writes ``OUTPUT_DIR/final-actor`` and ``OUTPUT_DIR/log_history.json`` when it finishes. Distillation (no rewards)
+trains the untrained toy chat model from the trained one (``chat_model_path``) on the chat prompts.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ ALGORITHM_DEFAULTS = {
     "online-dpo": dict(beta=[0.1, 0.2], missing_eos_penalty=0.1),
     # GRPO: the KL term in the loss, DAPO's global token normaliser, clip-higher, batch-scaled rewards
     "grpo": dict(loss_type="dapo", scale_rewards="batch", epsilon_high=0.28),
+    # distillation: the generalized JSD at a temperature other than 1
+    "distillation": dict(beta=0.5, temperature=0.9),
 }
 DATASETS = {"online-dpo": dict(num_prompts=8)}
 
@@ -187,6 +190,18 @@ def make_trainer(
     **overrides,
 ):
     trainer_cls = trainer_cls or ALGORITHMS[algorithm].trainer_class
+    if not trainer_cls.uses_rewards:  # distillation: a teacher instead of rewards
+        from steadyrl.toy import chat_dataset, chat_model_path, untrained_chat_model_path
+
+        extra = dict(peft_config=peft_config, processing_class=processing_class, tools=tools, eval_dataset=eval_dataset)
+        return trainer_cls(
+            model=model or untrained_chat_model_path(),
+            teacher_model=chat_model_path(),
+            args=make_config(output_dir, algorithm, **overrides),
+            train_dataset=chat_dataset("train") if train_dataset is None else train_dataset,
+            callbacks=callbacks,
+            **{key: value for key, value in extra.items() if value is not None},
+        )
     extra = {
         "judge": judge,
         "peft_config": peft_config,

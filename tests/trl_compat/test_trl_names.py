@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 from transformers import TrainingArguments
 
-from steadyrl import GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
+from steadyrl import DistillationConfig, GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
 
 SECTION = "## Every TRL field"
 TABLE_PAGE = ROOT / "docs" / "coming-from-trl.md"
@@ -25,16 +25,21 @@ TABLE_PAGE = ROOT / "docs" / "coming-from-trl.md"
 @pytest.fixture(scope="module")
 def trl():
     """TRL's config classes: ``{"rloo": trl.RLOOConfig, "grpo": trl.GRPOConfig, "online-dpo":
-    trl.experimental.online_dpo.OnlineDPOConfig}``."""
+    trl.experimental.online_dpo.OnlineDPOConfig, "distillation": trl.DistillationConfig}``."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TRL's notes on the installed vLLM version
         import trl
         from trl.experimental.online_dpo import OnlineDPOConfig as TRLOnlineDPOConfig
-    return {"rloo": trl.RLOOConfig, "grpo": trl.GRPOConfig, "online-dpo": TRLOnlineDPOConfig}
+    return {
+        "rloo": trl.RLOOConfig,
+        "grpo": trl.GRPOConfig,
+        "online-dpo": TRLOnlineDPOConfig,
+        "distillation": trl.DistillationConfig,
+    }
 
 
-OURS = {"rloo": RLOOConfig, "grpo": GRPOConfig, "online-dpo": OnlineDPOConfig}
+OURS = {"rloo": RLOOConfig, "grpo": GRPOConfig, "online-dpo": OnlineDPOConfig, "distillation": DistillationConfig}
 
 
 def build(config_class, tmp_path, **settings):
@@ -168,6 +173,7 @@ DEFAULT_DIFFERENCES = {
         "vllm_importance_sampling_correction": (True, False),
     },
     "online-dpo": {"temperature": (0.9, 1.0), "vllm_gpu_memory_utilization": (0.55, 0.3), "max_length": (512, 576)},
+    "distillation": {},
 }
 
 

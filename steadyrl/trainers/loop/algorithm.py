@@ -23,6 +23,9 @@ class AlgorithmHooks(abc.ABC):
     """What differs between the algorithms of ``OnPolicyTrainer`` (a base of it: the hooks read its state)."""
 
     samples_per_group = 1  # mini-batches never split a group of this many consecutive samples (DPO: a pair)
+    # whether the algorithm learns from rewards (reward functions, reward models, a judge); distillation learns from its
+    # teacher instead, takes no reward_funcs, and its ``checked_rewards`` and ``score`` give none
+    uses_rewards = True
 
     @property
     def logprob_temperature(self) -> float:

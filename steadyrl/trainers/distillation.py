@@ -1,0 +1,297 @@
+"""On-policy distillation (Agarwal et al., 2024, "On-Policy Distillation of Language Models: Learning from
+Self-Generated Mistakes"; TRL's ``DistillationTrainer``): the student samples completions, and at every completion
+token is trained towards a frozen teacher's next-token distribution over the whole vocabulary. No reward functions:
+the teacher is the signal.
+
+Shapes: N sequences (one completion per prompt by default), C completion tokens, V the shared vocabulary.
+
+    D_t = generalized JSD(p_student(. | x, y_<t), p_teacher(. | x, y_<t)) at temperature T     ops/divergence.py
+          beta = 0: KL(teacher || student) (forward), 1: KL(student || teacher) (reverse), else JSD(beta)
+    loss = sum of D_t over the optimizer step's loss tokens / their number (over every micro-batch and process)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import ClassVar
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from ..checkpoint.fingerprint import model_identity
+from ..distributed.placement import frozen_output_embedding, offloaded, place_frozen_models
+from ..distributed.sharded_loading import load_split
+from ..distributed.zero import check_whole
+from ..models.loading import disable_dropout, from_pretrained_kwargs
+from ..models.scalar_head import check_same_vocabulary
+from ..ops import masked_mean
+from ..ops.divergence import completion_divergence
+from ..rewards import RewardInputs
+from ..rollout import Advantages, Rollout
+from .config.field_groups import inherited_field
+from .config.input_checks import check_model_path
+from .config.on_policy_config import OnPolicyConfig
+from .loop.on_policy import OnPolicyTrainer
+
+
+@dataclass
+class DistillationConfig(OnPolicyConfig):
+    """``OnPolicyConfig`` plus distillation's options, with TRL 1.16's ``DistillationConfig`` names and defaults: one
+    completion per prompt, ``max_completion_length`` 512, ``beta`` 1.0 (reverse KL), ``temperature`` both the sampling
+    and the divergence's. Each field's ``help`` describes it (docs/configuration.md lists them).
+
+    Example::
+
+        DistillationConfig(output_dir="out", teacher_model_name_or_path="Qwen/Qwen2.5-7B-Instruct", beta=0.5,
+                           per_device_train_batch_size=8, gradient_accumulation_steps=4, max_completion_length=256)
+    """
+
+    settings_group: ClassVar[str] = "Distillation"
+    _default_samples_per_prompt = 1
+
+    teacher_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Path or Hub id of the teacher, when the trainer is given no teacher_model."},
+    )
+    teacher_model_revision: str | None = field(
+        default=None, metadata={"help": "Revision (branch, tag or commit) of the teacher given by name."}
+    )
+    teacher_model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments for from_pretrained when the teacher is given by name, e.g. "
+            '\'{"dtype": "bfloat16"}\' (a JSON object on the command line); without a dtype the teacher loads in '
+            "float32."
+        },
+    )
+    beta: float = field(
+        default=1.0,
+        metadata={
+            "help": "Which divergence, in [0, 1]: 0 forward KL(teacher || student), 1 reverse KL(student || "
+            "teacher), 0.5 the Jensen-Shannon divergence; between them the generalized JSD (TRL's beta)."
+        },
+    )
+    max_completion_length: int | None = inherited_field(OnPolicyConfig, "max_completion_length", 512)
+
+    def __post_init__(self):
+        self.teacher_model_init_kwargs = _dict_field(self.teacher_model_init_kwargs)
+        super().__post_init__()
+        if self.reward_weights is not None:
+            raise ValueError(
+                f"reward_weights={self.reward_weights!r} is invalid for distillation: it has no reward functions (the "
+                "teacher is the signal). Leave reward_weights unset."
+            )
+
+    def _check_beta(self) -> None:
+        valid = isinstance(self.beta, (int, float)) and not isinstance(self.beta, bool) and math.isfinite(self.beta)
+        if not valid or not 0.0 <= self.beta <= 1.0:
+            raise ValueError(
+                f"beta={self.beta!r} is invalid for distillation: it chooses the divergence and must be in [0, 1] "
+                "(0: forward KL, 1: reverse KL, 0.5: Jensen-Shannon)."
+            )
+        self.beta = float(self.beta)
+
+
+def _dict_field(value):
+    from .config.trl_names import parse_dict_field
+
+    return parse_dict_field("teacher_model_init_kwargs", value, '{"dtype": "bfloat16"}')
+
+
+class DistillationTrainer(OnPolicyTrainer):
+    """On-policy distillation on the shared on-policy loop, with TRL 1.16's ``DistillationTrainer`` arguments.
+
+    Args:
+        model: the student to train (``PreTrainedModel``, or a path or Hub id).
+        teacher_model: the frozen teacher (``PreTrainedModel``, or a path or Hub id loaded with
+            ``teacher_model_init_kwargs``); default ``args.teacher_model_name_or_path``. It must share the student's
+            tokenizer (its embedding may have more rows, padding past the tokenizer, as Qwen2.5's 7B has over its
+            0.5B's); a teacher given by path has its tokenizer compared with the student's.
+        args: a ``DistillationConfig`` (or TRL's, converted field by field).
+        train_dataset, eval_dataset, processing_class, callbacks, optimizers, quantization_config, peft_config,
+            tools: as ``OnPolicyTrainer``'s. ``eval_dataset`` is not supported yet.
+
+    Example::
+
+        trainer = DistillationTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", teacher_model="Qwen/Qwen2.5-7B-Instruct",
+                                      args=DistillationConfig(output_dir="out", beta=0.5), train_dataset=prompts)
+        trainer.train(resume_from_checkpoint=True)
+        trainer.save_model("out/student")
+    """
+
+    algorithm_name = "distillation"
+    config_class = DistillationConfig
+    uses_rewards = False
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        teacher_model: str | PreTrainedModel | None = None,
+        args: DistillationConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools: list | None = None,
+    ):
+        path = getattr(args, "teacher_model_name_or_path", None)
+        if teacher_model is not None and path is not None:
+            raise ValueError(
+                f"teacher_model and args.teacher_model_name_or_path={path!r} were both given: pass the teacher one way."
+            )
+        teacher_model = path if teacher_model is None else teacher_model
+        if teacher_model is None:
+            raise ValueError(
+                "No teacher: pass teacher_model= (a model, or its path or Hub id) or set "
+                "args.teacher_model_name_or_path (--teacher_model_name_or_path on the command line)."
+            )
+        check_model_path(teacher_model, "teacher_model")
+        if eval_dataset is not None:
+            raise ValueError(
+                "eval_dataset is not supported by DistillationTrainer: steadyrl's evaluate() scores completions with "
+                "reward functions, and distillation has none. Leave eval_dataset unset."
+            )
+        self._teacher_given, self._teacher_head = teacher_model, None
+        super().__init__(
+            model,
+            None,
+            args,
+            train_dataset,
+            None,
+            processing_class,
+            None,
+            callbacks,
+            optimizers,
+            quantization_config,
+            peft_config,
+            tools,
+        )
+        args = self.args
+        teacher = load_teacher(teacher_model, self.model, self.processing_class, args)
+        if args.disable_dropout:
+            disable_dropout(teacher)
+        self.identity.update(model_identity("teacher_model", teacher))
+        zero3_config = self.deepspeed_config if self.zero3 else None
+        self.teacher_model = place_frozen_models(
+            teacher, [], self.accelerator.device, zero3_config, args.ref_reward_offload
+        )
+
+    # ---- no rewards: the teacher is the signal -------------------------------------------------------------------
+
+    def checked_rewards(self, reward_funcs: list, args, dataset) -> tuple[list, torch.Tensor]:
+        if reward_funcs:  # an environment's get_reward, the only way in: the loss would not read it
+            raise ValueError(
+                "DistillationTrainer has no rewards (the teacher is the signal), but an environment defines "
+                "get_reward: remove it, or train with GRPOTrainer or RLOOTrainer."
+            )
+        return [], torch.zeros(0)
+
+    def score(self, inputs: RewardInputs, state=None) -> torch.Tensor:
+        return torch.zeros(len(inputs.completion_ids), 0)
+
+    def needs_reference(self, args) -> bool:
+        return False  # beta chooses the divergence to the teacher; there is no KL term to a reference
+
+    def needs_old_logprobs(self) -> bool:
+        return False  # the loss has no importance ratio
+
+    # ---- the loss --------------------------------------------------------------------------------------------------
+
+    def compute_advantages(self, rollout: Rollout) -> Advantages:
+        """No advantages: the number of loss tokens per micro-batch, over every process, which the loss divides
+        by, so that a step's loss is the token mean over all its micro-batches as in TRL."""
+        tokens = self.loss_mask(rollout).sum().double()
+        total = self.sum_over_processes()
+        if total is not None:
+            tokens = total(tokens.reshape(1))[0]
+        micro_batches = len(rollout) // self.args.micro_train_batch_size * self.accelerator.num_processes
+        per_micro_batch = (tokens / micro_batches).item()
+        return Advantages(tokens_per_micro_batch=torch.full((len(rollout),), per_micro_batch))
+
+    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        args, mask = self.args, self.loss_mask(batch)  # [B, C]
+        teacher = self.teacher_model
+        offload = args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
+        with offloaded(teacher, self.accelerator.device, offload):
+            divergence, entropy = completion_divergence(
+                model, batch.token_tensors, teacher, self.teacher_head(), args.beta, args.temperature
+            )  # [B, C] each
+        mask = mask.to(divergence.dtype)
+        loss = (divergence * mask).sum() / batch.tokens_per_micro_batch[0].clamp(min=1.0)
+        metrics = {"divergence": masked_mean(divergence.detach(), mask).item(), "entropy": masked_mean(entropy, mask)}
+        return loss, {**metrics, "entropy": metrics["entropy"].item()}
+
+    def teacher_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The teacher's LM head (weight [V, Ht], bias), whole, with no more rows than the student's: kept once where
+        it is split over the processes (ZeRO-3, FSDP2), else read where the teacher is now."""
+        if self._teacher_head is not None:
+            return self._teacher_head
+        weight, bias, split = frozen_output_embedding(self.teacher_model)
+        rows = self.model.config.get_text_config().vocab_size
+        head = weight[:rows], None if bias is None else bias[:rows]  # rows past the student's: padding
+        if split:
+            self._teacher_head = head
+        return head
+
+
+def load_teacher(teacher, policy: PreTrainedModel, tokenizer, args: DistillationConfig) -> torch.nn.Module:
+    """The teacher (a path, Hub id or model), frozen, checked to read the student's token ids as the same tokens; from
+    a path it is split over the processes where the run splits its models (``load_split``)."""
+    if isinstance(teacher, str):
+        kwargs = teacher_init_kwargs(args)
+        teacher_tokenizer = AutoTokenizer.from_pretrained(
+            teacher, revision=args.teacher_model_revision, trust_remote_code=args.trust_remote_code
+        )
+        teacher = load_split(AutoModelForCausalLM, teacher, kwargs, args, frozen=True)
+    else:
+        check_whole(teacher, "teacher_model")
+        student_parameters = {id(p) for p in policy.parameters()}
+        if any(id(p) in student_parameters for p in teacher.parameters()):
+            raise ValueError(
+                "teacher_model is the student itself (it shares model's parameters): frozen as the teacher it would "
+                "freeze the student, and training would update nothing. Pass a separate teacher model."
+            )
+        directory = getattr(teacher.config, "_name_or_path", "")
+        teacher_tokenizer = AutoTokenizer.from_pretrained(directory) if _has_tokenizer(directory) else None
+    check_teacher_vocabulary(teacher, teacher_tokenizer, policy, tokenizer)
+    return teacher.eval().requires_grad_(False)
+
+
+def teacher_init_kwargs(args: DistillationConfig) -> dict:
+    """``from_pretrained`` keyword arguments of a teacher given by name: ``teacher_model_init_kwargs`` (float32 unless
+    it gives a dtype), ``trust_remote_code`` and ``teacher_model_revision``."""
+    own = SimpleNamespace(model_init_kwargs=args.teacher_model_init_kwargs, trust_remote_code=args.trust_remote_code)
+    revision = {"revision": args.teacher_model_revision} if args.teacher_model_revision else {}
+    return {"dtype": torch.float32, **from_pretrained_kwargs(own), **revision}
+
+
+def _has_tokenizer(directory: str) -> bool:
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    return bool(directory) and any(os.path.isfile(os.path.join(directory, name)) for name in files)
+
+
+def check_teacher_vocabulary(teacher, teacher_tokenizer, policy: PreTrainedModel, tokenizer) -> None:
+    """Refuse a teacher whose token ids are not the student's: a tokenizer with another vocabulary, or (without a
+    tokenizer of its own) another vocab_size; or fewer embedding rows than the student, so that some token the
+    student can sample has no teacher probability."""
+    if teacher_tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            f"teacher_model's tokenizer has another vocabulary than the student's ({len(teacher_tokenizer)} tokens "
+            f"for the teacher, {len(tokenizer)} for the student): distillation compares their next-token "
+            "distributions token id by token id, so the teacher must share the student's tokenizer. Use a teacher "
+            "of the student's model family."
+        )
+    check_same_vocabulary(teacher, "teacher_model", policy, tokenizer, tokenizer_checked=teacher_tokenizer is not None)
+    teacher_rows = teacher.config.get_text_config().vocab_size
+    student_rows = policy.config.get_text_config().vocab_size
+    if teacher_rows < student_rows:
+        raise ValueError(
+            f"teacher_model has vocab_size={teacher_rows}, fewer embedding rows than the student's "
+            f"vocab_size={student_rows}: the student could sample token ids the teacher has no probability for."
+        )
