@@ -5,6 +5,8 @@
   stand-in hub cache (``HF_HUB_CACHE``, ``HF_HUB_OFFLINE=1``, set by run.py).
 - testing_utils.py's ``trl.import_utils.is_joblib_available`` (newer than the installed trl) is supplied.
 - each test gets a wall-clock limit (``TRL_SUITE_TIMEOUT`` seconds, SIGALRM): a hung test fails, the run goes on.
+- every test's outcome is appended to ``TRL_SUITE_LOG`` (JSON lines) as soon as it is known, so an interrupted run
+  still counts what it ran.
 - in the steadyrl run, the tests listed in EXCLUDED.md are skipped with their reason, so they are reported as
   excluded, not failed.
 """
@@ -12,15 +14,15 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 from pathlib import Path
 
 import datasets
 import pytest
-from trl import import_utils as trl_import_utils
-
 from excluded import excluded_tests
+from trl import import_utils as trl_import_utils
 
 # testing_utils.py at the vendored commit imports a helper that the installed trl 1.16 does not have
 if not hasattr(trl_import_utils, "is_joblib_available"):
@@ -69,3 +71,22 @@ def pytest_collection_modifyitems(config, items):
         entry = excluded.get(item.nodeid)
         if entry is not None:
             item.add_marker(pytest.mark.skip(reason=f"excluded ({entry[0]}): {entry[1]}"))
+
+
+def pytest_runtest_logreport(report):
+    """One line per test: its call outcome, or its setup's when the setup failed or skipped it."""
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        outcome = report.outcome if report.when == "call" or report.outcome == "skipped" else "error"
+        if hasattr(report, "wasxfail"):
+            outcome = "xfailed" if report.outcome == "skipped" else "xpassed"
+        message = ""
+        if report.outcome != "passed":
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else str(report.longrepr)
+        with open(os.environ["TRL_SUITE_LOG"], "a") as log:
+            line = {
+                "nodeid": report.nodeid,
+                "outcome": outcome,
+                "message": message.splitlines()[0][:300] if message else "",
+            }
+            log.write(json.dumps(line) + "\n")

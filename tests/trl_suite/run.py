@@ -1,7 +1,8 @@
 """TRL's own trainer tests as the judge of steadyrl's drop-in claim: one command.
 
-    .venv/bin/python tests/trl_suite/run.py                 # both runs, then the comparison (~1 h on 2 cores)
-    .venv/bin/python tests/trl_suite/run.py --variant steadyrl -k test_training_eval
+    .venv/bin/python tests/trl_suite/run.py                 # both runs, then the comparison
+    .venv/bin/python tests/trl_suite/run.py --variant steadyrl -k test_train_with_eval
+    .venv/bin/python tests/trl_suite/run.py --compare          # the comparison of the logs already written
 
 It copies TRL's test files (vendor/, taken verbatim from the TRL repository at the commit in vendor/COMMIT) into a
 temporary directory twice: as they are (the baseline, run against the installed TRL) and with only the trainer and
@@ -9,7 +10,8 @@ config imports changed to steadyrl (``from trl import GRPOConfig, GRPOTrainer`` 
 Each copy runs offline in its own pytest process (``HF_HUB_OFFLINE=1``) against local stand-ins of the Hub models
 and datasets the tests load (standins.py; built once into the steadyrl cache), with a per-test time limit. Tests
 listed in EXCLUDED.md are skipped in the steadyrl run and counted as excluded. The per-file counts are printed and
-written, with every test's outcome, to ``--out`` (default ``trl-suite-results.json``).
+written to ``--out`` (default ``trl-suite-results.json``); each test's outcome is logged as it finishes to
+``--logs``/<variant>.jsonl (appended: a later run of a subset updates those tests), so an interrupted run counts.
 
 Not part of ``make test``: this directory has no test_*.py (the vendored files end in .py.txt), so the normal
 run collects nothing here.
@@ -23,7 +25,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -58,10 +59,9 @@ def copy_tests(target: Path, variant: str) -> None:
     (target / "pytest.ini").write_text(PYTEST_INI)
 
 
-def run_variant(variant: str, standins: Path, work: Path, args: argparse.Namespace) -> Path:
+def run_variant(variant: str, standins: Path, work: Path, args: argparse.Namespace) -> None:
     target = work / variant
     copy_tests(target, variant)
-    report = work / f"{variant}.xml"
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]),
@@ -73,34 +73,22 @@ def run_variant(variant: str, standins: Path, work: Path, args: argparse.Namespa
         TRL_SUITE_DATASETS=str(standins / "datasets"),
         TRL_SUITE_TIMEOUT=str(args.timeout),
         TRL_SUITE_VARIANT=variant,
+        TRL_SUITE_LOG=str(Path(args.logs).resolve() / f"{variant}.jsonl"),
         OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
         WANDB_MODE="disabled",
     )
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "plugin", "-q", "-rN"]
-    command += ["-m", "not slow", f"--junitxml={report}", *(["-k", args.k] if args.k else []), *FILES]
+    command += ["-m", "not slow", *(["-k", args.k] if args.k else []), *FILES]
     print(f"== {variant}: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, cwd=target, env=env)
-    return report
 
 
-def outcomes(report: Path) -> dict[str, tuple[str, str]]:
-    """node id -> (outcome, message) from a junit report"""
-    found = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        module = case.get("classname", "").split(".")
-        cut = next((i + 1 for i, part in enumerate(module) if part.startswith("test_")), len(module))
-        klass = "::".join(module[cut:])
-        nodeid = f"{'/'.join(module[:cut])}.py::{klass + '::' if klass else ''}{case.get('name')}"
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            node = case.find(tag)
-            if node is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                message = (node.get("message") or "").splitlines()[0][:300] if node.get("message") else ""
-                if tag == "skipped" and node.get("type") == "pytest.xfail":
-                    outcome = "xfailed"
-        found[nodeid] = (outcome, message)
-    return found
+def outcomes(log: Path) -> dict[str, tuple[str, str]]:
+    """node id -> (outcome, message), the last line of each test in a variant's log"""
+    if not log.is_file():
+        return {}
+    lines = (json.loads(line) for line in log.read_text().splitlines() if line.strip())
+    return {line["nodeid"]: (line["outcome"], line["message"]) for line in lines}
 
 
 def compare(trl: dict, steady: dict) -> dict:
@@ -132,17 +120,20 @@ def main() -> int:
     parser.add_argument("-k", help="pytest -k expression, to run a subset")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test (default 300)")
     parser.add_argument("--out", default="trl-suite-results.json")
-    parser.add_argument("--baseline", help="a results file of an earlier run whose TRL outcomes to reuse")
+    parser.add_argument("--logs", default="trl-suite-logs", help="where each run's per-test log is appended")
+    parser.add_argument("--compare", action="store_true", help="only compare the logs already written")
     args = parser.parse_args()
 
     import standins
 
-    cache = Path(os.environ.get("STEADYRL_CACHE", Path.home() / ".cache" / "steadyrl")) / "trl-suite-standins"
-    built = standins.build(cache)
-    results = json.loads(Path(args.baseline).read_text()) if args.baseline else {"trl": {}, "steadyrl": {}}
-    with tempfile.TemporaryDirectory(prefix="trl-suite-") as work:
-        for variant in ("trl", "steadyrl") if args.variant == "both" else (args.variant,):
-            results[variant] = outcomes(run_variant(variant, built, Path(work), args))
+    Path(args.logs).mkdir(parents=True, exist_ok=True)
+    if not args.compare:
+        cache = Path(os.environ.get("STEADYRL_CACHE", Path.home() / ".cache" / "steadyrl")) / "trl-suite-standins"
+        built = standins.build(cache)
+        with tempfile.TemporaryDirectory(prefix="trl-suite-") as work:
+            for variant in ("trl", "steadyrl") if args.variant == "both" else (args.variant,):
+                run_variant(variant, built, Path(work), args)
+    results = {variant: outcomes(Path(args.logs) / f"{variant}.jsonl") for variant in ("trl", "steadyrl")}
     results["commit"] = (VENDOR / "COMMIT").read_text().split()[0]
     if results["trl"] and results["steadyrl"]:
         results["table"] = compare(results["trl"], results["steadyrl"])

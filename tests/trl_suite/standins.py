@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -120,7 +121,9 @@ def _write_model(hub: Path, repo_id: str, spec: tuple) -> None:
     model = auto.from_config(config, dtype=torch.float32)
     if head == "causal":
         model.generation_config = GenerationConfig(
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
         )
     commit = hashlib.sha1(repo_id.encode()).hexdigest()
     repo = hub / ("models--" + repo_id.replace("/", "--"))
@@ -153,10 +156,12 @@ def build(root: Path) -> Path:
     target = root / fingerprint()
     if target.is_dir():
         return target
-    partial = root / f"{fingerprint()}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = root / f"{fingerprint()}.partial-{os.getpid()}"  # one per process: two runs may build at once
     for repo_id, spec in MODELS.items():
         _write_model(partial / "hub", repo_id, spec)
     _write_zen(partial / "datasets" / "trl-internal-testing" / "zen")
-    partial.rename(target)
+    try:
+        partial.rename(target)
+    except OSError:  # another process finished first: use its copy
+        shutil.rmtree(partial)
     return target
