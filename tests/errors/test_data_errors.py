@@ -48,11 +48,6 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=toy_dataset(num_prompts=4).to_iterable_dataset(), max_steps=-1)
 
 
-@trigger("stream-eval")
-def _(ctx):
-    make_trainer(ctx.tmp_path, eval_dataset=toy_dataset(num_prompts=4).to_iterable_dataset())
-
-
 @trigger("stream-split")
 def _(ctx):
     from datasets.distributed import split_dataset_by_node

@@ -99,3 +99,14 @@ def test_a_dict_of_eval_datasets_is_evaluated_one_by_one_with_its_names(tmp_path
         from datasets import Dataset
 
         trainer.evaluate({"c": Dataset.from_dict({"prompt": ["ab:", None], "letters": ["ab", "ab"]})})
+
+
+def test_a_streaming_eval_dataset_is_evaluated_as_its_map_style_copy(tmp_path):
+    """As TRL: a ``datasets.IterableDataset`` (alone or in a dict) is accepted as eval_dataset, at construction and
+    in ``evaluate()``, read whole at each evaluation; its metrics are those of the same prompts as a ``Dataset``."""
+    held_out = toy_dataset(num_prompts=3, seed=4)
+    trainer = make_trainer(tmp_path, max_steps=1, eval_dataset={"s": held_out.to_iterable_dataset()})
+    streamed = trainer.evaluate()
+    mapped = trainer.evaluate({"s": held_out})
+    assert streamed == mapped and "eval_s_reward" in streamed
+    assert trainer.evaluate(held_out.to_iterable_dataset()) == trainer.evaluate(held_out)

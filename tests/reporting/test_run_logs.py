@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from conftest import TOY_RUN
+from support.toy_run import make_trainer
 
 from steadyrl.reporting.quiet import VLLM_LOG_SETTINGS, quiet_vllm_logs
 
@@ -103,3 +104,16 @@ def test_vllms_own_logging_settings_are_left_to_the_user(monkeypatch):
         assert quiet_vllm_logs() == {"VLLM_LOGGING_LEVEL": "ERROR"} and vllm_logger.level == logging.ERROR
     finally:
         vllm_logger.setLevel(level)
+
+
+def test_the_steps_after_the_last_logging_step_are_logged_with_the_summary(tmp_path):
+    """As TRL: with max_steps=3 and logging_steps=2, step 3's metrics come with the end-of-training summary
+    (log_history[-1]) instead of being dropped; they are those a run logging every step logs at step 3."""
+    every = make_trainer(tmp_path / "every", max_steps=3, logging_steps=1)
+    every.train()
+    sparse = make_trainer(tmp_path / "sparse", max_steps=3, logging_steps=2)
+    sparse.train()
+    step3 = next(e for e in every.state.log_history if e.get("step") == 3 and "reward" in e)
+    summary = sparse.state.log_history[-1]
+    assert "train_loss" in summary and summary["reward"] == step3["reward"] and summary["loss"] == step3["loss"]
+    assert [e["step"] for e in sparse.state.log_history if "reward" in e] == [2, 3]

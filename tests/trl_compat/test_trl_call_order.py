@@ -53,6 +53,17 @@ def test_reward_models_inside_reward_funcs_with_their_tokenizers(tmp_path):
     assert isinstance(trainer.reward_funcs[0], RewardModelFunction) and trainer.reward_funcs[1] is letters_reward
     assert trainer.reward_model is trainer.reward_funcs[0].model
     assert trainer.reward_weights.tolist() == [0.5, 2.0]
+    # TRL's attributes that scripts and callbacks read: the tokenizers aligned with reward_funcs, and the MoE flag
+    assert trainer.reward_processing_classes == [tokenizer, None]
+    assert trainer.aux_loss_enabled is False
+
+
+def test_reward_processing_classes_when_none_given(tmp_path):
+    """A reward model given without a tokenizer: the one it reads with (here the policy's, which it shares)."""
+    trainer = GRPOTrainer(
+        toy_model_path(), [letters_reward, toy_reward_model_path()], make_config(tmp_path, "grpo"), toy_dataset()
+    )
+    assert trainer.reward_processing_classes == [None, trainer.processing_class]
 
 
 def test_given_ref_model_replaces_the_copy_in_ppo(tmp_path):

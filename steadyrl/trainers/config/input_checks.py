@@ -19,9 +19,9 @@ def check_model_path(value, argument: str) -> None:
 
 
 def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | None = None) -> None:
-    """A ``datasets.Dataset`` with at least one row and a ``prompt`` column (its rows are checked by
-    ``prompts.check_prompts``); for training (``max_steps`` given) with ``max_steps`` > 0, a
-    ``datasets.IterableDataset`` (a stream) too, unsplit: every process reads all of it."""
+    """A ``datasets.Dataset`` or ``datasets.IterableDataset`` (a stream; unsplit: every process reads all of it)
+    with at least one row and a ``prompt`` column (its rows are checked by ``prompts.check_prompts``); a stream to
+    train on (``max_steps`` given) needs ``max_steps`` > 0."""
     if dataset is None:
         raise ValueError(f"{argument} is required: a datasets.Dataset with a 'prompt' column.")
     if is_stream(dataset):
@@ -29,8 +29,9 @@ def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | Non
         return
     if not hasattr(dataset, "select"):
         kind = type(dataset).__name__
-        streams = " or datasets.IterableDataset" if max_steps is not None else ""
-        raise TypeError(f"{argument} must be a datasets.Dataset{streams} with a 'prompt' column; got {kind}.")
+        raise TypeError(
+            f"{argument} must be a datasets.Dataset or datasets.IterableDataset with a 'prompt' column; got {kind}."
+        )
     columns = getattr(dataset, "column_names", None)
     if columns is None or "prompt" not in columns:
         raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
@@ -39,12 +40,7 @@ def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | Non
 
 
 def check_stream(dataset, argument: str, max_steps: int | None) -> None:
-    if max_steps is None:
-        raise TypeError(
-            f"{argument} is a datasets.IterableDataset (a stream): evaluation reads every prompt, so {argument} must "
-            "be a map-style datasets.Dataset (load it without streaming=True, or Dataset.from_list(list(stream)))."
-        )
-    if max_steps <= 0:
+    if max_steps is not None and max_steps <= 0:
         raise ValueError(
             f"{argument} is a datasets.IterableDataset (a stream), whose length is unknown, and max_steps={max_steps}: "
             "set max_steps to the number of optimizer steps to train (num_train_epochs cannot size a run on a stream)."

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 
+import datasets
 import torch
 from accelerate.utils import gather_object
 
 from ...data.prompts import prompt_kind
+from ...data.stream import is_stream
 from ...generation import sampling_seed
 from ...ops import ends_without_eos, pad_prompts_and_completions
 from ...rewards import reward_func_name, weighted_total
@@ -25,7 +27,8 @@ EVAL_ROLLOUT = -1  # the rollout index in evaluation's sampling seeds, which no 
 
 
 def check_eval_dataset(dataset, conversational: bool) -> None:
-    """Refuse an eval_dataset (or any dataset of a dict of them, as ``Trainer`` takes) whose prompts are unusable
+    """Refuse an eval_dataset (or any dataset of a dict of them, as ``Trainer`` takes; each a ``datasets.Dataset`` or
+    a stream, whose first rows are checked here and the rest when evaluation reads them) whose prompts are unusable
     or of another kind than the training prompts."""
     if isinstance(dataset, dict):
         for name, each in dataset.items():
@@ -87,6 +90,8 @@ class EvaluationMixin:
             return metrics
         if not self.reward_funcs:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
+        if is_stream(eval_dataset):  # a stream is read whole at each evaluation, as TRL's eval DataLoader reads it
+            eval_dataset = datasets.Dataset.from_list(list(eval_dataset))
         self.rollout_source.drain()  # max_staleness: the server is free before evaluation pushes the current weights
         with rng_untouched():  # HF generate draws from the global RNG, which belongs to training
             torch.manual_seed(self.args.seed)

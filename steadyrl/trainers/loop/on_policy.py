@@ -124,6 +124,9 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
 
     algorithm_name = "on-policy"
     config_class = OnPolicyConfig
+    # TRL's flag, read by scripts and callbacks, for a Mixture-of-Experts load-balancing term in the loss: steadyrl's
+    # losses have none (router_aux_loss_coef is refused), so it is False for every model
+    aux_loss_enabled = False
 
     def __init__(
         self,
@@ -187,6 +190,8 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
         if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))
             reward_funcs.append(reward_model)
+        # TRL's attribute: each reward model's tokenizer (given, its own, or the policy's it shares), None for functions
+        self.reward_processing_classes = [None] * len(reward_funcs)
         for index, path_or_model, tokenizer in entries:
             is_keyword = reward_model is not None and index == len(reward_funcs) - 1
             with named_load_failure("reward_model" if is_keyword else f"reward_funcs[{index}]", path_or_model):
@@ -195,6 +200,8 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
                 )
             self.reward_model = scorer.model if self.reward_model is None else self.reward_model
             reward_funcs[index] = scorer
+            given = tokenizer if tokenizer is not None else scorer.tokenizer
+            self.reward_processing_classes[index] = given if given is not None else processing_class
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
         self.uses_reference = self.needs_reference(args)
         if ref_model is not None and not self.uses_reference:

@@ -31,18 +31,23 @@ class ReportingMixin:
         summary = self.meter.summary(
             self.state.global_step, self.args.train_batch_size, int(tokens.item()), self.state.log_history
         )
-        self.log(dict(summary))
+        # as TRL: the metrics of the steps since the last logging step come with it instead of being dropped
+        self.log({**self.pending_means(), **summary})
         return summary
+
+    def pending_means(self) -> dict[str, float]:
+        """Each metric's mean over the steps since the last log (and over the processes); they are cleared."""
+        logs = self.pending_metrics.take_means()
+        if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
+            means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
+            logs = dict(zip(logs, means.tolist()))
+        return logs
 
     def report_step(self) -> None:
         """Log and evaluate as the callbacks decided at this step's end (before any checkpoint of the step, so that
         its log history holds this step's evaluation)."""
         if self.control.should_log:
-            logs = self.pending_metrics.take_means()
-            if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
-                means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
-                logs = dict(zip(logs, means.tolist()))
-            self.log(logs)
+            self.log(self.pending_means())
             if self.args.log_completions:
                 self.log_completions()
             self.control.should_log = False
