@@ -150,17 +150,6 @@ class PolicyLossOptions:
                     "loss_type='vespo': VESPO multiplies vLLM's per-token weights into its sequence weight, so use "
                     f"{' or '.join(repr(mode) for mode in token_modes)}."
                 )
-        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
-            logger.warning(  # as TRL warns
-                f"importance_sampling_level='sequence' with loss_type={self.loss_type!r}: the loss sums per-token "
-                "terms, so each sequence weighs by its completion length instead of the per-sequence objective; "
-                "GSPO's setup is loss_type='grpo'."
-            )
-        if self.loss_type == "luspo" and self.importance_sampling_level != "sequence":
-            logger.warning(  # as TRL warns: the paper's LUSPO weighs whole sequences (GSPO's weights)
-                "loss_type='luspo' is meant for importance_sampling_level='sequence' (the paper's setup); with "
-                f"importance_sampling_level={self.importance_sampling_level!r} each token has its own weight."
-            )
 
     def _check_loss_reads_options(self) -> None:
         """Refuse a token-level option (``ops.TOKEN_OPTIONS``) set for a loss whose objective does not read it."""
@@ -181,10 +170,30 @@ class PolicyLossOptions:
                 )
 
 
+def warn_about_loss_setup(args) -> None:
+    """TRL's two warnings about a loss setup that does not compute what its paper does, given as TRL gives them: when
+    the trainer is built."""
+    if args.importance_sampling_level == "sequence" and args.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+        logger.warning(
+            f"importance_sampling_level='sequence' with loss_type={args.loss_type!r}: the loss sums per-token "
+            "contributions, which effectively weights each sequence by its completion length instead of optimizing "
+            "the per-sequence objective; GSPO's setup is loss_type='grpo'."
+        )
+    if args.loss_type == "luspo" and args.importance_sampling_level != "sequence":
+        logger.warning(  # the paper's LUSPO weighs whole sequences (GSPO's weights)
+            "loss_type='luspo' is meant for importance_sampling_level='sequence' (the paper's setup); with "
+            f"importance_sampling_level={args.importance_sampling_level!r} each token has its own weight."
+        )
+
+
 class PolicyLossMixin:
     """The loss-family part of a GRPO or RLOO trainer."""
 
     checks_engine_in_loss = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        warn_about_loss_setup(self.args)
 
     def engine_weights_of(self, logprobs: torch.Tensor, batch: Rollout) -> tuple[torch.Tensor | None, dict]:
         """The batch's vLLM importance weights, and for a rollout trained once (it holds ``engine_logprobs``, no
