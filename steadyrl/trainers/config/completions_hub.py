@@ -44,8 +44,8 @@ class CompletionsHubOptions:
 
         try:
             validate_repo_id(repo)
-        except HFValidationError as err:
+        except HFValidationError:
             raise ValueError(
                 f"log_completions_hub_repo={repo!r} is invalid: give a Hub dataset repository as 'user/name' or "
-                f"'name' ({err})."
+                "'name' (letters, digits, '-', '_' and '.')."
             ) from None
