@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .ops import sequence_kl, trim_padding
+from .ops import fit_columns, sequence_kl, trim_padding
 
 PER_TOKEN_FIELDS = (
     "completion_ids",
@@ -88,15 +88,21 @@ class Rollout(TokenBatch):
         """The rollout of the given rows (an index tensor or a slice), every field alike."""
         return dataclasses.replace(self, **{name: value[rows] for name, value in self.tensors().items()})
 
-    def trimmed(self) -> Rollout:
+    def trimmed(self, multiple_of: int | None = None, pad_token_id: int = 0) -> Rollout:
         """This rollout without the columns that are padding in every row: prompt columns on the left, completion
-        columns (of every per-token field) on the right. A micro-batch then costs its own longest sequence."""
-        (prompt_ids, prompt_mask, *_), width = trim_padding(*self.token_tensors)
-        fields = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask}
+        columns (of every per-token field) on the right. A micro-batch then costs its own longest sequence, rounded
+        up to a multiple of ``multiple_of`` if given (TRL's ``pad_to_multiple_of``; masked columns of
+        ``pad_token_id`` and zeros are added where the rollout is narrower)."""
+        (prompt_ids, prompt_mask, completion_ids, _), width = trim_padding(
+            *self.token_tensors, multiple_of, pad_token_id
+        )
+        fields = {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids}
         for name in PER_TOKEN_FIELDS:
             value = getattr(self, name)
-            if value is not None and value.dim() == 2:  # RLOO's advantages are one per sequence
-                fields[name] = value[:, :width]
+            if name == "completion_ids" or value is None or value.dim() != 2:  # RLOO's advantages: [N]
+                continue
+            # a sequence-level [N, 1] (engine_weights) broadcasts over the columns as it is
+            fields[name] = value if value.shape[1] == 1 and name == "engine_weights" else fit_columns(value, width)
         return dataclasses.replace(self, **fields)
 
     def to(self, device: torch.device | str) -> Rollout:

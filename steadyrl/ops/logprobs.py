@@ -9,10 +9,18 @@ import torch.nn.functional as F
 from .head_logprobs import chunkable_head, head_returns_logprobs, shifted_entropy, warn_full_logits_once
 
 
-def pad_prompts_and_completions(prompt_ids, completion_ids, pad_token_id: int, device=None) -> dict[str, torch.Tensor]:
-    """Lists of token ids -> ``prompt_ids``/``prompt_mask`` [B, P] (left-padded), ``completion_*`` [B, C] (right)."""
-    p_width = max(len(p) for p in prompt_ids)
-    c_width = max(1, max(len(c) for c in completion_ids))
+def padded_width(longest: int, multiple_of: int | None = None) -> int:
+    """``longest`` rounded up to a multiple of ``multiple_of`` (TRL's ``pad_to_multiple_of``; None: ``longest``)."""
+    return longest if not multiple_of else -(-longest // multiple_of) * multiple_of
+
+
+def pad_prompts_and_completions(
+    prompt_ids, completion_ids, pad_token_id: int, device=None, multiple_of: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Lists of token ids -> ``prompt_ids``/``prompt_mask`` [B, P] (left-padded), ``completion_*`` [B, C] (right);
+    P and C the longest prompt and completion, rounded up to a multiple of ``multiple_of`` if given."""
+    p_width = padded_width(max(len(p) for p in prompt_ids), multiple_of)
+    c_width = padded_width(max(1, max(len(c) for c in completion_ids)), multiple_of)
 
     def tensor(rows):
         return torch.tensor(rows, dtype=torch.long, device=device)
@@ -23,6 +31,15 @@ def pad_prompts_and_completions(prompt_ids, completion_ids, pad_token_id: int, d
         "completion_ids": tensor([c + [pad_token_id] * (c_width - len(c)) for c in completion_ids]),
         "completion_mask": tensor([[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids]),
     }
+
+
+def fit_columns(tensor: torch.Tensor, width: int, left: bool = False, value: int | float = 0) -> torch.Tensor:
+    """``tensor`` [B, W, ...] cut or padded (with ``value``) to ``width`` columns, on the right or the ``left``."""
+    extra = width - tensor.shape[1]
+    if extra <= 0:
+        return tensor[:, -width:] if left else tensor[:, :width]
+    pad = tensor.new_full((tensor.shape[0], extra, *tensor.shape[2:]), value)
+    return torch.cat([pad, tensor] if left else [tensor, pad], dim=1)
 
 
 def joined_inputs(
@@ -189,14 +206,20 @@ def logprobs_from_logits(
     return token_logprobs(logits, completion_ids, temperature), entropy
 
 
-def trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask) -> tuple[tuple[torch.Tensor, ...], int]:
+def trim_padding(
+    prompt_ids, prompt_mask, completion_ids, completion_mask, multiple_of: int | None = None, pad_token_id: int = 0
+) -> tuple[tuple[torch.Tensor, ...], int]:
     """The token tensors without the prompt columns that are padding in every row (on the left) and the completion
-    columns that are padding in every row (on the right); and the completion width kept."""
+    columns that are padding in every row (on the right); and the completion width kept. With ``multiple_of`` both
+    widths are rounded up to a multiple of it, padding with masked ``pad_token_id`` columns where the tensors are
+    narrower (a buffer saved under another setting)."""
     used = prompt_mask.any(0).nonzero()
-    first = int(used[0]) if len(used) else prompt_mask.shape[1] - 1
+    p_width = padded_width(prompt_mask.shape[1] - int(used[0]) if len(used) else 1, multiple_of)
     used = completion_mask.any(0).nonzero()
-    width = int(used[-1]) + 1 if len(used) else 1
-    return (prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :width], completion_mask[:, :width]), width
+    width = padded_width(int(used[-1]) + 1 if len(used) else 1, multiple_of)
+    prompt = (fit_columns(prompt_ids, p_width, True, pad_token_id), fit_columns(prompt_mask, p_width, True))
+    completion = (fit_columns(completion_ids, width, value=pad_token_id), fit_columns(completion_mask, width))
+    return (*prompt, *completion), width
 
 
 def last_token_index(completion_mask: torch.Tensor) -> torch.Tensor:
@@ -225,10 +248,13 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"kl_estimator={estimator!r} is invalid: use 'k1' or 'k3'.")
 
 
-def batched_forward(model: torch.nn.Module, forward, tokens: tuple[torch.Tensor, ...], batch_size: int) -> torch.Tensor:
+def batched_forward(
+    model: torch.nn.Module, forward, tokens: tuple[torch.Tensor, ...], batch_size: int, multiple_of: int | None = None
+) -> torch.Tensor:
     """[N, C] ``forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask)`` in eval mode over chunks
     of ``batch_size`` rows of ``tokens``: rows of similar length share a chunk, and each chunk is trimmed to its own
-    longest prompt and completion (the columns beyond a chunk's completions come back as 0)."""
+    longest prompt and completion, rounded up to a multiple of ``multiple_of`` if given (the columns beyond a
+    chunk's completions come back as 0)."""
     was_training = model.training
     model.eval()
     prompt_mask, completion_mask = tokens[1], tokens[3]
@@ -236,22 +262,27 @@ def batched_forward(model: torch.nn.Module, forward, tokens: tuple[torch.Tensor,
     output = None
     for i in range(0, len(order), batch_size):
         rows = order[i : i + batch_size]
-        chunk, width = trim_padding(*(tensor[rows] for tensor in tokens))
+        chunk, width = trim_padding(*(tensor[rows] for tensor in tokens), multiple_of)
         values = forward(model, *chunk)  # [b, width]
         if output is None:
             output = values.new_zeros(len(order), completion_mask.shape[1])
-        output[rows, :width] = values
+        width = min(width, output.shape[1])
+        output[rows, :width] = values[:, :width]
     model.train(was_training)
     return output
 
 
 def batched_logprobs(
-    model: torch.nn.Module, tensors: tuple[torch.Tensor, ...], temperature: float, batch_size: int
+    model: torch.nn.Module,
+    tensors: tuple[torch.Tensor, ...],
+    temperature: float,
+    batch_size: int,
+    multiple_of: int | None = None,
 ) -> torch.Tensor:
     """[N, C] ``completion_logprobs`` of (prompt_ids, prompt_mask, completion_ids, completion_mask) in eval mode,
-    ``batch_size`` rows at a time."""
+    ``batch_size`` rows at a time, each chunk padded to a multiple of ``multiple_of`` columns if given."""
 
     def logprobs(model, *rows):
         return completion_logprobs(model, *rows, temperature=temperature)[0]
 
-    return batched_forward(model, logprobs, tensors, batch_size)
+    return batched_forward(model, logprobs, tensors, batch_size, multiple_of)

@@ -1,6 +1,7 @@
 """Completion logs: what the policy wrote at each logging step, with its rewards and advantage, to catch reward
 hacking. Appended to ``completions.jsonl`` in the output directory, printed as a table, and sent to TensorBoard
-(a markdown table) and Weights & Biases (a ``wandb.Table``) when the run reports to them."""
+(a markdown table) and Weights & Biases (a ``wandb.Table``) when the run reports to them; with ``unique_prompts``
+(TRL's ``log_unique_prompts``) those two tables hold each prompt's first row only, as TRL's."""
 
 from __future__ import annotations
 
@@ -28,16 +29,26 @@ class CompletionLog:
     A row is ``{"prompt": str, "completion": str, "rewards": {name: float}, "reward": float, "advantage": float
     | None}``: each reward function's score, the weighted total, and the advantage the loss used. Only the main
     process writes, with the rows of every process. With ``user_turns`` (conversational prompts) the printed table
-    shows each prompt's last user turn, not the whole rendered conversation.
+    shows each prompt's last user turn, not the whole rendered conversation. With ``unique_prompts`` (TRL's
+    ``log_unique_prompts``) the TensorBoard and wandb tables hold only the first row of each distinct prompt, as TRL
+    filters its report_to table; the file and the printed table keep every row, as TRL's parquet files and print do.
+
+    Example::
+
+        CompletionLog("out", num_to_print=4, unique_prompts=True).write(step, rows, trainer.callback_handler.callbacks)
     """
 
     def __init__(
-        self, output_dir: str | os.PathLike, num_to_print: int | None = None, user_turns: UserTurns | None = None
+        self,
+        output_dir: str | os.PathLike,
+        num_to_print: int | None = None,
+        user_turns: UserTurns | None = None,
+        unique_prompts: bool = False,
     ) -> None:
         if num_to_print is not None and num_to_print < 0:
             raise ValueError(f"num_to_print={num_to_print} is invalid: it must be >= 0, or None to print every row.")
         self.path = Path(output_dir) / COMPLETIONS_FILE
-        self.num_to_print, self.user_turns = num_to_print, user_turns
+        self.num_to_print, self.user_turns, self.unique_prompts = num_to_print, user_turns, unique_prompts
 
     def write(self, step: int, rows: Sequence[dict], callbacks: Sequence = ()) -> None:
         """Append ``rows`` for global step ``step`` (durably), print up to ``num_to_print`` of them, and report them
@@ -46,12 +57,13 @@ class CompletionLog:
             return
         self.append(step, rows)
         print_completions(step, rows_to_print(rows, self.num_to_print), self.user_turns)
+        reported = first_of_each_prompt(rows) if self.unique_prompts else rows
         for callback in callbacks:
             if isinstance(callback, TensorBoardCallback) and callback.tb_writer is not None:
-                callback.tb_writer.add_text(TABLE_KEY, markdown_table(rows), step)
+                callback.tb_writer.add_text(TABLE_KEY, markdown_table(reported), step)
                 callback.tb_writer.flush()
             elif isinstance(callback, WandbCallback):
-                log_to_wandb(step, rows)
+                log_to_wandb(step, reported)
 
     def append(self, step: int, rows: Sequence[dict]) -> None:
         """Append one line per row, durably (``jsonl.append_records``)."""
@@ -88,6 +100,19 @@ def rows_to_print(rows: Sequence[dict], num_to_print: int | None) -> list[dict]:
     """The first ``num_to_print`` rows (all of them for None): the samples of one prompt are consecutive, so they
     are seen side by side, and no random number is drawn, which would shift the run's random stream."""
     return list(rows if num_to_print is None else rows[:num_to_print])
+
+
+def first_of_each_prompt(rows: Sequence[dict]) -> list[dict]:
+    """The first row of each distinct prompt, in order (TRL's ``log_unique_prompts``: ``df[~df["prompt"].astype(str)
+    .duplicated()]``)."""
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        key = str(row["prompt"])
+        if key not in seen:
+            seen.add(key)
+            kept.append(row)
+    return kept
 
 
 def table(rows: Sequence[dict]) -> tuple[list[str], list[list]]:

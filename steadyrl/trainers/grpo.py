@@ -30,36 +30,20 @@ from ..ops import (
     zero_std_groups,
 )
 from ..rollout import Advantages, Rollout
+from .config.completions_hub import CompletionsHubOptions
 from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
-from .config.trl_names import UNSUPPORTED, Unsupported
 from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
 from .loop.on_policy import OnPolicyTrainer
 from .loop.token_selection import TokenSelectionMixin, TokenSelectionOptions
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 _NOT_HERE = "steadyrl's GRPO does not implement it"
-GRPO_UNSUPPORTED = {
-    **UNSUPPORTED,
-    "log_completions_hub_repo": Unsupported(
-        None, "steadyrl writes completions to output_dir/completions.jsonl", "Leave it unset."
-    ),
-}
-
-
-@dataclass
-class GRPODefaultOnlyFields:
-    """TRL's GRPO fields for what steadyrl's GRPO does not do: refused unless at TRL's default (``GRPO_UNSUPPORTED``),
-    or settings of those, without effect."""
-
-    settings_group: ClassVar[str] = "TRL's GRPO fields accepted only at TRL's default"
-
-    log_completions_hub_repo: str | None = field(default=None, metadata={"help": "Only None."})
 
 
 @dataclass
 class GRPOConfig(
-    GRPODefaultOnlyFields, TokenSelectionOptions, PolicyLossOptions, DynamicSamplingOptions, OnPolicyConfig
+    CompletionsHubOptions, TokenSelectionOptions, PolicyLossOptions, DynamicSamplingOptions, OnPolicyConfig
 ):
     """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
     ``loss_type`` ``dapo``; 8 completions per prompt). Each field's ``help`` describes it (docs/configuration.md
@@ -73,7 +57,6 @@ class GRPOConfig(
 
     settings_group: ClassVar[str] = "GRPO"
     _default_samples_per_prompt = 8
-    unsupported_trl_fields = GRPO_UNSUPPORTED
 
     scale_rewards: str = field(
         default="group",

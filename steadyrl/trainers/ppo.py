@@ -287,7 +287,11 @@ class PPOTrainer(OnPolicyTrainer):
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         args, state, mask = self.args, self.algorithm_state, rollout.completion_mask.float()  # [N, C]
         values = batched_forward(
-            self.critic, lambda critic, *tensors: critic(*tensors), rollout.token_tensors, args.micro_rollout_batch_size
+            self.critic,
+            lambda critic, *tensors: critic(*tensors),
+            rollout.token_tensors,
+            args.micro_rollout_batch_size,
+            args.pad_to_multiple_of,
         )  # [N, C]
         scores = rollout.scores  # [N]
         if args.normalize_reward:  # by the mean and std of every score so far, on every process

@@ -272,14 +272,15 @@ UNSUPPORTED_VALUES = {
     "vllm_structured_outputs_regex": "[0-9]+",
     "ds3_gather_for_generation": False,
     "router_aux_loss_coef": 0.001,
-    "pad_to_multiple_of": 64,
-    "log_unique_prompts": True,
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 512},
     "use_transformers_paged": True,
 }
 for name, value in UNSUPPORTED_VALUES.items():
     config_error(f"trl-{name.replace('_', '-')}", **{name: value})
+config_error("pad-to-multiple-of", pad_to_multiple_of=0)
+config_error("log-completions-hub-repo", "grpo", log_completions_hub_repo="me/completions")
+config_error("log-completions-hub-repo-id", "grpo", log_completions=True, log_completions_hub_repo="a/b/c")
 
 
 @trigger("reward-timeout")

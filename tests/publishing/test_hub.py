@@ -15,7 +15,6 @@ import pytest
 import torch
 from peft import LoraConfig
 from safetensors.torch import load_file
-from support.hub_server import start
 from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM
 
@@ -25,18 +24,6 @@ from steadyrl.publish.hub import HubPushError, hub_model_name
 
 TOKEN = "hf_steadyrlTestTokenThatMustNotLeak"
 FORBIDDEN = ("critic", "optimizer", "scheduler", "rng_state", "rollout_buffer", "training_args", "manifest")
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    import huggingface_hub.constants
-
-    hub, server = start()
-    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    yield hub
-    server.shutdown()
-    assert not hub.unexpected, f"requests the stand-in does not implement: {hub.unexpected}"
 
 
 def load_pushed(files: dict[str, bytes], directory):

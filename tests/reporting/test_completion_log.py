@@ -328,3 +328,26 @@ def test_wandb_callback_without_a_run_is_left_alone(tmp_path):
     assert wandb.run is None
     CompletionLog(tmp_path).write(1, make_rows(1), [WandbCallback()])
     assert wandb.run is None and len(read_lines(tmp_path / COMPLETIONS_FILE)) == 1
+
+
+def test_log_unique_prompts_keeps_each_prompts_first_row_in_the_tensorboard_table(tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install -e '.[dev]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+    from transformers.integrations import TensorBoardCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=["tensorboard"])
+    state, control = TrainerState(), TrainerControl()
+    callback = TensorBoardCallback()
+    callback.on_train_begin(args, state, control)
+    rows = [dict(row, prompt=f"prompt{i // 2}") for i, row in enumerate(make_rows(4))]  # 2 prompts x 2 samples
+    CompletionLog(tmp_path, unique_prompts=True).write(3, rows, [callback])
+    callback.on_train_end(args, state, control)
+
+    events = EventAccumulator(callback.logging_dir)
+    events.Reload()
+    [event] = events.Tensors("completions/text_summary")
+    assert make_ndarray(event.tensor_proto).item().decode() == markdown_table([rows[0], rows[2]])  # TRL's table
+    assert len(read_lines(tmp_path / COMPLETIONS_FILE)) == 4  # the file keeps every row, as TRL's parquet files
+    printed = capsys.readouterr().out
+    assert "completion1" in printed and "completion3" in printed  # and the printed table, as TRL's rich print

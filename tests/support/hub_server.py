@@ -4,7 +4,8 @@ This is the one stand-in for a remote service in the suite, kept to the four end
 uses to create a repository and commit files to it: ``POST /api/repos/create``, ``POST /api/validate-yaml``
 (the model card's metadata header must parse),
 ``POST /api/models/<repo>/preupload/<rev>`` (every file is declared a regular upload, so its content travels
-inside the commit) and ``POST /api/models/<repo>/commit/<rev>`` (NDJSON: a header, then base64 files). Any other
+inside the commit) and ``POST /api/models/<repo>/commit/<rev>`` (NDJSON: a header, then base64 files); the same two
+under ``/api/datasets/`` for a dataset repository. Any other
 request is answered 404 and recorded, so a test sees it. ``FakeHub.fail_next`` makes the next requests fail as the
 Hub or the network can: a 5xx, a 429 rate limit, or a connection dropped without an answer.
 """
@@ -26,6 +27,7 @@ class Commit:
     repo_id: str
     message: str
     files: dict[str, bytes]
+    repo_type: str = "model"
 
 
 @dataclass
@@ -109,7 +111,7 @@ def _handler(hub: FakeHub):
                 repo_id = (
                     f"{request['organization']}/{request['name']}" if request.get("organization") else request["name"]
                 )
-                hub.repos[repo_id] = {"visibility": request.get("visibility")}
+                hub.repos[repo_id] = {"visibility": request.get("visibility"), "type": request.get("type", "model")}
                 return self._reply(200, {"url": f"{hub.url}/{repo_id}", "name": repo_id})
             if path == "/api/validate-yaml":  # the README's metadata header must parse, as the Hub checks
                 content = json.loads(body)["content"]
@@ -120,11 +122,11 @@ def _handler(hub: FakeHub):
                     return self._reply(400, {"errors": [{"message": str(err)}]})
                 hub.card_metadata.append(metadata)
                 return self._reply(200, {"errors": [], "warnings": []})
-            if match := re.fullmatch(r"/api/models/(.+)/preupload/[^/]+", path):
+            if match := re.fullmatch(r"/api/(?:models|datasets)/(.+)/preupload/[^/]+", path):
                 files = json.loads(body)["files"]
                 regular = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
                 return self._reply(200, {"files": regular})
-            if match := re.fullmatch(r"/api/models/(.+)/commit/[^/]+", path):
+            if match := re.fullmatch(r"/api/(models|datasets)/(.+)/commit/[^/]+", path):
                 lines = [json.loads(line) for line in body.splitlines() if line.strip()]
                 header = next(line["value"] for line in lines if line["key"] == "header")
                 files = {
@@ -132,9 +134,10 @@ def _handler(hub: FakeHub):
                     for line in lines
                     if line["key"] == "file"
                 }
-                hub.commits.append(Commit(match.group(1), header["summary"], files))
+                kind, repo_id = match.group(1).removesuffix("s"), match.group(2)
+                hub.commits.append(Commit(repo_id, header["summary"], files, kind))
                 oid = f"{len(hub.commits):040x}"
-                return self._reply(200, {"commitUrl": f"{hub.url}/{match.group(1)}/commit/{oid}", "commitOid": oid})
+                return self._reply(200, {"commitUrl": f"{hub.url}/{repo_id}/commit/{oid}", "commitOid": oid})
             hub.unexpected.append(f"POST {path}")
             return self._reply(404, {"error": "not in the stand-in"})
 

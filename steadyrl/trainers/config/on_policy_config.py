@@ -30,10 +30,10 @@ from .trl_names import (
     UNSUPPORTED,
     Synonym,
     TRLNames,
-    command_line_value,
     given_name,
     parse_dict_field,
     refuse_unsupported,
+    resolve_pad_to_multiple_of,
     resolve_synonym,
 )
 from .value_checks import (
@@ -180,9 +180,8 @@ class OnPolicyConfig(
     def _check_trl_fields(self) -> None:
         """Refuse TRL fields set for what steadyrl does not do; parse the dict fields given as JSON strings."""
         for name, rule in self.unsupported_trl_fields.items():
-            value = command_line_value(name, getattr(self, name))
-            refuse_unsupported(name, value, rule)
-            setattr(self, name, None if value == "auto" else value)  # 'auto' pads nowhere but on Neuron, as in TRL
+            refuse_unsupported(name, getattr(self, name), rule)
+        self.pad_to_multiple_of = resolve_pad_to_multiple_of(self.pad_to_multiple_of)  # 'auto': None, as TRL off Neuron
         for name, example in DICT_FIELDS.items():
             setattr(self, name, parse_dict_field(name, getattr(self, name), example))
 

@@ -34,6 +34,7 @@ FREE_SETTINGS = frozenset(
         "log_completions",
         "num_completions_to_print",
         "log_unique_prompts",
+        "log_completions_hub_repo",
         "log_multimodal",
         "save_steps",
         "save_strategy",
@@ -95,6 +96,7 @@ FREE_SETTINGS = frozenset(
         "torch_compile_mode",
         "gradient_checkpointing",
         "gradient_checkpointing_kwargs",
+        "pad_to_multiple_of",  # masked columns: the same numbers (a saved buffer is re-padded to the new multiple)
         "ref_reward_offload",
         "allow_low_precision_weights",
         "vllm_gpu_memory_utilization",

@@ -154,10 +154,6 @@ class TRLDefaultOnlyFields:
         default=True, metadata={"help": "Only True: under ZeRO-3 the actor is gathered to generate."}
     )
     router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Not supported: leave unset."})
-    pad_to_multiple_of: int | str | None = field(
-        default="auto", metadata={"help": "Only 'auto' or None: no padding beyond the longest sequence."}
-    )
-    log_unique_prompts: bool = field(default=False, metadata={"help": "Not supported: leave False."})
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
     transformers_continuous_batching_config: dict | str | None = field(
         default=None, metadata={"help": "Not supported (use_transformers_continuous_batching)."}
@@ -166,7 +162,31 @@ class TRLDefaultOnlyFields:
 
 
 @dataclass
-class TRLNames(TRLDefaultOnlyFields, TRLSynonymFields):
+class TRLHonouredFields:
+    """TRL fields steadyrl honours as TRL does, declared with TRL's defaults."""
+
+    settings_group: ClassVar[str] = "TRL's padding and completion-log fields"
+
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata={
+            "help": "Pad the prompt and completion token tensors of every forward pass (the rollout, its scoring "
+            "passes and each training micro-batch) to a multiple of this many columns, as TRL does; the padding is "
+            "masked, so the numbers do not change. 'auto' (TRL: 128 on Neuron only) or None: to the longest "
+            "sequence."
+        },
+    )
+    log_unique_prompts: bool = field(
+        default=False,
+        metadata={
+            "help": "With log_completions: the completion table sent to TensorBoard / wandb holds each distinct "
+            "prompt's first completion only, as TRL's; completions.jsonl and the printed table keep every row."
+        },
+    )
+
+
+@dataclass
+class TRLNames(TRLDefaultOnlyFields, TRLHonouredFields, TRLSynonymFields):
     """The TRL fields of ``OnPolicyConfig`` that are not steadyrl settings of their own: synonyms, and fields refused
     unless at TRL's default. A mixin; its ``None`` defaults mean "not given" and are resolved in ``__post_init__``.
     """
@@ -202,15 +222,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "router_aux_loss_coef": Unsupported(
         None, "steadyrl's losses have no Mixture-of-Experts load-balancing term", "Leave it unset."
     ),
-    "pad_to_multiple_of": Unsupported(
-        "auto",
-        "steadyrl pads prompts and completions to the longest in their batch",
-        "Use 'auto' (the default) or None.",
-        also_accepted=(None,),
-    ),
-    "log_unique_prompts": Unsupported(
-        False, "steadyrl's completion log (log_completions) lists every prompt", "Leave it False."
-    ),
     "use_transformers_continuous_batching": Unsupported(False, _CONTINUOUS, "Leave it False."),
     "transformers_continuous_batching_config": Unsupported(
         None, "it configures use_transformers_continuous_batching, which steadyrl does not support", "Leave it unset."
@@ -223,13 +234,19 @@ UNSUPPORTED: dict[str, Unsupported] = {
 }
 
 
-def command_line_value(name: str, value: Any) -> Any:
-    """``pad_to_multiple_of`` arrives from the command line as a string: ``'none'``/``'null'`` or a number."""
-    if name == "pad_to_multiple_of" and isinstance(value, str) and value != "auto":
-        if value.lower() in ("none", "null"):
+def resolve_pad_to_multiple_of(value: Any) -> int | None:
+    """``pad_to_multiple_of`` as TRL resolves it off Neuron: ``'auto'``, None, ``'none'``/``'null'`` -> None (pad to
+    the longest); a positive integer (or its digits, from the command line) -> that integer."""
+    if isinstance(value, str):
+        if value == "auto" or value.lower() in ("none", "null"):
             return None
-        return int(value) if value.strip().lstrip("-").isdigit() else value
-    return value
+        value = int(value) if value.strip().isdigit() else value
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(
+        f"pad_to_multiple_of={value!r} is invalid: give a positive integer N (token tensors padded to a multiple of "
+        "N columns), or 'auto' / None to pad to the longest sequence."
+    )
 
 
 def refuse_unsupported(name: str, value: Any, rule: Unsupported | None = None) -> None:

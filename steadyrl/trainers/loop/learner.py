@@ -26,8 +26,10 @@ class Learner(TrainerStage):
             module.engine.train()
         num_micro = len(minibatch) // size
         metrics: dict[str, float] = defaultdict(float)
+        pad_id = getattr(trainer.processing_class, "pad_token_id", None) or 0  # masked: any id keeps the numbers
+        padding = {"multiple_of": trainer.args.pad_to_multiple_of, "pad_token_id": pad_id}
         for i in range(num_micro):
-            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed().to(accelerator.device)
+            batch = minibatch.select(slice(i * size, (i + 1) * size)).trimmed(**padding).to(accelerator.device)
             last = i == num_micro - 1
             with contextlib.ExitStack() as stack:
                 if not last:  # gradients are all-reduced on the last micro-batch only

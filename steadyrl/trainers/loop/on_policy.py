@@ -256,7 +256,8 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
         main = self.accelerator.is_main_process
         turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
-        self.completion_log = CompletionLog(args.output_dir, args.num_completions_to_print, turns) if main else None
+        log = CompletionLog(args.output_dir, args.num_completions_to_print, turns, args.log_unique_prompts)
+        self.completion_log = log if main else None
         self.metrics_log = MetricsLog(args.output_dir) if main else None
         self.build_stages(train_dataset)
 

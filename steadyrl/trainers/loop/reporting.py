@@ -7,6 +7,7 @@ import torch
 from accelerate.utils import gather_object
 
 from ...ops import masked_mean
+from ...publish.completions import CompletionsHubPush
 from ...rewards import reward_func_name
 from ...rollout import Rollout, completion_rows
 
@@ -66,7 +67,18 @@ class ReportingMixin:
             rows = gather_object(rows)
         if self.completion_log is not None:
             self.completion_log.write(self.state.global_step, rows, self.callback_handler.callbacks)
+            if (hub := self.completions_hub()) is not None:  # main process only, a failure is a warning
+                hub.push(self.state.global_step, rows)
         buffer.completions_logged = True
+
+    def completions_hub(self) -> CompletionsHubPush | None:
+        """GRPO's ``log_completions_hub_repo``: its pusher, made at the first logging step; None if unset."""
+        repo = getattr(self.args, "log_completions_hub_repo", None)
+        if repo is None:
+            return None
+        if getattr(self, "_completions_hub", None) is None:
+            self._completions_hub = CompletionsHubPush(repo, self.args.hub_token, self.args.hub_private_repo)
+        return self._completions_hub
 
 
 def sample_advantages(rollout: Rollout) -> torch.Tensor | None:

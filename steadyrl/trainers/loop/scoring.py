@@ -93,10 +93,13 @@ class ScoringPasses(TrainerStage):
     def padded(self, prompt_ids, completion_ids, scores, engine: bool, generation: Generation) -> Rollout:
         trainer = self.trainer
         args, tok, device = trainer.args, trainer.processing_class, trainer.accelerator.device
-        tokens = TokenBatch(**pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device))
+        multiple = args.pad_to_multiple_of  # TRL's: widths a multiple of it, the padding masked
+        tokens = TokenBatch(
+            **pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device, multiple)
+        )
         env_mask = getattr(generation, "env_mask", None)  # multi-turn: the completion tokens the policy sampled
         if env_mask is not None:
-            env_mask = pad_prompts_and_completions(prompt_ids, env_mask, 0, device)["completion_ids"]
+            env_mask = pad_prompts_and_completions(prompt_ids, env_mask, 0, device, multiple)["completion_ids"]
         total = weighted_total(scores, trainer.reward_weights).to(device)  # [N]: a None (NaN) score left out
         if args.missing_eos_penalty is not None:
             no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
@@ -120,7 +123,8 @@ class ScoringPasses(TrainerStage):
         micro-batches of ``micro_rollout_batch_size``."""
         trainer = self.trainer
         size = trainer.args.micro_rollout_batch_size
-        return batched_logprobs(model, tokens.token_tensors, trainer.logprob_temperature, size)
+        multiple = trainer.args.pad_to_multiple_of
+        return batched_logprobs(model, tokens.token_tensors, trainer.logprob_temperature, size, multiple)
 
     def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
         """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""

@@ -196,11 +196,15 @@ def test_inexact_trl_batch_sizes_are_refused_in_trls_terms(tmp_path, config_clas
     assert error is not None and re.search(message, error), error
 
 
-def test_pad_to_multiple_of_takes_trls_auto_or_none(tmp_path):
+def test_pad_to_multiple_of_takes_trls_values(tmp_path):
     for value in ("auto", None, "none", "null"):  # the strings: from the command line
         config, error = build(RLOOConfig, tmp_path, pad_to_multiple_of=value)
         assert error is None and config.pad_to_multiple_of is None, (value, error)
-    assert "pad_to_multiple_of=64 is not supported" in build(RLOOConfig, tmp_path, pad_to_multiple_of="64")[1]
+    for value in (64, "64"):
+        config, error = build(RLOOConfig, tmp_path, pad_to_multiple_of=value)
+        assert error is None and config.pad_to_multiple_of == 64, (value, error)
+    for value in (0, -8, "eight", True):
+        assert "is invalid: give a positive integer" in build(RLOOConfig, tmp_path, pad_to_multiple_of=value)[1]
 
 
 def test_dict_fields_take_json_from_the_command_line(tmp_path):

@@ -1,0 +1,16 @@
+"""The Hub stand-in (support/hub_server.py) as a fixture: huggingface_hub sends every request to it."""
+
+import pytest
+from support.hub_server import start
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    import huggingface_hub.constants
+
+    hub, server = start()
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield hub
+    server.shutdown()
+    assert not hub.unexpected, f"requests the stand-in does not implement: {hub.unexpected}"
