@@ -1,5 +1,7 @@
 """Held-out evaluation: eval_* metrics every eval_steps, comparable runs, and training unchanged by it."""
 
+import math
+
 import pytest
 import torch
 from support.toy_run import make_trainer
@@ -45,11 +47,13 @@ def test_evaluation_logs_eval_metrics_and_leaves_training_unchanged(tmp_path, us
         "eval_completions/min_length",
         "eval_completions/max_length",
         "eval_completions/clipped_ratio",
+        "eval_loss",  # the evaluation rollout's loss, as TRL's (RLOO and GRPO)
         "step",
         "epoch",
     }
     assert set(evals[0]) == expected
     assert evals[0]["eval_reward"] == evals[0]["eval_rewards/letters_reward/mean"]  # one reward function, weight 1
+    assert all(math.isfinite(log["eval_loss"]) for log in evals) and len({log["eval_loss"] for log in evals}) > 1
 
     again = evaluated.evaluate()  # the same policy and seeds: the same completions, so the same metrics
     assert again == {key: value for key, value in evals[-1].items() if key != "step"}

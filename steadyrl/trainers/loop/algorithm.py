@@ -33,6 +33,7 @@ class AlgorithmHooks(abc.ABC):
         return self.args.temperature
 
     checks_engine_in_loss = False  # whether the loss checks vLLM's log-probs (and corrects) with its own pass
+    evaluates_loss = False  # whether evaluate() reports eval_loss: the loss of the evaluation rollout
     reads_engine_logprobs = False  # whether the loss reads vLLM's log-probs even where a scoring pass checked them
 
     def needs_old_logprobs(self) -> bool:

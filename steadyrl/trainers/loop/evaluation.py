@@ -74,8 +74,9 @@ class EvaluationMixin:
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Generate ``num_generations_eval`` (default ``n_samples_per_prompt``) completions for every prompt of
         ``eval_dataset`` (default: the trainer's), score them with the reward functions, log and return the
-        metrics: ``eval_reward``, ``eval_reward_std``, ``eval_rewards/<name>/mean`` and ``/std``, and
-        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``. A dict of datasets is
+        metrics: ``eval_reward``, ``eval_reward_std``, ``eval_rewards/<name>/mean`` and ``/std``,
+        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``, and for GRPO and RLOO
+        ``eval_loss`` (the evaluation rollout's loss). A dict of datasets is
         evaluated one by one, as by ``Trainer``: the metrics of ``{"a": ...}`` are named ``eval_a_reward``, ...."""
         if eval_dataset is None:
             eval_dataset = self.eval_dataset
@@ -131,4 +132,36 @@ class EvaluationMixin:
 
         per_function = {reward_func_name(f): kept(scores[:, j].tolist()) for j, f in enumerate(self.reward_funcs)}
         lengths = kept([len(ids) for ids in completion_ids])
-        return summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()))
+        metrics = summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()))
+        if self.evaluates_loss:
+            metrics[f"{prefix}_loss"] = self.evaluation_loss(
+                Sampled(prompts, columns, prompt_ids, generation, 0.0), scores
+            )
+        return metrics
+
+    def evaluation_loss(self, sampled: Sampled, scores: torch.Tensor) -> float:
+        """The loss of the evaluation rollout as a training step computes it (the scoring passes, the algorithm's
+        advantages, the loss of each micro-batch of ``micro_train_batch_size``, the model in eval mode), averaged over
+        the micro-batches and the processes: TRL's ``eval_loss``."""
+        rollout, _ = self.scoring_passes(sampled, scores, {})
+        args, k = self.args, self.args.num_generations_eval or self.args.n_samples_per_prompt
+        trained_k, args.n_samples_per_prompt = args.n_samples_per_prompt, k  # groups of the evaluation's size
+        try:
+            rollout = rollout.with_advantages(self.compute_advantages(rollout))
+        finally:
+            args.n_samples_per_prompt = trained_k
+        model, size, device = self.model_wrapped, self.args.micro_train_batch_size, self.accelerator.device
+        pad_id = getattr(self.processing_class, "pad_token_id", None) or 0  # masked: any id keeps the numbers
+        padding = {"multiple_of": self.args.pad_to_multiple_of, "pad_token_id": pad_id}
+        was_training, losses = model.training, []
+        model.eval()
+        try:
+            for start in range(0, len(rollout), size):
+                batch = rollout.select(slice(start, start + size)).trimmed(**padding).to(device)
+                loss = self.compute_loss_on_batch(model, batch)[0]
+                losses.append(float(sum(loss.values()) if isinstance(loss, dict) else loss))
+        finally:
+            model.train(was_training)
+        mean = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64, device=device)
+        total = self.sum_over_processes()
+        return (mean if total is None else total(mean) / self.accelerator.num_processes).item()

@@ -8,6 +8,7 @@ accepts, are ``ops.POLICY_LOSSES``: a loss registered there is accepted and comp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -190,6 +191,7 @@ class PolicyLossMixin:
     """The loss-family part of a GRPO or RLOO trainer."""
 
     checks_engine_in_loss = True
+    evaluates_loss = True  # evaluate() reports the evaluation rollout's loss (eval_loss), as TRL's does
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -215,7 +217,8 @@ class PolicyLossMixin:
         total = self.sum_over_processes()
         if total is not None:
             tokens = total(tokens.reshape(1))[0]
-        micro_batches = len(rollout) // self.args.micro_train_batch_size * self.accelerator.num_processes
+        # (an evaluation rollout may end with a smaller micro-batch: it counts as one)
+        micro_batches = math.ceil(len(rollout) / self.args.micro_train_batch_size) * self.accelerator.num_processes
         return torch.full((len(rollout),), (tokens / micro_batches).item(), device=rollout.scores.device)
 
     def policy_loss(
