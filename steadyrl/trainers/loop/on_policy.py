@@ -124,9 +124,7 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
 
     algorithm_name = "on-policy"
     config_class = OnPolicyConfig
-    # TRL's flag, read by scripts and callbacks, for a Mixture-of-Experts load-balancing term in the loss: steadyrl's
-    # losses have none (router_aux_loss_coef is refused), so it is False for every model
-    aux_loss_enabled = False
+    aux_loss_enabled = False  # TRL's flag of a MoE load-balancing term in the loss, which steadyrl's losses lack
 
     def __init__(
         self,
@@ -213,11 +211,10 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
         if ref_model is not None:  # the given reference replaces the copy (under PEFT: the disabled adapters)
             self.ref_model = load_reference(ref_model, model, from_pretrained_kwargs(args), args)
         check_reference_sync(args.sync_ref_model, self.ref_model, peft_config is not None)
-        for module in (model, self.ref_model) if args.disable_dropout else ():
-            if module is not None:
+        for module in (m for m in (model, self.ref_model) if m is not None):
+            if args.disable_dropout:
                 disable_dropout(module)
-        for module in (model, self.ref_model) if getattr(args, "cast_lm_head_to_fp32", False) else ():
-            if module is not None:
+            if getattr(args, "cast_lm_head_to_fp32", False):  # GRPO's (TRL's) float32 LM head
                 cast_lm_head_to_fp32(module)
         callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
         super().__init__(
