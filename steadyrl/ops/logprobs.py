@@ -57,23 +57,30 @@ def joined_inputs(
     }
 
 
-def model_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor], keep: int) -> torch.Tensor:
+def model_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor], keep: int, outputs: dict | None = None):
     """``model(**inputs).logits`` with the LM head run on the last ``keep`` positions only (``logits_to_keep``), for
-    models that take it; every position's otherwise."""
+    models that take it; every position's otherwise. With ``outputs`` (a dict), a Mixture-of-Experts model is asked
+    for its router logits and its load-balancing loss is put there as ``aux_loss``."""
+    extra = {} if outputs is None else {"output_router_logits": True}
     try:
-        return model(**inputs, use_cache=False, logits_to_keep=keep).logits
+        result = model(**inputs, use_cache=False, logits_to_keep=keep, **extra)
     except TypeError as err:  # a model without logits_to_keep: the LM head over every position
         if "logits_to_keep" not in str(err):
             raise
-        return model(**inputs, use_cache=False).logits
+        result = model(**inputs, use_cache=False, **extra)
+    if outputs is not None:
+        outputs["aux_loss"] = result.aux_loss
+    return result.logits
 
 
-def completion_logits(model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+def completion_logits(
+    model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask, outputs: dict | None = None
+) -> torch.Tensor:
     """The logits [B, C, V] that predict each completion token: the LM head runs only on the last C + 1 positions
-    (``logits_to_keep``), not on the prompt's, for models that take it."""
+    (``logits_to_keep``), not on the prompt's, for models that take it. ``outputs``: see ``model_logits``."""
     inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     keep = completion_ids.shape[1] + 1
-    return model_logits(model, inputs, keep)[:, -keep:-1]  # position t predicts token t + 1
+    return model_logits(model, inputs, keep, outputs)[:, -keep:-1]  # position t predicts token t + 1
 
 
 CHUNK_LOGITS = 2**22  # logits (16 MiB in float32) per piece of the [B, C, V] logits worked on at once
@@ -169,19 +176,21 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunked_head: bool = True,
+    outputs: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked), both
     differentiable.
 
     With ``chunked_head`` (and a plain nn.Linear head whose output is the logits), from the last hidden states, the
     head projecting CHUNK_HEAD_LOGITS // V positions at a time (head_logprobs.py): no [B, C, V] logits exist. Else,
-    and for other models (logged once), from the [B, C, V] logits, a few rows at a time."""
+    and for other models (logged once), from the [B, C, V] logits, a few rows at a time. ``outputs``: see
+    ``model_logits`` (a Mixture-of-Experts model's load-balancing loss)."""
     head, reason = chunkable_head(model) if chunked_head else (None, "")
     if head is None:
         if reason:
             warn_full_logits_once(model, reason)
         return logprobs_from_logits(
-            completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask),
+            completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, outputs),
             completion_ids,
             temperature,
             with_entropy,
@@ -190,10 +199,10 @@ def completion_logprobs(
     keep = completion_ids.shape[1] + 1
     rows = max(1, CHUNK_HEAD_LOGITS // head.out_features)
     with head_returns_logprobs(head, completion_ids, temperature, with_entropy, rows) as calls:
-        output = model_logits(model, inputs, keep)  # [B, C, 1 or 2]: read from the output, where hooks attach
+        output = model_logits(model, inputs, keep, outputs)  # [B, C, 1 or 2]: read from the output (hooks attach)
     if len(calls) != 1:  # the forward did not go through get_output_embeddings() once: logits the plain way
         warn_full_logits_once(model, f"its forward called its output embedding {len(calls)} times, not once")
-        logits = output if not calls else model_logits(model, inputs, keep)  # no call: the output is the logits
+        logits = output if not calls else model_logits(model, inputs, keep, outputs)  # none: output is the logits
         return logprobs_from_logits(logits[:, -keep:-1], completion_ids, temperature, with_entropy)
     return output[..., 0], output[..., 1] if with_entropy else None
 

@@ -20,7 +20,6 @@ import torch
 
 from ..ops import (
     SCALE_REWARDS,
-    completion_logprobs,
     group_normalized_total,
     group_relative_advantages,
     kl_penalty,
@@ -160,14 +159,13 @@ class GRPOTrainer(TokenSelectionMixin, PolicyLossMixin, OnPolicyTrainer):
         return Advantages(advantages=advantages, tokens_per_micro_batch=self.step_tokens(rollout), metrics=metrics)
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        args, mask = self.args, self.loss_mask(batch)  # [B, C]
-        logprobs, entropy = completion_logprobs(
-            model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
-        )
+        mask = self.loss_mask(batch)  # [B, C]
+        logprobs, entropy, outputs = self.training_logprobs(model, batch)
         kl = None if batch.ref_logprobs is None else kl_penalty(logprobs, batch.ref_logprobs, "k3")  # [B, C]
         keep, selected = self.selected_tokens(logprobs, entropy, batch, mask)  # entropy and off-policy masking
         loss, metrics = self.policy_loss(logprobs, batch, kl, keep)
         loss, bonus_metrics = self.with_entropy_bonus(model, loss, entropy, selected)
+        loss, aux_metrics = self.with_aux_loss(loss, outputs)  # a Mixture-of-Experts model's load balancing
         if kl is not None:
             metrics["kl"] = masked_mean(kl.detach(), mask).item()
-        return loss, {**metrics, **bonus_metrics, "entropy": masked_mean(entropy.detach(), mask).item()}
+        return loss, {**metrics, **bonus_metrics, **aux_metrics, "entropy": masked_mean(entropy.detach(), mask).item()}

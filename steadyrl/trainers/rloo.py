@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import torch
 
-from ..ops import completion_logprobs, leave_one_out_advantages, masked_mean, masked_moments, sequence_kl, whiten
+from ..ops import leave_one_out_advantages, masked_mean, masked_moments, sequence_kl, whiten
 from ..rollout import Advantages, Rollout
 from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
@@ -101,12 +101,11 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
         return Advantages(advantages=advantages, tokens_per_micro_batch=self.step_tokens(rollout), metrics=metrics)
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        args, mask = self.args, self.loss_mask(batch)  # [B, C]
-        logprobs, entropy = completion_logprobs(
-            model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
-        )
+        mask = self.loss_mask(batch)  # [B, C]
+        logprobs, entropy, outputs = self.training_logprobs(model, batch)
         extra = {}
         if batch.old_logprobs is None and batch.ref_logprobs is not None:  # the KL the rollout could not compute
             extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.policy_mask).mean().item()
         loss, metrics = self.policy_loss(logprobs, batch)  # loss_type's, from ops.POLICY_LOSSES
-        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item(), **extra}
+        loss, aux_metrics = self.with_aux_loss(loss, outputs)  # a Mixture-of-Experts model's load balancing
+        return loss, {**metrics, **aux_metrics, "entropy": masked_mean(entropy.detach(), mask).item(), **extra}

@@ -123,6 +123,13 @@ def _(ctx):
 
 
 config_error("top-entropy-quantile", "grpo", top_entropy_quantile=1.2)
+
+
+@trigger("router-aux-loss-dense")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="grpo", router_aux_loss_coef=0.01)
+
+
 config_error("off-policy-mask-threshold", "grpo", off_policy_mask_threshold=-0.5)
 config_error("adaptive-entropy-bounds", "grpo", use_adaptive_entropy=True, entropy_coef_min=0.5, entropy_coef_max=0.1)
 
@@ -271,7 +278,6 @@ UNSUPPORTED_VALUES = {
     "vllm_model_impl": "transformers",
     "vllm_structured_outputs_regex": "[0-9]+",
     "ds3_gather_for_generation": False,
-    "router_aux_loss_coef": 0.001,
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 512},
     "use_transformers_paged": True,

@@ -153,7 +153,6 @@ class TRLDefaultOnlyFields:
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Only True: under ZeRO-3 the actor is gathered to generate."}
     )
-    router_aux_loss_coef: float | None = field(default=None, metadata={"help": "Not supported: leave unset."})
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
     transformers_continuous_batching_config: dict | str | None = field(
         default=None, metadata={"help": "Not supported (use_transformers_continuous_batching)."}
@@ -218,9 +217,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         True,
         "under DeepSpeed ZeRO-3 steadyrl always gathers the actor's parameters to generate",
         "Use ds3_gather_for_generation=True (the default).",
-    ),
-    "router_aux_loss_coef": Unsupported(
-        None, "steadyrl's losses have no Mixture-of-Experts load-balancing term", "Leave it unset."
     ),
     "use_transformers_continuous_batching": Unsupported(False, _CONTINUOUS, "Leave it False."),
     "transformers_continuous_batching_config": Unsupported(

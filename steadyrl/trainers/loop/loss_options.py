@@ -21,6 +21,7 @@ from ...ops import (
     IMPORTANCE_SAMPLING_LEVELS,
     POLICY_LOSSES,
     LossSettings,
+    completion_logprobs,
 )
 from ...rollout import Rollout
 from ..config.value_checks import finite
@@ -88,6 +89,14 @@ class PolicyLossOptions:
     vllm_importance_sampling_cap: float | None = field(
         default=None, metadata={"help": "TRL's deprecated name of vllm_importance_sampling_clip_max."}
     )
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of a Mixture-of-Experts model's load-balancing loss, added to the loss as TRL does; None: "
+            "the model config's own router_aux_loss_coef (0 where it has none), 0.0: none. Refused for a model "
+            "that is not a Mixture-of-Experts one."
+        },
+    )
 
     extra_loss_types: ClassVar[tuple[str, ...]] = ()  # the registered losses only this algorithm accepts
 
@@ -113,6 +122,8 @@ class PolicyLossOptions:
                     "TRL's deprecated name of the second; give one of them."
                 )
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+        if self.router_aux_loss_coef is not None and not finite(self.router_aux_loss_coef):
+            raise ValueError(f"router_aux_loss_coef={self.router_aux_loss_coef!r} is invalid: give a finite number.")
         if self.vllm_importance_sampling_mode not in ENGINE_CORRECTION_MODES:
             raise ValueError(
                 f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} is invalid: use one of "
@@ -187,6 +198,20 @@ def warn_about_loss_setup(args) -> None:
         )
 
 
+def router_aux_loss(model, coef: float | None) -> tuple[float, bool]:
+    """The load-balancing loss's weight (``coef``, or the model config's own) and whether the loss adds it: for a
+    Mixture-of-Experts model (one whose config has ``output_router_logits``) with a weight other than 0."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    moe = hasattr(config, "output_router_logits")
+    if coef and not moe:
+        raise ValueError(
+            f"router_aux_loss_coef={coef} is set, but {type(model).__name__} is not a Mixture-of-Experts model that "
+            "returns its router logits, so there is no load-balancing loss to weight: leave it unset."
+        )
+    weight = (getattr(config, "router_aux_loss_coef", 0.0) or 0.0) if coef is None else coef
+    return weight, moe and weight != 0.0
+
+
 class PolicyLossMixin:
     """The loss-family part of a GRPO or RLOO trainer."""
 
@@ -196,6 +221,22 @@ class PolicyLossMixin:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         warn_about_loss_setup(self.args)
+        self.router_aux_loss_coef, self.aux_loss_enabled = router_aux_loss(self.model, self.args.router_aux_loss_coef)
+
+    def training_logprobs(self, model, batch: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Log-probs and entropies [B, C] of the batch's completions at the sampling temperature, and the model's
+        other outputs the loss reads: a Mixture-of-Experts model's ``aux_loss`` where ``aux_loss_enabled``."""
+        outputs = {} if self.aux_loss_enabled else None
+        logprobs, entropy = completion_logprobs(
+            model, *batch.token_tensors, temperature=self.args.temperature, with_entropy=True, outputs=outputs
+        )
+        return logprobs, entropy, outputs or {}
+
+    def with_aux_loss(self, loss: torch.Tensor, outputs: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """``loss`` plus ``router_aux_loss_coef`` x the load-balancing loss, where the model returned one."""
+        if "aux_loss" not in outputs:
+            return loss, {}
+        return loss + self.router_aux_loss_coef * outputs["aux_loss"], {"aux_loss": outputs["aux_loss"].item()}
 
     def engine_weights_of(self, logprobs: torch.Tensor, batch: Rollout) -> tuple[torch.Tensor | None, dict]:
         """The batch's vLLM importance weights, and for a rollout trained once (it holds ``engine_logprobs``, no

@@ -124,7 +124,7 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
 
     algorithm_name = "on-policy"
     config_class = OnPolicyConfig
-    aux_loss_enabled = False  # TRL's flag of a MoE load-balancing term in the loss, which steadyrl's losses lack
+    aux_loss_enabled = False  # TRL's flag: the loss adds a MoE model's load balancing (GRPO, RLOO: loss_options.py)
 
     def __init__(
         self,
