@@ -212,6 +212,14 @@ def zero3_hooks_lifted(engine) -> Iterator[torch.nn.Module | None]:
         offload._register_deepspeed_module(module)
 
 
+def zero3_trace_reset(engine) -> None:
+    """Under ZeRO-3, make DeepSpeed's parameter coordinator record the next forward pass's module order afresh (the
+    generation passes are not the training trace it prefetches by); nothing elsewhere."""
+    offload = getattr(getattr(engine, "optimizer", None), "parameter_offload", None)
+    if offload is not None and not offload.param_coordinator.is_invalid_trace():
+        offload.param_coordinator._invalidate_trace()
+
+
 def fsdp2_root_initialised(root: torch.nn.Module) -> None:
     """FSDP2 makes the first unit to run forward the root (``FSDPState._lazy_init``), and refuses a forward through
     a unit inside the root before the root's own first one. Under PEFT the root is the ``PeftModel``, whose

@@ -195,6 +195,21 @@ def gathered(params: list[torch.nn.Parameter], modify: bool = False) -> Iterator
 
 
 @contextlib.contextmanager
+def zero3_generation(engine, gather: bool = True) -> Iterator[None]:
+    """The block in which HF generate runs under ZeRO-3 (nothing to do elsewhere): with ``gather`` the whole actor
+    gathered (``gathered_for_generation``); without, partitioned as it trains, each module gathered by DeepSpeed's
+    hooks for each forward pass, and the training passes' recorded module order started afresh afterwards."""
+    if gather:
+        with gathered_for_generation(engine):
+            yield
+        return
+    try:
+        yield
+    finally:
+        compat.zero3_trace_reset(engine)
+
+
+@contextlib.contextmanager
 def gathered_for_generation(engine) -> Iterator[None]:
     """Under ZeRO-3, the whole actor on every process for the block, with DeepSpeed's per-module gather and
     release hooks lifted, so that ``generate`` runs as many forward passes on each process as its own

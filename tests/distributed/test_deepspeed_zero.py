@@ -52,6 +52,7 @@ def test_zero_trains_like_ddp_and_checkpoints_each_optimizer_partition(zero_run,
             # (DeepSpeed's default reuse distance of 1e9 kept all of it gathered)
             gathered = json.loads((out / f"gathered-6-{rank}.json").read_text())
             assert gathered["peak"] <= gathered["total"] // 2, gathered
+            assert gathered["generation_peak"] == gathered["total"], gathered  # ds3_gather_for_generation=True
 
 
 def test_zero_sigkill_after_a_checkpoint_resumes_identically(zero_run, tmp_path):
@@ -79,3 +80,19 @@ def test_export_of_a_zero3_checkpoint_equals_the_live_actor(zero_run, tmp_path):
     assert live.keys() <= exported.keys()
     for name, weights in live.items():
         assert torch.equal(exported[name], weights), name
+
+
+def test_zero3_generates_partitioned_without_gathering(ddp_runs, tmp_path):
+    """ds3_gather_for_generation=False (TRL's name): HF generate runs with the actor partitioned, each layer gathered
+    by DeepSpeed for each forward pass and the processes stepping together; the completions, and so every reward
+    and loss, are those of the DDP run."""
+    flags = ["--algorithm", "rloo", "--save-live-actor", "6", *TWO_PROCESSES, "ds3_gather_for_generation=false"]
+    run_toy(tmp_path, *flags, accelerate_config=ZERO["zero3"])
+    for rank in (0, 1):  # generation held no more of the actor whole at once than training does
+        gathered = json.loads((tmp_path / f"gathered-6-{rank}.json").read_text())
+        assert 0 < gathered["generation_peak"] <= gathered["total"] // 2, gathered
+    ddp, zero = read_logs(ddp_runs("rloo")), read_logs(tmp_path)
+    for step in range(1, 13):
+        assert zero[step]["reward"] == ddp[step]["reward"], step  # the same completions
+        for key in ("loss", "grad_norm", "kl"):
+            assert zero[step][key] == pytest.approx(ddp[step][key], rel=1e-4, abs=1e-5), (step, key)

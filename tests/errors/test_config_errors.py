@@ -277,7 +277,6 @@ config_error(
 UNSUPPORTED_VALUES = {
     "vllm_model_impl": "transformers",
     "vllm_structured_outputs_regex": "[0-9]+",
-    "ds3_gather_for_generation": False,
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 512},
     "use_transformers_paged": True,

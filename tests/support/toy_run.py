@@ -243,12 +243,12 @@ class KillAfterSave(TrainerCallback):
 
 class GatheredPeak(TrainerCallback):
     """Under ZeRO-3, the most elements of the actor's partitioned parameters (persistent small ones aside) held whole
-    at once as any module's forward pass in training mode ends (generation gathers the whole actor on purpose), in the
-    steps up to global step ``step``; written to
-    OUTPUT_DIR/gathered-<step>-<rank>.json."""
+    at once as any module's forward pass in training mode ends (``peak``), and in eval mode, generation's
+    (``generation_peak``: the whole actor, unless ds3_gather_for_generation=False), in the steps up to global step
+    ``step``; written to OUTPUT_DIR/gathered-<step>-<rank>.json."""
 
     def __init__(self, step: int) -> None:
-        self.step, self.peak, self.params = step, 0, []
+        self.step, self.peak, self.generation_peak, self.params = step, 0, 0, []
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.params = [p for p in model.parameters() if hasattr(p, "ds_id") and not p.ds_persist]
@@ -257,18 +257,20 @@ class GatheredPeak(TrainerCallback):
                 module.register_forward_hook(self.probe)
 
     def probe(self, module, inputs, output) -> None:
-        if not module.training:
-            return
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
         whole = sum(p.ds_numel for p in self.params if p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
-        self.peak = max(self.peak, whole)
+        if module.training:
+            self.peak = max(self.peak, whole)
+        else:
+            self.generation_peak = max(self.generation_peak, whole)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and self.params:
             path = os.path.join(args.output_dir, f"gathered-{self.step}-{os.environ.get('RANK', '0')}.json")
             with open(path, "w") as f:
-                json.dump({"peak": self.peak, "total": sum(p.ds_numel for p in self.params)}, f)
+                total = sum(p.ds_numel for p in self.params)
+                json.dump({"peak": self.peak, "generation_peak": self.generation_peak, "total": total}, f)
 
 
 class SaveLiveActor(TrainerCallback):

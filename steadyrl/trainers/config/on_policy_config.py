@@ -22,7 +22,6 @@ from .field_groups import (
     LoggingFields,
     LossFields,
     ModelFields,
-    VLLMFields,
 )
 from .trl_names import (
     RESOLVED,
@@ -46,6 +45,7 @@ from .value_checks import (
     check_sync_ref_settings,
     check_vllm,
 )
+from .vllm_fields import VLLMFields
 
 logger = logging.get_logger(__name__)
 

@@ -150,9 +150,6 @@ class TRLDefaultOnlyFields:
 
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Only 'vllm'."})
     vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported: leave unset."})
-    ds3_gather_for_generation: bool = field(
-        default=True, metadata={"help": "Only True: under ZeRO-3 the actor is gathered to generate."}
-    )
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
     transformers_continuous_batching_config: dict | str | None = field(
         default=None, metadata={"help": "Not supported (use_transformers_continuous_batching)."}
@@ -212,11 +209,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     ),
     "vllm_structured_outputs_regex": Unsupported(
         None, "steadyrl's generation has no structured (regex-constrained) outputs", "Leave it unset."
-    ),
-    "ds3_gather_for_generation": Unsupported(
-        True,
-        "under DeepSpeed ZeRO-3 steadyrl always gathers the actor's parameters to generate",
-        "Use ds3_gather_for_generation=True (the default).",
     ),
     "use_transformers_continuous_batching": Unsupported(False, _CONTINUOUS, "Leave it False."),
     "transformers_continuous_batching_config": Unsupported(

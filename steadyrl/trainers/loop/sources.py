@@ -20,7 +20,7 @@ import torch
 from ...data.prompts import PromptTruncation, tokenize_prompts
 from ...data.sampling import next_rows
 from ...distributed.fsdp import unsharded
-from ...distributed.zero import gathered_for_generation
+from ...distributed.zero import zero3_generation
 from ...generation import Generation, sampling_seed
 
 
@@ -108,7 +108,7 @@ class ActorGenerator(TrainerStage):
         elif trainer.fsdp_version:
             whole = unsharded(actor, trainer.accelerator.state.fsdp_plugin.reshard_after_forward)
         else:
-            whole = gathered_for_generation(trainer.model_wrapped)
+            whole = zero3_generation(trainer.model_wrapped, trainer.args.ds3_gather_for_generation)
         with whole:
             parts = [
                 backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk])
