@@ -19,6 +19,7 @@ class SamplingSettings:
     repetition_penalty: float = 1.0
     extra: dict = field(default_factory=dict)  # generation_kwargs: more GenerationConfig / SamplingParams arguments
     cache_implementation: str | None = None  # transformers' KV cache (HF generate only)
+    regex: str | None = None  # vLLM's structured outputs: completions match it (vLLM only)
 
     @classmethod
     def from_config(cls, args) -> SamplingSettings:
@@ -32,6 +33,7 @@ class SamplingSettings:
             repetition_penalty=args.repetition_penalty,
             extra=dict(args.generation_kwargs or {}),
             cache_implementation=args.cache_implementation,
+            regex=getattr(args, "vllm_structured_outputs_regex", None),
         )
 
 

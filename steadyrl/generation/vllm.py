@@ -262,6 +262,10 @@ class VLLMGenerationBackend(GenerationBackend):
             min_p=s.min_p or 0.0,
             repetition_penalty=s.repetition_penalty,
         )
+        if s.regex is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            settings["structured_outputs"] = StructuredOutputsParams(regex=s.regex)
         return SamplingParams(**{**settings, **s.extra}, seed=seed, logprobs=0)  # generation_kwargs override
 
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:

@@ -297,6 +297,8 @@ class VLLMServerBackend(GenerationBackend):
             min_p=s.min_p or 0.0,
             repetition_penalty=s.repetition_penalty,
         )
+        if s.regex is not None:
+            settings["structured_outputs"] = {"regex": s.regex}
         request = dict(model=self.served_name, prompt=prompt, seed=seed, logprobs=0, return_token_ids=True)
         return {**settings, **s.extra, **request}  # generation_kwargs override the settings, not the request
 

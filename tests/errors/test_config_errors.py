@@ -123,6 +123,7 @@ def _(ctx):
 
 
 config_error("top-entropy-quantile", "grpo", top_entropy_quantile=1.2)
+config_error("structured-outputs-vllm", vllm_structured_outputs_regex="[0-9]+")
 
 
 @trigger("router-aux-loss-dense")
@@ -276,7 +277,6 @@ config_error(
 # TRL fields for what steadyrl does not do, each set to something else than TRL's default
 UNSUPPORTED_VALUES = {
     "vllm_model_impl": "transformers",
-    "vllm_structured_outputs_regex": "[0-9]+",
     "use_transformers_continuous_batching": True,
     "transformers_continuous_batching_config": {"max_batch_tokens": 512},
     "use_transformers_paged": True,

@@ -294,3 +294,28 @@ def test_generation_settings_reach_vllms_sampling_params(tmp_path):
     trainer = make_trainer(tmp_path, **VLLM, min_p=0.05, repetition_penalty=1.3, generation_kwargs={"min_tokens": 2})
     params = trainer.backend.sampling_params(seed=7)  # no engine is started for this
     assert (params.min_p, params.repetition_penalty, params.min_tokens, params.seed) == (0.05, 1.3, 2, 7)
+
+
+def test_structured_outputs_regex_constrains_every_completion(tmp_path):
+    """vllm_structured_outputs_regex (TRL's name): vLLM samples only completions that match it; the rewards and the
+    trained completions are those constrained ones (the untrained toy model would write other characters)."""
+    import re
+
+    seen = []
+
+    def recording_reward(completions, **kwargs):
+        seen.extend(completions)
+        return [float(len(set(c))) for c in completions]
+
+    regex = "[ab]{2,5}"
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=1,
+        reward_funcs=[recording_reward],
+        vllm_structured_outputs_regex=regex,
+        **VLLM,
+        **ONE_STEP_ROLLOUTS,
+    )
+    assert trainer.backend.sampling_params(seed=1).structured_outputs.regex == regex
+    trainer.train()
+    assert len(seen) == 8 and all(re.fullmatch(regex, completion) for completion in seen), seen

@@ -109,6 +109,22 @@ def test_completions_equal_the_colocated_engines_for_the_same_weights_and_seeds(
         torch.testing.assert_close(torch.tensor(ours), torch.tensor(theirs), rtol=1e-5, atol=1e-4)
 
 
+def test_structured_outputs_regex_reaches_the_server(server, tmp_path):
+    """vllm_structured_outputs_regex on the server: each request carries it, and every completion matches it."""
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    model = perturbed_model()
+    prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:4]]
+    settings = SamplingSettings(max_new_tokens=8, temperature=1.0, regex="[ab]{2,5}")
+    remote = server_backend(server, tokenizer, settings, tmp_path)
+    try:
+        remote.sync_weights(model, version=1)
+        generation = remote.generate(model, prompts, [sampling_seed(0, 1, i, 0) for i in range(4)])
+    finally:
+        remote.close()
+    texts = tokenizer.batch_decode(generation.completion_ids, skip_special_tokens=True)
+    assert all(re.fullmatch("[ab]{2,5}", text) for text in texts), texts
+
+
 @torch.no_grad()
 def hf_greedy(model, ids: list[int], eos_token_id: int) -> list[int]:
     out = model.generate(

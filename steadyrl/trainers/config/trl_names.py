@@ -149,7 +149,6 @@ class TRLDefaultOnlyFields:
     settings_group: ClassVar[str] = "TRL fields accepted only at TRL's default"
 
     vllm_model_impl: str = field(default="vllm", metadata={"help": "Only 'vllm'."})
-    vllm_structured_outputs_regex: str | None = field(default=None, metadata={"help": "Not supported: leave unset."})
     use_transformers_continuous_batching: bool = field(default=False, metadata={"help": "Not supported."})
     transformers_continuous_batching_config: dict | str | None = field(
         default=None, metadata={"help": "Not supported (use_transformers_continuous_batching)."}
@@ -206,9 +205,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
         "vllm",
         "steadyrl pushes the actor's weights into vLLM's own model implementation",
         "Use vllm_model_impl='vllm' (the default).",
-    ),
-    "vllm_structured_outputs_regex": Unsupported(
-        None, "steadyrl's generation has no structured (regex-constrained) outputs", "Leave it unset."
     ),
     "use_transformers_continuous_batching": Unsupported(False, _CONTINUOUS, "Leave it False."),
     "transformers_continuous_batching_config": Unsupported(

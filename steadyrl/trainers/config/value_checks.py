@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
@@ -197,6 +198,19 @@ def check_vllm_server(config) -> None:
 
 def check_vllm(config) -> None:
     check_vllm_server(config)
+    regex = config.vllm_structured_outputs_regex
+    if regex is not None:
+        if not config.use_vllm:
+            raise ValueError(
+                f"vllm_structured_outputs_regex={regex!r} constrains vLLM's generation, and use_vllm=False generates "
+                "with transformers, which has no structured outputs: set use_vllm=True, or leave it unset."
+            )
+        try:
+            re.compile(regex)
+        except re.error as err:
+            raise ValueError(
+                f"vllm_structured_outputs_regex={regex!r} is not a valid regular expression: {err}."
+            ) from None
     needed = config.max_prompt_length + config.max_completion_length
     if config.vllm_max_model_len is not None and config.vllm_max_model_len < needed:
         raise ValueError(

@@ -56,6 +56,13 @@ class VLLMFields:
             "LoRA kernels generate 5x slower). See docs/vllm.md."
         },
     )
+    vllm_structured_outputs_regex: str | None = field(
+        default=None,
+        metadata={
+            "help": "With use_vllm: every completion is constrained to match this regular expression (vLLM's "
+            "structured outputs, colocated or server); None: unconstrained."
+        },
+    )
     vllm_server_base_url: str | None = field(
         default=None,
         metadata={
