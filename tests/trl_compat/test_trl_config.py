@@ -108,7 +108,7 @@ def test_the_accelerator_state_is_made_once_by_the_conversion(tmp_path, monkeypa
 
 def test_an_unsupported_trl_value_is_refused_with_steadyrls_message(tmp_path):
     given = trl.GRPOConfig(output_dir=str(tmp_path), vllm_model_impl="transformers", **CPU)
-    with pytest.raises(ValueError, match=r"^vllm_model_impl='transformers' is not supported: steadyrl "):
+    with pytest.raises(ValueError, match=r"^vllm_model_impl='transformers' is not supported: vLLM's Transformers "):
         grpo_trainer(given)
     honoured = as_own_config(trl.GRPOConfig(output_dir=str(tmp_path), top_entropy_quantile=0.2, **CPU), GRPOConfig)
     assert honoured.top_entropy_quantile == 0.2  # TRL 1.16's entropy masking: a setting of steadyrl's GRPO
