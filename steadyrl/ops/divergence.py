@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .head_logprobs import chunk_logits, chunkable_head, compute_dtype, warn_full_logits_once
+from .head_logprobs import HeadGradients, chunk_logits, chunkable_head, compute_dtype, warn_full_logits_once
 from .logprobs import completion_logits, joined_inputs, model_logits
 
 # logits (64 MiB in float32) per [r, V] tensor: 110 positions at V = 151,936
@@ -115,14 +115,10 @@ class ChunkedHeadDivergence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor | None, _):
         hidden, weight, bias, teacher_hidden, teacher_weight, teacher_bias, divergence, kl_student = ctx.saved_tensors
-        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         if grad is None:
             return (None,) * 10
         beta, temperature, dtype = ctx.beta, ctx.temperature, ctx.dtype
-        grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
-        # accumulated over the chunks in float32 whatever the weight's dtype
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs_bias else None
+        grads = HeadGradients(hidden, weight, bias, ctx.needs_input_grad[:3])
         with torch.autocast(hidden.device.type, enabled=False):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             tw = teacher_weight.to(teacher_hidden.dtype)
@@ -134,16 +130,8 @@ class ChunkedHeadDivergence(torch.autograd.Function):
                 grad_logits = divergence_grad(log_ps, log_pt, beta, divergence[part], kl_student[part])
                 del log_pt
                 grad_logits.mul_(grad[part].float().unsqueeze(-1) / temperature)
-                grad_logits = grad_logits.to(dtype)
-                if grad_hidden is not None:
-                    grad_hidden[part] = (grad_logits @ w).to(hidden.dtype)
-                if grad_weight is not None:
-                    grad_weight.addmm_(grad_logits.t().float(), hidden[part].to(dtype).float())
-                if grad_bias is not None:
-                    grad_bias += grad_logits.float().sum(0)
-        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
-        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, *(None,) * 7
+                grads.add(part, grad_logits.to(dtype), w)
+        return *grads.result(), *(None,) * 7
 
 
 @contextlib.contextmanager

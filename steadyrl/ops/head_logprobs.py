@@ -84,14 +84,10 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor | None, grad_entropy: torch.Tensor | None = None):
         hidden, weight, bias, token_ids, entropy = ctx.saved_tensors
-        needs_hidden, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         if grad is None and grad_entropy is None:
             return (None,) * 8
         temperature, dtype = ctx.temperature, ctx.dtype
-        grad_hidden = torch.zeros_like(hidden) if needs_hidden else None
-        # accumulated over the chunks in float32 whatever the weight's dtype
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs_bias else None
+        grads = HeadGradients(hidden, weight, bias, ctx.needs_input_grad[:3])
         with torch.autocast(hidden.device.type, enabled=False):
             w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
             for start in range(0, len(hidden), ctx.rows):
@@ -106,16 +102,33 @@ class ChunkedHeadLogProbs(torch.autograd.Function):
                 )
                 if temperature != 1.0:
                     grad_logits.div_(temperature)
-                grad_logits = grad_logits.to(dtype)
-                if grad_hidden is not None:
-                    grad_hidden[part] = (grad_logits @ w).to(hidden.dtype)
-                if grad_weight is not None:
-                    grad_weight.addmm_(grad_logits.t().float(), hidden[part].to(dtype).float())
-                if grad_bias is not None:
-                    grad_bias += grad_logits.float().sum(0)
-        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)
-        grad_bias = None if grad_bias is None else grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+                grads.add(part, grad_logits.to(dtype), w)
+        return *grads.result(), None, None, None, None, None
+
+
+class HeadGradients:
+    """The gradients of an LM head's hidden states, weight and bias (those ``needs`` asks for), from the gradient of
+    its logits one chunk of positions at a time: the weight's and bias's summed in float32 whatever their dtype."""
+
+    def __init__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, needs) -> None:
+        self.hidden, self.weight, self.bias = hidden, weight, bias
+        self.grad_hidden = torch.zeros_like(hidden) if needs[0] else None
+        self.grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs[1] else None
+        self.grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs[2] else None
+
+    def add(self, part: slice, grad_logits: torch.Tensor, w: torch.Tensor) -> None:
+        """One chunk's: ``grad_logits`` [n, V] of the positions ``part``, in the matmul's dtype (that of ``w``)."""
+        if self.grad_hidden is not None:
+            self.grad_hidden[part] = (grad_logits @ w).to(self.hidden.dtype)
+        if self.grad_weight is not None:
+            self.grad_weight.addmm_(grad_logits.t().float(), self.hidden[part].to(w.dtype).float())
+        if self.grad_bias is not None:
+            self.grad_bias += grad_logits.float().sum(0)
+
+    def result(self) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        weight = None if self.grad_weight is None else self.grad_weight.to(self.weight.dtype)
+        bias = None if self.grad_bias is None else self.grad_bias.to(self.bias.dtype)
+        return self.grad_hidden, weight, bias
 
 
 def entropy_and_logprob_grad(

@@ -12,12 +12,11 @@ from support.trl_parity import (
     ADVANTAGES,
     BETA,
     GA,
-    GENERATION_TOKENS,
-    STEPS_PER_GENERATION,
     B,
     assert_same,
     fixed_batch,
     loss_and_gradients,
+    parity_inputs,
     scoring_inputs,
     steadyrl_side,
     trl_model,
@@ -26,7 +25,6 @@ from support.trl_parity import (
 from transformers import AutoModelForCausalLM
 
 from steadyrl.ops.token_selection import high_entropy_mask, off_policy_mask
-from steadyrl.rollout import Rollout
 from steadyrl.toy import toy_model_path
 
 # the fixed batch's old log-probs are the policy's shifted by [0.4, -0.4, 0.05, 0.3, -0.3] per token: a sequence's
@@ -48,23 +46,9 @@ def both_sides(tmp_path, settings: dict):
     trainer = steadyrl_side(tmp_path, "grpo", beta=BETA, **settings)
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
     given = scoring_inputs(trainer, tokens)
-    batch = Rollout(
-        **vars(tokens),
-        scores=torch.zeros(B),
-        ref_logprobs=given["ref"],
-        old_logprobs=given["old"],
-        advantages=given["advantages"],
-        tokens_per_micro_batch=torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION),
-    )
+    batch, inputs = parity_inputs(tokens, given)
     model = trl_model(trainer.model)
     trl_grpo = trl_trainer("grpo", model, tmp_path, beta=BETA, **settings)
-    inputs = {
-        **vars(tokens),
-        "advantages": given["advantages"],
-        "old_per_token_logps": given["old"],
-        "ref_per_token_logps": given["ref"],
-        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
-    }
     ours = (trainer, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
     theirs = (model, trl_grpo, lambda: trl_grpo._compute_loss(model, inputs))
     return ours, theirs, batch
@@ -152,24 +136,10 @@ def test_float32_lm_head_equals_trl_on_a_bfloat16_model(tmp_path, loss_type):
     assert head.weight.dtype == torch.float32 and trainer.model.model.norm.weight.dtype == torch.bfloat16
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
     given = scoring_inputs(trainer, tokens)
-    batch = Rollout(
-        **vars(tokens),
-        scores=torch.zeros(B),
-        ref_logprobs=given["ref"],
-        old_logprobs=given["old"],
-        advantages=given["advantages"],
-        tokens_per_micro_batch=torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION),
-    )
+    batch, inputs = parity_inputs(tokens, given)
     model = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16).train()
     trl_grpo = trl_trainer("grpo", model, tmp_path, beta=BETA, **settings)
     model.load_state_dict(trainer.model.state_dict())  # both heads float32 now: an exact copy
-    inputs = {
-        **vars(tokens),
-        "advantages": given["advantages"],
-        "old_per_token_logps": given["old"],
-        "ref_per_token_logps": given["ref"],
-        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
-    }
     ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
     theirs = loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs))
     assert {name: g.dtype for name, g in ours[1].items()} == {name: g.dtype for name, g in theirs[1].items()}

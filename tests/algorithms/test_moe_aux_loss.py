@@ -7,19 +7,16 @@ import torch
 from support.trl_parity import (
     BETA,
     GA,
-    GENERATION_TOKENS,
-    STEPS_PER_GENERATION,
-    B,
     assert_same,
     fixed_batch,
     loss_and_gradients,
+    parity_inputs,
     scoring_inputs,
     steadyrl_side,
     trl_trainer,
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from steadyrl.rollout import Rollout
 from steadyrl.toy import toy_model_path
 
 
@@ -58,14 +55,7 @@ def test_load_balancing_loss_equals_trl(tmp_path, moe_path, algorithm, coef):
     assert trainer.aux_loss_enabled and trainer.router_aux_loss_coef == (0.02 if coef is None else coef)
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
     given = scoring_inputs(trainer, tokens)  # (its reference log-probs: the dense toy model's)
-    batch = Rollout(
-        **vars(tokens),
-        scores=torch.zeros(B),
-        ref_logprobs=given["ref"],
-        old_logprobs=given["old"],
-        advantages=given["advantages"],
-        tokens_per_micro_batch=torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION),
-    )
+    batch, inputs = parity_inputs(tokens, given)
     ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
     metrics = trainer.compute_loss_on_batch(trainer.model, batch)[1]
     assert metrics["aux_loss"] > 0
@@ -74,13 +64,6 @@ def test_load_balancing_loss_equals_trl(tmp_path, moe_path, algorithm, coef):
     model.load_state_dict(trainer.model.state_dict())
     trl_grpo = trl_trainer("grpo", model.train(), tmp_path, beta=beta, **settings)
     assert trl_grpo.aux_loss_enabled
-    inputs = {
-        **vars(tokens),
-        "advantages": given["advantages"],
-        "old_per_token_logps": given["old"],
-        "ref_per_token_logps": given["ref"],
-        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
-    }
     assert_same(ours, loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs)))
     with_term = trainer.compute_loss_on_batch(trainer.model, batch)[0]
     trainer.router_aux_loss_coef = 0.0  # the same model and batch without the term: another loss

@@ -5,7 +5,7 @@ import torch
 from conftest import assert_close_to_scale
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from steadyrl.rollout import TokenBatch
+from steadyrl.rollout import Rollout, TokenBatch
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 from support.toy_run import make_trainer
 
@@ -122,3 +122,24 @@ def steadyrl_side(tmp_path, algorithm: str, **settings):
     perturbed_policy(trainer.model)
     trainer.model.train()
     return trainer
+
+
+def parity_inputs(tokens: TokenBatch, given: dict) -> tuple[Rollout, dict]:
+    """The fixed batch with ``scoring_inputs``' log-probs and advantages, as steadyrl's ``Rollout`` (the dapo
+    normaliser per micro-batch of the rollout) and as TRL's ``_compute_loss`` inputs."""
+    batch = Rollout(
+        **vars(tokens),
+        scores=torch.zeros(B),
+        ref_logprobs=given["ref"],
+        old_logprobs=given["old"],
+        advantages=given["advantages"],
+        tokens_per_micro_batch=torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION),
+    )
+    inputs = {
+        **vars(tokens),
+        "advantages": given["advantages"],
+        "old_per_token_logps": given["old"],
+        "ref_per_token_logps": given["ref"],
+        "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
+    }
+    return batch, inputs
