@@ -206,13 +206,7 @@ class DistillationTrainer(OnPolicyTrainer):
     def compute_advantages(self, rollout: Rollout) -> Advantages:
         """No advantages: the number of loss tokens per micro-batch, over every process, which the loss divides
         by, so that a step's loss is the token mean over all its micro-batches as in TRL."""
-        tokens = self.loss_mask(rollout).sum().double()
-        total = self.sum_over_processes()
-        if total is not None:
-            tokens = total(tokens.reshape(1))[0]
-        micro_batches = len(rollout) // self.args.micro_train_batch_size * self.accelerator.num_processes
-        per_micro_batch = (tokens / micro_batches).item()
-        return Advantages(tokens_per_micro_batch=torch.full((len(rollout),), per_micro_batch))
+        return Advantages(tokens_per_micro_batch=self.tokens_per_micro_batch(rollout))
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         args, mask = self.args, self.loss_mask(batch)  # [B, C]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import math
 
 import torch
 from transformers import TrainerState
@@ -80,6 +81,17 @@ class AlgorithmHooks(abc.ABC):
             return batch.policy_mask
         cut = ends_without_eos(batch.completion_ids, batch.completion_mask, self.processing_class.eos_token_id)
         return batch.policy_mask * (~cut).unsqueeze(1)
+
+    def tokens_per_micro_batch(self, rollout: Rollout) -> torch.Tensor:
+        """[N] (one value, repeated): the rollout's loss tokens, over every process, per micro-batch; a loss that
+        divides each micro-batch's token sum by it (``dapo``, distillation) is a token mean over the whole step."""
+        tokens = self.loss_mask(rollout).sum().double()
+        total = self.sum_over_processes()
+        if total is not None:
+            tokens = total(tokens.reshape(1))[0]
+        # (an evaluation rollout may end with a smaller micro-batch: it counts as one)
+        micro_batches = math.ceil(len(rollout) / self.args.micro_train_batch_size) * self.accelerator.num_processes
+        return torch.full((len(rollout),), (tokens / micro_batches).item(), device=rollout.scores.device)
 
     def trained_modules(self) -> list[TrainedModule]:
         """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""

@@ -8,7 +8,6 @@ accepts, are ``ops.POLICY_LOSSES``: a loss registered there is accepted and comp
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -250,17 +249,6 @@ class PolicyLossMixin:
         """``tokens_per_micro_batch`` where the loss's aggregation divides by it (``dapo``), else None."""
         aggregation = POLICY_LOSSES[self.args.loss_type].aggregation
         return self.tokens_per_micro_batch(rollout) if aggregation.step_tokens else None
-
-    def tokens_per_micro_batch(self, rollout: Rollout) -> torch.Tensor:
-        """[N] (one value, repeated): the rollout's loss tokens, over every process, per micro-batch; ``dapo``
-        divides each micro-batch's token sum by it."""
-        tokens = self.loss_mask(rollout).sum().double()
-        total = self.sum_over_processes()
-        if total is not None:
-            tokens = total(tokens.reshape(1))[0]
-        # (an evaluation rollout may end with a smaller micro-batch: it counts as one)
-        micro_batches = math.ceil(len(rollout) / self.args.micro_train_batch_size) * self.accelerator.num_processes
-        return torch.full((len(rollout),), (tokens / micro_batches).item(), device=rollout.scores.device)
 
     def policy_loss(
         self,
