@@ -3,6 +3,7 @@ loss mask [B, C]: the aggregations ``ops.POLICY_LOSSES`` pairs with each objecti
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from .loss_settings import LossSettings
 
 
-class Aggregation:
+class Aggregation(abc.ABC):
     """How a per-token loss [B, C] or [B, 1] becomes the micro-batch's loss, over the loss mask [B, C].
     ``step_tokens``: it divides by ``tokens_per_micro_batch``, the rollout's loss tokens per micro-batch (over
     every process), which the trainer computes with the advantages.
@@ -23,6 +24,7 @@ class Aggregation:
     description: ClassVar[str] = ""
     step_tokens: ClassVar[bool] = False
 
+    @abc.abstractmethod
     def __call__(
         self,
         per_token_loss: torch.Tensor,
@@ -30,7 +32,7 @@ class Aggregation:
         settings: LossSettings,
         tokens_per_micro_batch: float | torch.Tensor | None = None,
     ) -> torch.Tensor:
-        raise NotImplementedError
+        """The micro-batch's loss, a scalar."""
 
 
 class SequenceMean(Aggregation):

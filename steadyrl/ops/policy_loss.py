@@ -25,6 +25,7 @@ importance weight per sequence; the aggregations multiply it by the [B, C] loss 
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import ClassVar, NamedTuple
 
@@ -141,7 +142,7 @@ def importance_ratio_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[
 # ---- objectives ----------------------------------------------------------------------------------------------------
 
 
-class PolicyLoss:
+class PolicyLoss(abc.ABC):
     """A per-token policy objective: log-probs [B, C] of the policy being trained, of the one that sampled
     (``old_logprobs`` [B, C]), advantages [B] (one per sequence), the loss mask [B, C] and the ``LossSettings`` in;
     a ``TokenLoss`` out. ``reads``: which of the token-level options (``TOKEN_OPTIONS``) it honours; the config
@@ -166,6 +167,7 @@ class PolicyLoss:
     # multiplied by them afterwards
     folds_engine_weights: ClassVar[bool] = False
 
+    @abc.abstractmethod
     def __call__(
         self,
         logprobs: torch.Tensor,
@@ -174,7 +176,7 @@ class PolicyLoss:
         mask: torch.Tensor,
         settings: LossSettings,
     ) -> TokenLoss:
-        raise NotImplementedError
+        """The objective's per-token loss, its log importance weights and its flags."""
 
     def metrics(self, flags: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
         """Each flag's share of the loss tokens, under its name."""
