@@ -49,7 +49,8 @@ def check_reward_funcs(
     training ``dataset``, also check that every parameter of each function will be passed."""
     if not funcs:
         raise ValueError(
-            "No reward: pass reward_funcs (callables returning one float per completion) and/or reward_model."
+            "No reward source provided: pass reward_funcs (callables returning one float per completion), "
+            "reward_model, or an environment_factory whose environment defines get_reward()."
         )
     for i, func in enumerate(funcs):
         if not callable(func) and not hasattr(func, "score_inputs"):

@@ -49,7 +49,26 @@ def load_policy(model: str | PreTrainedModel, tokenizer, args):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_vocabulary(model, tokenizer)
+    apply_liger_layer_kernels(model, args)
     return model, tokenizer
+
+
+def apply_liger_layer_kernels(model: PreTrainedModel, args) -> None:
+    """``use_liger_kernel``: Liger's layer kernels (RMSNorm, RoPE, SwiGLU, ...) patched into the policy, as TRL
+    does; its fused linear cross-entropy is refused, since it replaces the forward whose hidden states the chunked
+    log-prob head reads. transformers raises ImportError where liger-kernel is not installed."""
+    if not getattr(args, "use_liger_kernel", False):
+        return
+    config = dict(args.liger_kernel_config or {})
+    if config.get("fused_linear_cross_entropy"):
+        raise ValueError(
+            'liger_kernel_config={"fused_linear_cross_entropy": True} is not supported: it replaces the model\'s '
+            "forward, whose hidden states steadyrl's chunked log-prob head reads (it never holds the [B, T, V] logits "
+            "either). Leave it out: the layer kernels still apply."
+        )
+    from transformers.integrations.liger import apply_liger_kernel
+
+    apply_liger_kernel(model, {**config, "fused_linear_cross_entropy": False})
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)

@@ -80,6 +80,10 @@ class OnlineDPOConfig(OnPolicyConfig):
         },
     )
     loss_type: str = field(default="sigmoid", metadata={"help": "'sigmoid' (DPO) or 'ipo'."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.55,
+        metadata={"help": "Colocated: share of GPU memory vLLM may take, in (0, 1]; 0.55 here, as TRL's online DPO."},
+    )
     tie_rule: str = field(
         default="skip",
         metadata={

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 from conftest import read_logs, run_toy
-from support.toy_run import make_trainer, tool_task
+from support.toy_run import make_config, make_trainer, tool_task
 from transformers import TrainerCallback
 
 from steadyrl.toy import letters_reward
@@ -215,3 +215,51 @@ def test_the_dict_form_picks_each_rows_environment_and_scores_it_with_its_own_re
     first = torch.tensor([True, True, False, False] * 2)  # 4 prompts x 2 samples, alternating environments
     assert not scores[first, 2].isnan().any() and scores[first, 3].isnan().all()
     assert scores[~first, 2].isnan().all() and not scores[~first, 3].isnan().any()
+
+
+class PosesSums(Calculator):
+    """Owns its data (TRL's environment-owned data): reset() returns the question; get_reward pays a call that adds
+    its numbers."""
+
+    def reset(self, **row) -> str:
+        self.asked = getattr(self, "asked", 0) + 1
+        a, b = self.asked, 2 * self.asked
+        self.answer, self.results = a + b, []
+        return f"What is {a} + {b}? Use the tool."
+
+
+def test_an_environment_that_owns_the_data_trains_without_a_train_dataset(tmp_path):
+    from steadyrl import GRPOTrainer
+
+    task, keep = tool_task("environment"), KeepBuffer()
+    settings = dict(max_steps=2, save_steps=100, max_completion_length=128, max_tool_calling_iterations=2)
+    trainer = GRPOTrainer(
+        task["model"],
+        [],  # the environment's get_reward is the only reward
+        make_config(tmp_path, "grpo", **settings),
+        processing_class=task["processing_class"],
+        environment_factory=PosesSums,
+        callbacks=[keep],
+    )
+    keep.trainer = trainer
+    trainer.train()
+    assert trainer.reward_func_names == ["PosesSums"] and [t.__name__ for t in trainer.tools] == ["add"]
+    assert len(trainer.train_dataset) == trainer.args.rollout_batch_size, "a placeholder of one rollout's rows"
+    tok = trainer.processing_class
+    for buffer in keep.buffers:
+        prompts = tok.batch_decode(buffer.rollout.prompt_ids, skip_special_tokens=False)
+        questions = [re.search(r"user\n(.*)<\|im_end\|>\n<\|im_start\|>assistant\n$", p).group(1) for p in prompts]
+        assert all(re.fullmatch(r"What is (\d+) \+ (\d+)\? Use the tool\.", q) for q in questions), questions
+    assert trainer.state.global_step == 2
+    assert [entry["step"] for entry in trainer.state.log_history if "reward" in entry] == [1, 2], "get_reward scores"
+
+
+def test_a_routing_column_alone_starts_each_row_from_an_empty_user_turn(tmp_path):
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"environment": ["first", "second"] * 4})
+    factory = {"first": PosesSums, "second": SecondCalculator}
+    task = {**tool_task("environment"), "train_dataset": dataset, "reward_funcs": [], "environment_factory": factory}
+    trainer = make_trainer(tmp_path, algorithm="grpo", max_steps=1, **task)
+    assert trainer.train_dataset["prompt"] == [[{"role": "user", "content": ""}]] * 8
+    assert trainer.reward_func_names == ["PosesSums", "SecondCalculator"]

@@ -146,7 +146,7 @@ def test_bad_ppo_settings_are_refused_at_construction(tmp_path, setting, message
 
 
 def test_no_reward_at_all_is_refused(tmp_path, toy_path):
-    with pytest.raises(ValueError, match="No reward: pass reward_funcs"):
+    with pytest.raises(ValueError, match="No reward source provided: pass reward_funcs"):
         ppo_trainer(tmp_path, toy_path, reward_funcs=None)
 
 

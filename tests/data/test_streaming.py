@@ -100,6 +100,22 @@ def test_stream_without_max_steps_is_refused(tmp_path):
         make_trainer(tmp_path, train_dataset=stream, max_steps=-1)
 
 
+def test_a_stream_sets_the_loader_settings_it_is_read_with(tmp_path, caplog):
+    """As TRL: every process reads the stream itself (dispatch_batches False), in the training process (no loader
+    workers); a map-style train set next to a streaming eval set keeps its workers setting."""
+    from support.toy_run import make_trainer
+
+    stream = toy_dataset(num_prompts=4).to_iterable_dataset()
+    trainer = make_trainer(tmp_path / "stream", train_dataset=stream, dataloader_num_workers=4)
+    assert trainer.args.accelerator_config.dispatch_batches is False
+    assert trainer.args.dataloader_num_workers == 0
+    assert "overriding the provided value (4)" in caplog.text
+    trainer = make_trainer(tmp_path / "eval", eval_dataset=stream, dataloader_num_workers=4)
+    assert (trainer.args.accelerator_config.dispatch_batches, trainer.args.dataloader_num_workers) == (False, 4)
+    trainer = make_trainer(tmp_path / "map", dataloader_num_workers=4)
+    assert (trainer.args.accelerator_config.dispatch_batches, trainer.args.dataloader_num_workers) == (None, 4)
+
+
 # ---- the sampler alone ------------------------------------------------------------------------------------------
 
 

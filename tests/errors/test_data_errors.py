@@ -26,6 +26,20 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"text": ["abc:"]}))
 
 
+@trigger("train-dataset-missing")
+def _(ctx):
+    from steadyrl import GRPOTrainer
+    from steadyrl.toy import letters_reward, toy_model_path
+
+    GRPOTrainer(toy_model_path(), [letters_reward], make_config(ctx.tmp_path, "grpo"))
+
+
+@trigger("stream-dispatch-batches")
+def _(ctx):
+    stream = toy_dataset(num_prompts=4).to_iterable_dataset()
+    make_trainer(ctx.tmp_path, train_dataset=stream, accelerator_config={"dispatch_batches": True})
+
+
 @trigger("empty-dataset")
 def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": []}))
@@ -129,6 +143,23 @@ def _(ctx):
 @trigger("no-reward")
 def _(ctx):
     make_trainer(ctx.tmp_path, reward_funcs=[])
+
+
+@trigger("reward-tokenizers-count")
+def _(ctx):
+    from transformers import AutoTokenizer
+
+    from steadyrl import RLOOTrainer
+    from steadyrl.toy import toy_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    RLOOTrainer(
+        toy_model_path(),
+        [toy_model_path(), toy_model_path()],  # two reward models (never loaded: refused first)
+        make_config(ctx.tmp_path),
+        toy_dataset(),
+        reward_processing_classes=tokenizer,
+    )
 
 
 @trigger("reward-weights-count")

@@ -67,6 +67,17 @@ def _(ctx):
     make_trainer(ctx.tmp_path, use_vllm=True)
 
 
+@trigger("liger-missing")
+def _(ctx):
+    ctx.monkeypatch.setitem(sys.modules, "liger_kernel", None)  # as if it were not installed (it is not, on CPU)
+    make_trainer(ctx.tmp_path, use_liger_kernel=True)
+
+
+@trigger("liger-fused-head")
+def _(ctx):
+    make_trainer(ctx.tmp_path, use_liger_kernel=True, liger_kernel_config={"fused_linear_cross_entropy": True})
+
+
 @trigger("vllm-dora")
 def _(ctx):
     from peft import LoraConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from support.toy_run import make_trainer
+from support.toy_run import make_config, make_trainer
 
 from errors.error_table import AHEAD, Context, Triggers
 from steadyrl.toy import toy_dataset
@@ -106,6 +106,31 @@ def _(ctx):
 
     dataset = sum_dataset(4).add_column("environment", ["calc", "calc", "chess", "calc"])
     tool_run(ctx, tools=None, environment_factory={"calc": Calc}, train_dataset=dataset)
+
+
+def environment_owned(ctx: Context, factory, **overrides):
+    from support.toy_run import tool_task
+
+    from steadyrl import GRPOTrainer
+
+    task = tool_task("tools")
+    GRPOTrainer(
+        task["model"],
+        [],
+        make_config(ctx.tmp_path, "grpo", max_completion_length=64, **overrides),
+        processing_class=task["processing_class"],
+        environment_factory=factory,
+    )
+
+
+@trigger("environment-data-dict")
+def _(ctx):
+    environment_owned(ctx, {"calc": Calc, "game": Calc}, max_steps=2)
+
+
+@trigger("environment-data-max-steps")
+def _(ctx):
+    environment_owned(ctx, Calc, max_steps=-1)
 
 
 def rollout_func_run(ctx: Context, change: Callable[[dict], dict]):

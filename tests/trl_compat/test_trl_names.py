@@ -172,7 +172,7 @@ DEFAULT_DIFFERENCES = {
         "epsilon_high": (None, 0.2),
         "vllm_importance_sampling_correction": (True, False),
     },
-    "online-dpo": {"temperature": (0.9, 1.0), "vllm_gpu_memory_utilization": (0.55, 0.3), "max_length": (512, 576)},
+    "online-dpo": {"temperature": (0.9, 1.0), "max_length": (512, 576)},
     "distillation": {},
 }
 

@@ -2,7 +2,8 @@
 
 A listed test is a line ``- `<nodeid>` (<kind>): <reason>``, the node id as pytest prints it relative to the copied
 ``tests/`` tree's parent (``tests/test_grpo_trainer.py::TestGRPOTrainer::test_x``); kind is ``internals`` (it
-reads TRL-private attributes or helpers) or ``refusal`` (a deliberate steadyrl refusal, the message quoted).
+reads TRL-private attributes or helpers), ``refusal`` (a deliberate steadyrl refusal, the message quoted) or
+``capability`` (the test expects TRL's refusal of a setup steadyrl trains correctly).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from pathlib import Path
 
 EXCLUDED = Path(__file__).with_name("EXCLUDED.md")
-LINE = re.compile(r"^- `(?P<nodeid>[^`]+)` \((?P<kind>internals|refusal)\): (?P<reason>.+)$")
+LINE = re.compile(r"^- `(?P<nodeid>[^`]+)` \((?P<kind>internals|refusal|capability)\): (?P<reason>.+)$")
 
 
 def excluded_tests(path: Path = EXCLUDED) -> dict[str, tuple[str, str]]:

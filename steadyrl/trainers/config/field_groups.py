@@ -288,7 +288,7 @@ class HubFields:
 class LoggingFields:
     settings_group: ClassVar[str] = "Logging and evaluation"
 
-    logging_steps: float = field(default=1, metadata={"help": "Log every N global steps."})
+    logging_steps: float = field(default=10, metadata={"help": "Log every N global steps (TRL's default, 10)."})
     log_completions: bool = field(
         default=False, metadata={"help": "Log a sample of prompts and completions every logging step."}
     )

@@ -6,7 +6,11 @@ from __future__ import annotations
 import os
 import tempfile
 
+from transformers.utils import logging
+
 from ...data.stream import first_rows, is_stream
+
+logger = logging.get_logger(__name__)
 
 
 def check_model_path(value, argument: str) -> None:
@@ -23,7 +27,10 @@ def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | Non
     with at least one row and a ``prompt`` column (its rows are checked by ``prompts.check_prompts``); a stream to
     train on (``max_steps`` given) needs ``max_steps`` > 0."""
     if dataset is None:
-        raise ValueError(f"{argument} is required: a datasets.Dataset with a 'prompt' column.")
+        raise ValueError(
+            f"`{argument}` is required unless an `environment_factory` is provided (whose reset() returns each "
+            "prompt): give a datasets.Dataset with a 'prompt' column."
+        )
     if is_stream(dataset):
         check_stream(dataset, argument, max_steps)
         return
@@ -37,6 +44,34 @@ def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | Non
         raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{argument} is empty: it needs at least one prompt.")
+
+
+def check_train_dataset(dataset, eval_dataset, args) -> None:
+    """``check_dataset`` for ``train_dataset``, and ``eval_dataset`` needed by an ``eval_strategy``. A stream is read
+    by every process, each keeping its own slice of a rollout (accelerate's ``dispatch_batches=False``), in the
+    process itself: ``dispatch_batches=True`` is refused and ``dataloader_num_workers`` set to 0, as TRL does."""
+    check_dataset(dataset, max_steps=args.max_steps)
+    if eval_dataset is None and args.eval_strategy != "no":
+        raise ValueError(
+            f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "
+            "prompts, like train_dataset), or set eval_strategy='no'."
+        )
+    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+    if not (is_stream(dataset) or any(is_stream(d) for d in evals)):
+        return
+    if args.accelerator_config.dispatch_batches:
+        raise ValueError(
+            "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in `accelerator_config`: "
+            "every process reads the stream itself and keeps its own slice of each rollout, where dispatch_batches "
+            "would have the main process read and send the batches. Set it to False or leave it unset."
+        )
+    args.accelerator_config.dispatch_batches = False
+    if is_stream(dataset) and args.dataloader_num_workers != 0:
+        logger.warning(
+            f"Iterable datasets require `dataloader_num_workers=0`: the stream is read in each training process "
+            f"itself, with no loader workers; overriding the provided value ({args.dataloader_num_workers})."
+        )
+        args.dataloader_num_workers = 0
 
 
 def check_stream(dataset, argument: str, max_steps: int | None) -> None:

@@ -92,7 +92,7 @@ class OnPolicyConfig(
     the numbers and valid alternatives. TRL's names resolve onto steadyrl's (giving both names of one setting with
     different values is refused); TRL fields for what steadyrl does not do are refused unless left at TRL's default.
     ``TrainingArguments``' own fields count in global steps; ``learning_rate`` defaults to 1e-6, ``logging_steps`` to
-    1 and ``gradient_checkpointing`` to True here.
+    10 (TRL's) and ``gradient_checkpointing`` to True here.
 
     Example::
 

@@ -48,13 +48,21 @@ def is_reward_model(func) -> bool:
 
 def reward_model_entries(reward_funcs, reward_processing_classes) -> list[tuple[int, object, object]]:
     """``(index, model, tokenizer or None)`` for each reward model among ``reward_funcs``, its tokenizer from
-    ``reward_processing_classes`` (one for all, or a list aligned with ``reward_funcs``, None for functions)."""
+    ``reward_processing_classes`` (a list aligned with ``reward_funcs``, None for functions; a single tokenizer
+    only beside a single reward function, as in TRL)."""
     funcs = as_list(reward_funcs)
     classes = reward_processing_classes
+    if classes is not None and not isinstance(classes, (list, tuple)) and len(funcs) > 1:
+        raise ValueError(
+            f"reward_processing_classes is one tokenizer but reward_funcs has {len(funcs)} entries: the number of "
+            "reward_processing_classes must match the number of reward_funcs (as in TRL), so that no reward model "
+            "reads another's tokens. Give a list with one entry per reward function (None for a function, or for a "
+            "reward model to use its own tokenizer)."
+        )
     if isinstance(classes, (list, tuple)) and len(classes) != len(funcs):
         raise ValueError(
-            f"reward_processing_classes has {len(classes)} entries but reward_funcs has {len(funcs)}: give one per "
-            "reward function (None for a function that is not a reward model), or a single tokenizer."
+            f"reward_processing_classes has {len(classes)} entries but reward_funcs has {len(funcs)}: the numbers must "
+            "match; give one per reward function (None for a function that is not a reward model)."
         )
     entries = []
     for i, func in enumerate(funcs):

@@ -1,6 +1,7 @@
 """Multi-turn rollouts (TRL's ``tools``, ``environment_factory``, ``rollout_func``): the rollout source whose prompt
 rows become completions through the tool-call loop (agents/turns.py), or through the user's function.
 
+    environment_owned_data()  TRL's environment-owned prompts: no train_dataset, or one without a 'prompt' column
     check_multi_turn()   the arguments checked when the trainer is built -> ``MultiTurn`` and the reward functions
     MultiTurnSource      ``RolloutSource.complete`` for tools / environments / rollout_func
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import datasets
 
 from ...agents.chat_format import (
     check_append_only,
@@ -46,6 +49,38 @@ class MultiTurn:
     @property
     def active(self) -> bool:
         return bool(self.tools) or self.environments is not None or self.rollout_func is not None
+
+
+EMPTY_USER_TURN = [{"role": "user", "content": ""}]
+
+
+def environment_owned_data(dataset, environment_factory, args):
+    """TRL's environment-owned data. With an ``environment_factory`` whose ``reset()`` returns each prompt,
+    ``train_dataset`` may be omitted: ``max_steps`` sets the run's length and a placeholder of one rollout's empty
+    user turns is drawn again and again. A dataset without a 'prompt' column (a dict factory's routing column
+    alone) starts each row from an empty user turn. Anything else is returned as given."""
+    if environment_factory is None:
+        return dataset
+    if dataset is None:
+        if isinstance(environment_factory, dict):
+            raise ValueError(
+                f"A `dict` `environment_factory` ({list(environment_factory)}) requires a `train_dataset` with an "
+                "'environment' column to route each example to its environment: give one, or pass a single "
+                "environment factory."
+            )
+        if args.max_steps <= 0:
+            raise ValueError(
+                f"When training without a `train_dataset` (the environment owns the data and returns the prompt "
+                f"from reset()), max_steps={args.max_steps} cannot size the run: set max_steps to the number of "
+                "optimizer steps to train."
+            )
+        return datasets.Dataset.from_dict({"prompt": [EMPTY_USER_TURN] * args.rollout_batch_size})
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or "prompt" in columns:
+        return dataset
+    if isinstance(dataset, datasets.IterableDataset):
+        return dataset.map(lambda row: {"prompt": EMPTY_USER_TURN})
+    return dataset.add_column("prompt", [EMPTY_USER_TURN] * len(dataset))
 
 
 def check_multi_turn(

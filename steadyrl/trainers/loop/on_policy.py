@@ -58,7 +58,7 @@ from ...reporting.completion_log import CompletionLog
 from ...reporting.run_summary import MetricsLog, RunMeter
 from ...rewards import as_list
 from ...rollout import Rollout, RolloutBuffer, minibatch_schedule
-from ..config.input_checks import check_dataset, check_model_path, check_output_dir
+from ..config.input_checks import check_model_path, check_output_dir, check_train_dataset
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
@@ -69,17 +69,20 @@ from .dynamic_sampling import DynamicSampling
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .learner import Learner
 from .loop_state import PendingMetrics, TrainingBuffer
-from .multi_turn import MultiTurnSource, check_multi_turn
+from .multi_turn import MultiTurnSource, check_multi_turn, environment_owned_data
 from .preemption import StopSignals
 from .reference_sync import check_reference_sync
 from .reporting import ReportingMixin
 from .scoring import Scorer, ScoringPasses
 from .sources import ActorGenerator, PromptDraw, RolloutSource
+from .trl_attributes import TRLAttributesMixin
 
 logger = logging.get_logger(__name__)
 
 
-class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, ReportingMixin, PublishMixin, Trainer):
+class OnPolicyTrainer(
+    AlgorithmHooks, CheckpointMixin, EvaluationMixin, ReportingMixin, PublishMixin, TRLAttributesMixin, Trainer
+):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
     Args (TRL's positional order: model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
@@ -159,13 +162,9 @@ class OnPolicyTrainer(AlgorithmHooks, CheckpointMixin, EvaluationMixin, Reportin
             name = model if isinstance(model, str) else model.config._name_or_path
             args = self.config_class(output_dir=f"{str(name).split('/')[-1]}-{self.algorithm_name}")
         args = as_own_config(args, self.config_class)  # a TRL config is converted field by field
-        check_dataset(train_dataset, max_steps=args.max_steps)
+        train_dataset = environment_owned_data(train_dataset, environment_factory, args)
+        check_train_dataset(train_dataset, eval_dataset, args)
         check_output_dir(args.output_dir)
-        if eval_dataset is None and args.eval_strategy != "no":
-            raise ValueError(
-                f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "
-                "prompts, like train_dataset), or set eval_strategy='no'."
-            )
         check_model_path(model, "model")
         check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path

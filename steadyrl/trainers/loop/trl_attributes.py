@@ -1,0 +1,38 @@
+"""TRL's public trainer attributes that scripts and callbacks read (``trainer.use_vllm``, ``trainer.tools``, ...),
+derived from steadyrl's own state so they cannot disagree with what the run does."""
+
+from __future__ import annotations
+
+from transformers import GenerationConfig
+
+from ...rewards import reward_func_name
+
+
+class TRLAttributesMixin:
+    """Read-only views, for ``OnPolicyTrainer``, of what TRL's trainers expose as attributes."""
+
+    @property
+    def use_vllm(self) -> bool:
+        return bool(self.args.use_vllm)
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """Each reward's name, in order, as its metrics are logged (``rewards/<name>/mean``)."""
+        return [reward_func_name(func) for func in self.reward_funcs]
+
+    @property
+    def tools(self) -> list:
+        """The standalone tools, then each environment's methods (every environment of a dict factory), once each."""
+        multi_turn = getattr(self, "multi_turn", None)
+        if multi_turn is None:
+            return []
+        tools, environments = list(multi_turn.tools), multi_turn.environments
+        for name in environments.factories if environments is not None else ():
+            tools += [t for t in environments.tools_of(name) if t.__name__ not in {u.__name__ for u in tools}]
+        return tools
+
+    @property
+    def generation_config(self) -> GenerationConfig | None:
+        """The ``GenerationConfig`` transformers' generate samples rollouts with; None where vLLM generates."""
+        config = getattr(getattr(self, "backend", None), "generation_config", None)
+        return config() if callable(config) else None
