@@ -188,7 +188,7 @@ def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int, g
 
 def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[str], generation_time: float) -> dict:
     """What one rollout logs: the total reward and its spread, completion length, generation speed, the KL to the
-    reference (when the sampling policy's log-probs were computed) and, with several rewards, each one's mean.
+    reference (when the sampling policy's log-probs were computed) and each reward's mean and std (TRL's names).
     ``scores`` [N, num_rewards] holds each reward function's scores before weighting, NaN where it returned None."""
     mask, total = rollout.completion_mask, rollout.scores
     metrics = {
@@ -200,9 +200,10 @@ def rollout_metrics(rollout: Rollout, scores: torch.Tensor, reward_names: list[s
         metrics = {"reward": total.mean().item(), "reward_std": spread, **metrics}
     if rollout.old_logprobs is not None and rollout.ref_logprobs is not None:  # else the loss reports it
         metrics["kl"] = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.policy_mask).mean().item()
-    if len(reward_names) > 1:  # the mean where the function applied (not None), as TRL: NaN if it applied nowhere
-        for j, name in enumerate(reward_names):
-            metrics[f"rewards/{name}"] = scores[:, j].nanmean().item()
+    for j, name in enumerate(reward_names):  # where the function applied (not None), as TRL: NaN if nowhere
+        applied = scores[:, j][~scores[:, j].isnan()]
+        metrics[f"rewards/{name}/mean"] = applied.mean().item() if len(applied) else math.nan
+        metrics[f"rewards/{name}/std"] = applied.std().item() if len(applied) > 1 else 0.0
     return metrics
 
 

@@ -70,8 +70,8 @@ class Environments:
         unknown = sorted({str(n) for n in names if n not in self.factories})
         if unknown:
             raise ValueError(
-                f"examples name environment {unknown}, which environment_factory does not have: it has "
-                f"{list(self.factories)}."
+                f"examples name environment {unknown}, which is not among the environments passed to "
+                f"environment_factory: it has {list(self.factories)}."
             )
         return list(names)
 

@@ -52,21 +52,37 @@ class RunMeter:
         """Continue the counts of a checkpoint's meter."""
         self.elapsed, self.tokens = float(state["elapsed"]), int(state["tokens"])
 
-    def summary(self, step: int, samples_per_step: int, tokens: int, log_history: list[dict]) -> dict[str, float]:
+    def summary(
+        self, step: int, samples_per_step: int, tokens: int, log_history: list[dict], pending: dict[str, float]
+    ) -> dict[str, float]:
         """Over the whole run, resumed or not: ``train_runtime``, steps / samples / generated tokens per second
-        (``tokens``: every process's), the mean ``train_loss`` of the logged entries and the last logged
-        ``reward``."""
+        (``tokens``: every process's), ``train_loss`` (the mean over every step, as ``Trainer``'s) and the last
+        ``reward``; ``pending``: the means of the steps since the last logging step."""
         runtime = max(self.elapsed + time.time() - self.start_time, 1e-9)
-        losses = [e["loss"] for e in log_history if "loss" in e]
-        rewards = [e["reward"] for e in log_history if "reward" in e]
+        loss = mean_step_loss(log_history, pending.get("loss"), step)
+        rewards = [e["reward"] for e in log_history if "reward" in e] + (
+            [pending["reward"]] if "reward" in pending else []
+        )
         summary = {
             "train_runtime": runtime,
             "train_steps_per_second": step / runtime,
             "train_samples_per_second": step * samples_per_step / runtime,
             "train_tokens_per_second": tokens / runtime,
         }
-        if losses:
-            summary["train_loss"] = sum(losses) / len(losses)
+        if loss is not None:
+            summary["train_loss"] = loss
         if rewards:
             summary["final_reward"] = rewards[-1]
         return summary
+
+
+def mean_step_loss(log_history: list[dict], pending_loss: float | None, step: int) -> float | None:
+    """The mean loss over every step up to ``step``: each logged ``loss`` (a mean over the steps since the entry
+    before it) weighted by the steps it covers, and ``pending_loss`` by the steps since the last one."""
+    total, covered = 0.0, 0
+    for entry in log_history:
+        if "loss" in entry and entry.get("step", 0) > covered:
+            total, covered = total + entry["loss"] * (entry["step"] - covered), entry["step"]
+    if pending_loss is not None and step > covered:
+        total, covered = total + pending_loss * (step - covered), step
+    return total / covered if covered else None

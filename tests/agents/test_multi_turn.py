@@ -82,7 +82,7 @@ def test_environment_factory_resets_scores_and_exposes_its_methods(tmp_path):
     prompts = tok.batch_decode(buffers[0].rollout.prompt_ids, skip_special_tokens=False)
     assert all("tools: add<|im_end|>" in p and "Use the tool.<|im_end|>" in p for p in prompts), "reset() appends"
     assert any(e.get("tools/call_frequency", 0) > 0 for e in trainer.state.log_history), "no environment tool call"
-    entries = [e for e in trainer.state.log_history if "rewards/Calculator" in e]
+    entries = [e for e in trainer.state.log_history if "rewards/Calculator/mean" in e]
     assert entries, "get_reward is a reward source named after the environment class"
     assert trainer.reward_weights.tolist() == [1.0, 1.0, 1.0]
     assert [type(e).__name__ for e in trainer.multi_turn.environments.pool[None]] == ["Calculator"] * 8

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import TOY_RUN
 from support.toy_run import make_trainer
 
@@ -117,3 +118,16 @@ def test_the_steps_after_the_last_logging_step_are_logged_with_the_summary(tmp_p
     summary = sparse.state.log_history[-1]
     assert "train_loss" in summary and summary["reward"] == step3["reward"] and summary["loss"] == step3["loss"]
     assert [e["step"] for e in sparse.state.log_history if "reward" in e] == [2, 3]
+    losses = [e["loss"] for e in every.state.log_history if "loss" in e]
+    assert len(losses) == 3, "train_loss is the mean over every step, as Trainer's, however often the run logs"
+    for trainer in (every, sparse):
+        assert trainer.state.log_history[-1]["train_loss"] == pytest.approx(sum(losses) / 3, rel=1e-9, abs=1e-12)
+
+
+def test_a_run_shorter_than_logging_steps_reports_its_train_loss_and_metrics(tmp_path):
+    """TRL's default logging_steps=10 on a 4-step run: nothing is logged before the summary, which holds the mean
+    train_loss and the 4 steps' metrics (each reward's mean and std by TRL's names)."""
+    trainer = make_trainer(tmp_path, max_steps=4, logging_steps=10)
+    trainer.train()
+    (summary,) = trainer.state.log_history
+    assert {"train_loss", "loss", "reward", "rewards/letters_reward/mean", "rewards/letters_reward/std"} <= set(summary)

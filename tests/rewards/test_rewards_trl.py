@@ -278,7 +278,9 @@ def test_grpo_trains_with_an_async_and_a_multi_task_reward(tmp_path):
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     assert logs and all(math.isfinite(entry["reward"]) for entry in logs)
     # each function's mean where it applied; NaN in a rollout where it applied to no sample (as TRL's nanmean)
-    assert all({"rewards/length_only", "rewards/letters_only", "length_share"} <= entry.keys() for entry in logs)
+    assert all(
+        {"rewards/length_only/mean", "rewards/letters_only/mean", "length_share"} <= entry.keys() for entry in logs
+    )
 
 
 def test_grpo_normalize_then_sum_trains_with_none_rewards(tmp_path):

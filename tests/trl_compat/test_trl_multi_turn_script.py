@@ -49,4 +49,4 @@ def test_the_trl_script_runs_with_only_the_import_changed(tmp_path, kind):
     assert any(entry["tools/call_frequency"] > 0 for entry in steps), "no tool was called"
     assert all(0 < entry["env_token_share"] < 1 for entry in steps if entry["tools/call_frequency"] > 0)
     if kind == "environment":
-        assert all("rewards/CalculatorEnv" in entry for entry in steps), "get_reward is a reward source"
+        assert all("rewards/CalculatorEnv/mean" in entry for entry in steps), "get_reward is a reward source"

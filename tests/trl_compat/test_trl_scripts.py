@@ -51,7 +51,7 @@ def test_trl_style_script_evaluates_logs_checkpoints_and_resumes_exactly(tmp_pat
     assert sorted(p.name for p in full.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     logs = history(full)
     assert [e["step"] for e in logs if "eval_reward" in e] == [2, 4, 6]
-    assert {"rewards/think_format_reward", "rewards/letters_in_answer"} <= set(logs[0])
+    assert {"rewards/think_format_reward/mean", "rewards/letters_in_answer/mean"} <= set(logs[0])
     lines = [json.loads(line) for line in (full / "completions.jsonl").read_text().splitlines()]
     assert lines and lines[0]["prompt"].startswith("<|im_start|>")  # the chat template the model saw
     assert set(lines[0]["rewards"]) == {"think_format_reward", "letters_in_answer"}

@@ -50,21 +50,22 @@ def check_train_dataset(dataset, eval_dataset, args) -> None:
     """``check_dataset`` for ``train_dataset``, and ``eval_dataset`` needed by an ``eval_strategy``. A stream is read
     by every process, each keeping its own slice of a rollout (accelerate's ``dispatch_batches=False``), in the
     process itself: ``dispatch_batches=True`` is refused and ``dataloader_num_workers`` set to 0, as TRL does."""
+    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+    streams = is_stream(dataset) or any(is_stream(d) for d in evals)
+    if streams and args.accelerator_config.dispatch_batches:
+        raise ValueError(
+            "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in `accelerator_config`: "
+            "every process reads the stream itself and keeps its own slice of each rollout, where dispatch_batches "
+            "would have the main process read and send the batches. Set it to False or leave it unset."
+        )
     check_dataset(dataset, max_steps=args.max_steps)
     if eval_dataset is None and args.eval_strategy != "no":
         raise ValueError(
             f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "
             "prompts, like train_dataset), or set eval_strategy='no'."
         )
-    evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
-    if not (is_stream(dataset) or any(is_stream(d) for d in evals)):
+    if not streams:
         return
-    if args.accelerator_config.dispatch_batches:
-        raise ValueError(
-            "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in `accelerator_config`: "
-            "every process reads the stream itself and keeps its own slice of each rollout, where dispatch_batches "
-            "would have the main process read and send the batches. Set it to False or leave it unset."
-        )
     args.accelerator_config.dispatch_batches = False
     if is_stream(dataset) and args.dataloader_num_workers != 0:
         logger.warning(

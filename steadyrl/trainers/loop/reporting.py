@@ -29,11 +29,11 @@ class ReportingMixin:
         tokens = torch.tensor(self.meter.tokens, dtype=torch.float64, device=self.accelerator.device)
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.reduce(tokens, "sum")
+        pending = self.pending_means()  # as TRL: the steps since the last logging step come with the summary
         summary = self.meter.summary(
-            self.state.global_step, self.args.train_batch_size, int(tokens.item()), self.state.log_history
+            self.state.global_step, self.args.train_batch_size, int(tokens.item()), self.state.log_history, pending
         )
-        # as TRL: the metrics of the steps since the last logging step come with it instead of being dropped
-        self.log({**self.pending_means(), **summary})
+        self.log({**pending, **summary})
         return summary
 
     def pending_means(self) -> dict[str, float]:

@@ -142,6 +142,11 @@ class TokenSelectionMixin:
     _entropy_window: torch.Tensor | None = None  # [2]: sum of entropies and tokens over this step's micro-batches
 
     @property
+    def entropy_coef(self) -> float:
+        """TRL's attribute: the entropy bonus's coefficient now (``use_adaptive_entropy`` moves it each step)."""
+        return self.algorithm_state.coef
+
+    @property
     def reads_engine_logprobs(self) -> bool:
         return self.args.off_policy_mask_threshold is not None
 
