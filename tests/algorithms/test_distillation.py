@@ -3,6 +3,7 @@ next-token distributions (the teacher, same tokenizer) on-policy; the divergence
 teacher is part of the run's fingerprint, and the saved model and checkpoints hold the student only."""
 
 import torch
+from conftest import read_logs, run_toy
 from safetensors.torch import load_file
 from support.toy_run import make_trainer
 
@@ -34,3 +35,14 @@ def test_divergence_falls_and_only_the_student_is_saved(tmp_path):
     checkpoint = tmp_path / "checkpoint-12"
     files = sorted(path.name for path in checkpoint.iterdir())
     assert not any("teacher" in name for name in files), files
+
+
+def test_lora_student_with_colocated_vllm_generates_from_each_updated_student(tmp_path):
+    """LoRA on the student and vLLM generating its rollouts: after every update the engine samples from the merged
+    student (its log-probs equal the trainer's), and the adapters learn the teacher's distributions."""
+    run_toy(tmp_path, "--algorithm", "distillation", "--lora", "--set", "use_vllm=true", 'vllm_dtype="float32"')
+    logs = read_logs(tmp_path)
+    assert all(logs[step]["generation_logprob_diff"] < 1e-5 for step in range(1, 13)), logs
+    divergence = [logs[step]["divergence"] for step in range(1, 13)]
+    assert mean(divergence[-3:]) < mean(divergence[:3]), divergence
+    assert (tmp_path / "final-actor" / "adapter_model.safetensors").exists(), "the student's adapters are exported"

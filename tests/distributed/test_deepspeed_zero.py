@@ -13,8 +13,14 @@ from resume.test_resume import assert_same_result
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-# ZeRO-2 with PPO only: its two engines cover RLOO's one, and ZeRO-3 runs both (each pair costs a minute of CI).
-ZERO_RUNS = [("zero2", "ppo"), ("zero3", "rloo"), ("zero3", "ppo"), ("zero3_offload", "ppo")]
+# ZeRO-2 with PPO only: its two engines cover RLOO's one, and ZeRO-3 runs both (each pair costs a minute of CI), and
+# distillation, whose frozen teacher is partitioned beside the student.
+ZERO_RUNS = [("zero2", "ppo"), ("zero3", "rloo"), ("zero3", "ppo"), ("zero3", "distillation"), ("zero3_offload", "ppo")]
+LOGGED = {
+    "ppo": ("reward", "kl", "critic_grad_norm", "value_loss"),
+    "rloo": ("reward", "kl"),
+    "distillation": ("divergence",),
+}
 
 
 @pytest.fixture(scope="module", params=ZERO_RUNS, ids=[f"{stage}-{algo}" for stage, algo in ZERO_RUNS])
@@ -31,7 +37,7 @@ def zero_run(request, tmp_path_factory, toy_path):
 def test_zero_trains_like_ddp_and_checkpoints_each_optimizer_partition(zero_run, ddp_runs):
     stage, algorithm, out = zero_run
     ddp, zero = read_logs(ddp_runs(algorithm)), read_logs(out)
-    keys = ("loss", "grad_norm", "reward", "kl") + (("critic_grad_norm", "value_loss") if algorithm == "ppo" else ())
+    keys = ("loss", "grad_norm", *LOGGED[algorithm])
     for step in range(1, 13):  # same data, same seeds: only the order of floating-point sums may differ
         for key in keys:
             assert zero[step][key] == pytest.approx(ddp[step][key], rel=1e-4, abs=1e-5), (step, key)
