@@ -112,7 +112,8 @@ class DistillationTrainer(OnPolicyTrainer):
             0.5B's); a teacher given by path has its tokenizer compared with the student's.
         args: a ``DistillationConfig`` (or TRL's, converted field by field).
         train_dataset, eval_dataset, processing_class, callbacks, optimizers, quantization_config, peft_config,
-            tools: as ``OnPolicyTrainer``'s. ``eval_dataset`` is not supported yet.
+            tools: as ``OnPolicyTrainer``'s; ``evaluate()`` reports the divergence of the
+            student's completions of ``eval_dataset`` as ``eval_loss``, as TRL's.
 
     Example::
 
@@ -125,6 +126,7 @@ class DistillationTrainer(OnPolicyTrainer):
     algorithm_name = "distillation"
     config_class = DistillationConfig
     uses_rewards = False
+    evaluates_loss = True  # eval_loss: the divergence of the evaluation rollout, as TRL's
 
     def __init__(
         self,
@@ -152,18 +154,13 @@ class DistillationTrainer(OnPolicyTrainer):
                 "args.teacher_model_name_or_path (--teacher_model_name_or_path on the command line)."
             )
         check_model_path(teacher_model, "teacher_model")
-        if eval_dataset is not None:
-            raise ValueError(
-                "eval_dataset is not supported by DistillationTrainer: steadyrl's evaluate() scores completions with "
-                "reward functions, and distillation has none. Leave eval_dataset unset."
-            )
         self._teacher_given, self._teacher_head = teacher_model, None
         super().__init__(
             model,
             None,
             args,
             train_dataset,
-            None,
+            eval_dataset,
             processing_class,
             None,
             callbacks,

@@ -46,3 +46,15 @@ def test_lora_student_with_colocated_vllm_generates_from_each_updated_student(tm
     divergence = [logs[step]["divergence"] for step in range(1, 13)]
     assert mean(divergence[-3:]) < mean(divergence[:3]), divergence
     assert (tmp_path / "final-actor" / "adapter_model.safetensors").exists(), "the student's adapters are exported"
+
+
+def test_evaluate_reports_the_divergence_of_the_students_completions_as_eval_loss(tmp_path):
+    from steadyrl.toy import chat_dataset
+
+    settings = dict(max_steps=4, save_steps=100, eval_strategy="steps", eval_steps=2, num_ppo_epochs=1)
+    trainer = make_trainer(tmp_path, algorithm="distillation", eval_dataset=chat_dataset("eval"), **settings)
+    trainer.train()
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4]
+    assert all(entry["eval_loss"] > 0 and entry["eval_completions/mean_length"] > 0 for entry in evaluations)
+    assert not any(key.startswith("eval_reward") for entry in evaluations for key in entry)

@@ -97,11 +97,6 @@ def _(ctx):
     DistillationTrainer(model, model, make_config(ctx.tmp_path, "distillation"), chat_dataset("train"))
 
 
-@trigger("distillation-eval")
-def _(ctx):
-    make_trainer(ctx.tmp_path, algorithm="distillation", eval_dataset=chat_dataset("eval"))
-
-
 @trigger("ppo-num-mini-batches")
 def _(ctx):
     make_config(ctx.tmp_path, "ppo", num_mini_batches=4)

@@ -45,10 +45,15 @@ def check_one_eval_dataset(dataset, name: str, conversational: bool) -> None:
 
 
 def summary(
-    prefix: str, totals: list[float], per_function: dict[str, list[float]], lengths: list[int], truncated: list[bool]
+    prefix: str,
+    totals: list[float],
+    per_function: dict[str, list[float]],
+    lengths: list[int],
+    truncated: list[bool],
+    rewarded: bool = True,
 ) -> dict[str, float]:
-    """TRL's evaluation metrics from every completion's total reward, each function's rewards, its length and
-    whether it was cut at max_completion_length (no EOS)."""
+    """TRL's evaluation metrics from every completion's total reward (unless not ``rewarded``: distillation), each
+    function's rewards, its length and whether it was cut at max_completion_length (no EOS)."""
 
     def mean(values):
         return sum(values) / len(values)
@@ -56,7 +61,7 @@ def summary(
     def std(values):  # unbiased, as torch.std
         return math.sqrt(sum((v - mean(values)) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
 
-    metrics = {f"{prefix}_reward": mean(totals), f"{prefix}_reward_std": std(totals)}
+    metrics = {f"{prefix}_reward": mean(totals), f"{prefix}_reward_std": std(totals)} if rewarded else {}
     for name, values in per_function.items():
         values = [v for v in values if not math.isnan(v)] or [math.nan]  # None (NaN): the function did not apply
         metrics[f"{prefix}_rewards/{name}/mean"] = mean(values)
@@ -75,9 +80,10 @@ class EvaluationMixin:
         """Generate ``num_generations_eval`` (default ``n_samples_per_prompt``) completions for every prompt of
         ``eval_dataset`` (default: the trainer's), score them with the reward functions, log and return the
         metrics: ``eval_reward``, ``eval_reward_std``, ``eval_rewards/<name>/mean`` and ``/std``,
-        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``, and for GRPO and RLOO
-        ``eval_loss`` (the evaluation rollout's loss). A dict of datasets is
-        evaluated one by one, as by ``Trainer``: the metrics of ``{"a": ...}`` are named ``eval_a_reward``, ...."""
+        ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``, and for GRPO, RLOO and
+        distillation ``eval_loss`` (the evaluation rollout's loss; distillation has no reward metrics). A dict of
+        datasets is evaluated one by one, as by ``Trainer``: the metrics of ``{"a": ...}`` are named
+        ``eval_a_reward``, ...."""
         if eval_dataset is None:
             eval_dataset = self.eval_dataset
         else:
@@ -89,7 +95,7 @@ class EvaluationMixin:
             for name, dataset in eval_dataset.items():
                 metrics.update(self.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        if not self.reward_funcs:
+        if not self.reward_funcs and self.uses_rewards:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
         if is_stream(eval_dataset):  # a stream is read whole at each evaluation, as TRL's eval DataLoader reads it
             eval_dataset = datasets.Dataset.from_list(list(eval_dataset))
@@ -132,7 +138,7 @@ class EvaluationMixin:
 
         per_function = {reward_func_name(f): kept(scores[:, j].tolist()) for j, f in enumerate(self.reward_funcs)}
         lengths = kept([len(ids) for ids in completion_ids])
-        metrics = summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()))
+        metrics = summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()), self.uses_rewards)
         if self.evaluates_loss:
             metrics[f"{prefix}_loss"] = self.evaluation_loss(
                 Sampled(prompts, columns, prompt_ids, generation, 0.0), scores
