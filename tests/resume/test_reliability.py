@@ -25,6 +25,7 @@ FUZZ_RUNS = {  # save every step, so kills land in checkpoint writes and rotatio
     "rloo-vllm": ("rloo", ["use_vllm=true", "vllm_dtype=float32"]),
     "ppo": ("ppo", []),
     "online-dpo": ("online-dpo", []),
+    "distillation": ("distillation", []),
     "grpo": ("grpo", ["beta=0.04", "loss_type=dapo"]),
     # half the prompts get a constant reward: each rollout draws 2 or more batches of prompts, and a kill lands
     # between draws as often as anywhere else
