@@ -40,6 +40,11 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=stream, accelerator_config={"dispatch_batches": True})
 
 
+@trigger("image-column")
+def _(ctx):
+    make_trainer(ctx.tmp_path, train_dataset=toy_dataset().add_column("image", [None] * len(toy_dataset())))
+
+
 @trigger("empty-dataset")
 def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": []}))

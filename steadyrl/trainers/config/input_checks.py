@@ -44,6 +44,23 @@ def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | Non
         raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{argument} is empty: it needs at least one prompt.")
+    check_text_only(columns, argument)
+
+
+IMAGE_COLUMNS = ("image", "images")  # TRL's columns of a vision-language dataset
+
+
+def check_text_only(columns: list[str], argument: str) -> None:
+    """TRL trains vision-language models on a dataset with an 'image' or 'images' column; steadyrl trains on text
+    alone, so such a dataset is refused rather than trained on without its images."""
+    found = [name for name in IMAGE_COLUMNS if name in columns]
+    if found:
+        raise ValueError(
+            f"{argument} has the column {found[0]!r}, which TRL reads as a vision-language model's images: steadyrl "
+            "trains text-only models, and would train on the prompts without their images. Use TRL for "
+            f"vision-language training, or rename the column if it is not images (it then reaches the reward "
+            "functions as a keyword argument)."
+        )
 
 
 def check_train_dataset(dataset, eval_dataset, args) -> None:
@@ -94,6 +111,7 @@ def check_stream(dataset, argument: str, max_steps: int | None) -> None:
         raise ValueError(
             f"{argument} needs a 'prompt' column of strings or conversations; its columns are {list(rows[0])}."
         )
+    check_text_only(list(rows[0]), argument)
 
 
 def check_output_dir(path: str, argument: str = "output_dir") -> None:
