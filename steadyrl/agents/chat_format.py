@@ -7,6 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jinja2 import TemplateError
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 _SENTINELS = ("tool_name_7f3a", "arg_key_91c2", "arg_value_5be0", "tool_content_d4e8")
 
@@ -79,6 +82,37 @@ def parse_turn(tokenizer, ids: list[int], prefix: list[int], tools: list[Callabl
         return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
 
 
+def training_template_kwargs(tokenizer, tools: list[Callable], chat_template_kwargs: dict) -> dict:
+    """The chat-template arguments multi-turn rendering uses: as given where the template is append-only, else with
+    TRL's training version of the template (``trl.chat_template_utils.get_training_chat_template``: Qwen3's drops an
+    empty reasoning block once a tool reply follows), as TRL's GRPOTrainer swaps it in. The tokenizer keeps its own
+    template (the one saved with the model). A template neither append-only nor known to TRL is refused."""
+    try:
+        check_append_only(tokenizer, tools, chat_template_kwargs)
+        return chat_template_kwargs
+    except ValueError:
+        training = _trl_training_template(tokenizer)
+        if training is None:
+            raise
+    swapped = {**chat_template_kwargs, "chat_template": training}
+    check_append_only(tokenizer, tools, swapped)
+    logger.warning(
+        "The tokenizer's chat template re-renders earlier turns of a tool conversation; multi-turn rollouts are "
+        "rendered with TRL's training version of it (trl.chat_template_utils.get_training_chat_template), as TRL "
+        "does. The tokenizer saved with the model keeps its own template."
+    )
+    return swapped
+
+
+def _trl_training_template(tokenizer) -> str | None:
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+
+        return get_training_chat_template(tokenizer)
+    except (ImportError, ValueError):
+        return None
+
+
 def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: dict) -> list[int]:
     """The ids that follow an assistant turn ending in EOS: the tool messages, then the next assistant turn's
     opening. Rendered after a stand-in turn with the same tool name and cut after its EOS, as TRL does; the append-only
@@ -108,6 +142,19 @@ def check_append_only(tokenizer, tools: list[Callable], chat_template_kwargs: di
     which drops earlier reasoning, is one): the trained ids are the concatenation of each turn's ids, so they must
     equal the whole conversation rendered at once. Names the first turn whose rendering changed and the text."""
     name = tools[0].__name__ if tools else "lookup"
+    head = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "", "tool_calls": _call(name, {})},
+    ]
+    before = render(tokenizer, head, chat_template_kwargs, tools)
+    after = render(tokenizer, head + [{"role": "tool", "name": name, "content": "5"}], chat_template_kwargs, tools)
+    if not after.startswith(before.rstrip()):
+        raise ValueError(
+            "The chat template is not append-only: a tool reply after an assistant turn without text re-renders "
+            f"that turn: {_first_difference(before, after)}. Multi-turn training concatenates each turn's token ids, "
+            "so they would differ from the conversation the template renders. Use a template that keeps earlier "
+            "turns as they were (e.g. TRL's trl.chat_template_utils.get_training_chat_template(tokenizer))."
+        )
     turns = [
         [{"role": "user", "content": "What is 2 + 3?"}],
         [{"role": "assistant", "content": "<think>\nadd\n</think>\n\n", "tool_calls": _call(name, {"a": 2})}],

@@ -47,6 +47,7 @@ class Environments:
             if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in self.reward_types:
                 self.reward_types.append(type(instance))
         self.standalone = list(tools)
+        self.current: list = []  # the instances of the rows being rolled out (TRL's trainer.environments)
 
     def check_dataset(self, dataset) -> None:
         """With the dict form, every example must name one of the environments (checked when the trainer is built
@@ -85,6 +86,7 @@ class Environments:
                 pool.append(self.factories[name]())
             handed[name] = index + 1
             chosen.append(pool[index])
+        self.current = chosen
         return chosen
 
     def reset(self, environments: list, prompts: list, columns: dict[str, list]) -> list:

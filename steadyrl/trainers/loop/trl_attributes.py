@@ -32,6 +32,13 @@ class TRLAttributesMixin:
         return tools
 
     @property
+    def environments(self) -> list:
+        """The environment instances of the rows last rolled out on this process, in row order ([] without
+        ``environment_factory``)."""
+        multi_turn = getattr(self, "multi_turn", None)
+        return [] if multi_turn is None or multi_turn.environments is None else multi_turn.environments.current
+
+    @property
     def generation_config(self) -> GenerationConfig | None:
         """The ``GenerationConfig`` transformers' generate samples rollouts with; None where vLLM generates."""
         config = getattr(getattr(self, "backend", None), "generation_config", None)

@@ -3,6 +3,8 @@ turn loop's bookkeeping on token ids (env_mask, log-probs, the completion budget
 
 import asyncio
 
+import pytest
+
 from steadyrl.agents.environments import Environments
 from steadyrl.agents.tools import ToolBox, run_tool_calls
 from steadyrl.agents.turns import run_turns
@@ -146,3 +148,30 @@ def test_environments_are_one_per_row_and_score_only_their_own_rows():
     game_reward, quiz_reward = environments.reward_functions()
     assert asyncio.run(game_reward(environments=chosen)) == [1.0, None, 1.0]
     assert quiz_reward(environments=chosen) == [None, 0.5, None] and quiz_reward.__name__ == "Quiz"
+
+
+def test_a_template_trl_has_a_training_version_of_is_swapped_for_it_and_the_tokenizer_keeps_its_own():
+    """TRL's Qwen3 template drops the empty reasoning block of an assistant turn once a tool reply follows it, so the
+    ids of a tool conversation would not be the concatenation of its turns; as TRL's GRPOTrainer does, rollouts are
+    rendered with TRL's training version, and the tool replies' ids then follow the model's turn exactly."""
+    from pathlib import Path
+
+    import trl
+    from transformers import AutoTokenizer
+
+    from steadyrl.agents.chat_format import check_append_only, tool_suffix_ids, training_template_kwargs
+    from steadyrl.real import smollm2_path
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path())
+    qwen3 = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    tokenizer.chat_template = qwen3
+    reply = [{"role": "tool", "name": "add", "content": "5"}]
+    with pytest.raises(ValueError, match="a tool reply after an assistant turn without text re-renders that turn"):
+        check_append_only(tokenizer, [add], {})
+    with pytest.raises(ValueError, match="renders an assistant turn differently once a tool reply follows it"):
+        tool_suffix_ids(tokenizer, reply, {})
+    kwargs = training_template_kwargs(tokenizer, [add], {})
+    assert set(kwargs) == {"chat_template"} and kwargs["chat_template"] != qwen3
+    assert tokenizer.chat_template == qwen3, "the tokenizer saved with the model keeps its template"
+    suffix = tokenizer.decode(tool_suffix_ids(tokenizer, reply, kwargs))
+    assert suffix == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
