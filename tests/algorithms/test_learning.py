@@ -12,6 +12,7 @@ def held_out_reward_gain(output_dir, algorithm, steps, reward_kwargs):
     """Train with the demo's settings; return the held-out rule reward before and after, and the logged rewards."""
     config_class, trainer_class = ALGORITHMS[algorithm]
     settings = {**TRAINING_SETTINGS[algorithm], "save_steps": 1000, "report_to": "none", "disable_tqdm": True}
+    settings["logging_steps"] = 1  # the early and late steps' rewards are compared
     args = config_class(output_dir=str(output_dir), max_steps=steps, **settings)
     trainer = trainer_class(model=toy_model_path(), args=args, train_dataset=toy_dataset(), **reward_kwargs)
     held_out = toy_dataset(num_prompts=128, seed=1)

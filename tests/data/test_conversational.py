@@ -15,6 +15,7 @@ SMALL = dict(
     max_completion_length=12,
     max_steps=2,
     save_steps=2,
+    logging_steps=1,
     report_to="none",
     disable_tqdm=True,
     seed=0,

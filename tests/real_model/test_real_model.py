@@ -24,6 +24,7 @@ SMALL = dict(
     beta=0.04,
     max_steps=2,
     save_strategy="no",
+    logging_steps=1,
     report_to="none",
     disable_tqdm=True,
     seed=0,
