@@ -18,6 +18,11 @@ def _call(name: str, arguments: dict) -> list[dict]:
     return [{"type": "function", "function": {"name": name, "arguments": arguments}}]
 
 
+def _text_free_call(name: str) -> list[dict]:
+    """A user turn, then an assistant turn that only calls ``name``: what a tool reply is rendered after."""
+    return [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": _call(name, {})}]
+
+
 def render(tokenizer, messages: list[dict], chat_template_kwargs: dict, tools=None, generation_prompt=False) -> str:
     return tokenizer.apply_chat_template(
         messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt, **chat_template_kwargs
@@ -117,10 +122,7 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     """The ids that follow an assistant turn ending in EOS: the tool messages, then the next assistant turn's
     opening. Rendered after a stand-in turn with the same tool name and cut after its EOS, as TRL does; the append-only
     check at build time makes this equal to rendering the real conversation."""
-    head = [
-        {"role": "user", "content": "x"},
-        {"role": "assistant", "content": "", "tool_calls": _call(tool_messages[0]["name"], {})},
-    ]
+    head = _text_free_call(tool_messages[0]["name"])
     before = tokenizer.apply_chat_template(head, tokenize=True, return_dict=False, **chat_template_kwargs)
     after = tokenizer.apply_chat_template(
         head + tool_messages, tokenize=True, return_dict=False, add_generation_prompt=True, **chat_template_kwargs
@@ -142,10 +144,7 @@ def check_append_only(tokenizer, tools: list[Callable], chat_template_kwargs: di
     which drops earlier reasoning, is one): the trained ids are the concatenation of each turn's ids, so they must
     equal the whole conversation rendered at once. Names the first turn whose rendering changed and the text."""
     name = tools[0].__name__ if tools else "lookup"
-    head = [
-        {"role": "user", "content": "What is 2 + 3?"},
-        {"role": "assistant", "content": "", "tool_calls": _call(name, {})},
-    ]
+    head = _text_free_call(name)
     before = render(tokenizer, head, chat_template_kwargs, tools)
     after = render(tokenizer, head + [{"role": "tool", "name": name, "content": "5"}], chat_template_kwargs, tools)
     if not after.startswith(before.rstrip()):

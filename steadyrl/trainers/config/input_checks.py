@@ -58,7 +58,7 @@ def check_text_only(columns: list[str], argument: str) -> None:
         raise ValueError(
             f"{argument} has the column {found[0]!r}, which TRL reads as a vision-language model's images: steadyrl "
             "trains text-only models, and would train on the prompts without their images. Use TRL for "
-            f"vision-language training, or rename the column if it is not images (it then reaches the reward "
+            "vision-language training, or rename the column if it is not images (it then reaches the reward "
             "functions as a keyword argument)."
         )
 
