@@ -69,6 +69,18 @@ def _(ctx):
     tool_run(ctx, processing_class=tokenizer)
 
 
+@trigger("template-text-free-call")
+def _(ctx):
+    from steadyrl.toy.tools import tool_tokenizer
+
+    tokenizer = tool_tokenizer()  # marks the last assistant turn: a tool reply after it re-renders it
+    opening = "'<|im_start|>assistant\\n' + message.content"
+    assert opening in tokenizer.chat_template
+    marked = "'<|im_start|>assistant\\n' + ('(last) ' if loop.last else '') + message.content"
+    tokenizer.chat_template = tokenizer.chat_template.replace(opening, marked)
+    tool_run(ctx, processing_class=tokenizer)
+
+
 @trigger("rollout-func-and-tools")
 def _(ctx):
     tool_run(ctx, rollout_func=lambda prompts, trainer: {})
