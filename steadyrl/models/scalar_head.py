@@ -21,6 +21,7 @@ from ..distributed.sharded_loading import (
 )
 from ..distributed.zero import check_whole, copy_weights, gathered, same_kind_of_model
 from ..ops import joined_inputs, pad_prompts_and_completions
+from ..ops.packing import PackedRows, pack_shared_prompts, packed_hidden_states, packing_fallback
 
 
 def load_scalar_model(
@@ -119,12 +120,27 @@ class Critic(torch.nn.Module):
     def config(self):
         return self.model.config
 
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:  # -> [B, C]
-        scores = token_scores(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return scores[:, prompt_ids.shape[1] - 1 : -1]
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, packing: bool = False) -> torch.Tensor:
+        """[B, C] values; with ``packing`` from one packed pass where the model allows it (ops/packing.py)."""
+        tokens = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        if packing and not packing_fallback(self.model, tokens, padded_values, packed_values):
+            return packed_values(self.model, pack_shared_prompts(*tokens))
+        return padded_values(self.model, *tokens)
 
     def save_pretrained(self, directory, **kwargs) -> None:
         self.model.save_pretrained(directory, **kwargs)
+
+
+def padded_values(model: PreTrainedModel, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """[B, C] the scalar head at the position before each completion token (that token's state), float32."""
+    scores = token_scores(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    return scores[:, prompt_ids.shape[1] - 1 : -1]
+
+
+def packed_values(model: PreTrainedModel, packed: PackedRows) -> torch.Tensor:
+    """``padded_values`` from one packed pass: [B, C], 0 on padding."""
+    hidden = packed_hidden_states(getattr(model, model.base_model_prefix), packed)  # [K, H]
+    return packed.scatter(model.score(hidden).squeeze(-1).float())
 
 
 def critic_from_policy(policy: PreTrainedModel, seed: int) -> PreTrainedModel:

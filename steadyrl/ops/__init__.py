@@ -16,6 +16,7 @@ from .advantages import (
     whiten,
     zero_std_groups,
 )
+from .logit_rows import token_entropy, token_logprobs
 from .logprobs import (
     batched_forward,
     batched_logprobs,
@@ -29,8 +30,6 @@ from .logprobs import (
     pad_prompts_and_completions,
     padded_width,
     sequence_kl,
-    token_entropy,
-    token_logprobs,
     trim_padding,
 )
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .head_logprobs import HeadGradients, chunk_logits, chunkable_head, compute_dtype, warn_full_logits_once
-from .logprobs import completion_logits, joined_inputs, model_logits
+from .logit_rows import model_logits
+from .logprobs import completion_logits, joined_inputs
 
 # logits (64 MiB in float32) per [r, V] tensor: 110 positions at V = 151,936
 DIVERGENCE_CHUNK_LOGITS = 2**24

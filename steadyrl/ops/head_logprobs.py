@@ -208,17 +208,28 @@ def warn_full_logits_once(model: nn.Module, reason: str) -> None:
 
 @contextlib.contextmanager
 def head_returns_logprobs(
-    head: nn.Linear, completion_ids: torch.Tensor, temperature: float, with_entropy: bool, rows: int
+    head: nn.Linear,
+    completion_ids: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    rows: int,
+    source: torch.Tensor | None = None,
 ) -> Iterator[list[int]]:
     """While open, ``head(hidden_states)`` returns, instead of logits, [B, C, 1]: the log-probs of ``completion_ids``
     [B, C] from the positions before each token (the last C + 1 of ``hidden_states`` [B, T, H]), or [B, C, 2] with
-    the entropy second if asked. Yields a list that holds one item per call of the head."""
+    the entropy second if asked. With ``source`` [K] (a packed pass), [1, K, 1 or 2]: those of ``completion_ids`` [K]
+    from the flat positions ``source`` of ``hidden_states`` [R, T, H]. Yields a list that holds one item per call of
+    the head."""
     calls: list[int] = []
-    width = completion_ids.shape[1]
+    width = completion_ids.shape[-1]
+    shape = completion_ids.shape if source is None else (1, len(source))
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
         calls.append(1)
-        hidden = hidden_states[:, -(width + 1) : -1]  # position t predicts token t + 1
+        if source is None:
+            hidden = hidden_states[:, -(width + 1) : -1]  # position t predicts token t + 1
+        else:
+            hidden = hidden_states.reshape(-1, hidden_states.shape[-1])[source.to(hidden_states.device)]
         token_ids = completion_ids.to(hidden.device).reshape(-1)
         results = ChunkedHeadLogProbs.apply(
             hidden.reshape(-1, hidden.shape[-1]),
@@ -231,7 +242,7 @@ def head_returns_logprobs(
             with_entropy,
         )
         results = torch.stack(results, dim=-1) if with_entropy else results.unsqueeze(-1)
-        return results.view(*completion_ids.shape, -1)
+        return results.view(*shape, -1)
 
     head.forward = forward
     try:

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .head_logprobs import chunkable_head, head_returns_logprobs, shifted_entropy, warn_full_logits_once
+from .head_logprobs import chunkable_head, head_returns_logprobs, warn_full_logits_once
+from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
+from .packing import PackedRows, pack_shared_prompts, packed_completion_logprobs, packing_fallback
 
 
 def padded_width(longest: int, multiple_of: int | None = None) -> int:
@@ -57,22 +58,6 @@ def joined_inputs(
     }
 
 
-def model_logits(model: torch.nn.Module, inputs: dict[str, torch.Tensor], keep: int, outputs: dict | None = None):
-    """``model(**inputs).logits`` with the LM head run on the last ``keep`` positions only (``logits_to_keep``), for
-    models that take it; every position's otherwise. With ``outputs`` (a dict), a Mixture-of-Experts model is asked
-    for its router logits and its load-balancing loss is put there as ``aux_loss``."""
-    extra = {} if outputs is None else {"output_router_logits": True}
-    try:
-        result = model(**inputs, use_cache=False, logits_to_keep=keep, **extra)
-    except TypeError as err:  # a model without logits_to_keep: the LM head over every position
-        if "logits_to_keep" not in str(err):
-            raise
-        result = model(**inputs, use_cache=False, **extra)
-    if outputs is not None:
-        outputs["aux_loss"] = result.aux_loss
-    return result.logits
-
-
 def completion_logits(
     model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask, outputs: dict | None = None
 ) -> torch.Tensor:
@@ -81,90 +66,6 @@ def completion_logits(
     inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     keep = completion_ids.shape[1] + 1
     return model_logits(model, inputs, keep, outputs)[:, -keep:-1]  # position t predicts token t + 1
-
-
-CHUNK_LOGITS = 2**22  # logits (16 MiB in float32) per piece of the [B, C, V] logits worked on at once
-# Logits (128 MiB in float32) per chunk of completion positions the LM head projects at once on the chunked path:
-# each chunk reads the whole head weight, so chunks of a few rows would make the matmul memory-bound.
-CHUNK_HEAD_LOGITS = 2**25
-
-
-def row_chunks(logits: torch.Tensor) -> list[slice]:
-    """Slices of ``logits``' rows, each holding at most CHUNK_LOGITS logits (at least one row): a large vocabulary
-    is worked on a few rows at a time, a small one all at once."""
-    per_row = max(1, logits[0].numel()) if len(logits) else 1
-    rows = max(1, CHUNK_LOGITS // per_row)
-    return [slice(i, i + rows) for i in range(0, len(logits), rows)]
-
-
-def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits`` in float32 divided by ``temperature`` (no copy for float32 logits at temperature 1)."""
-    logits = logits.float()
-    return logits if temperature == 1.0 else logits / temperature
-
-
-class _GatheredLogSoftmax(torch.autograd.Function):
-    """log_softmax(logits / temperature) at token_ids, [B, C] from [B, C, V], a few rows at a time. The forward
-    returns log_softmax's own values but keeps no [B, C, V] log-softmax; the backward rebuilds the softmax from the
-    logits (which the graph holds anyway)."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        parts = [
-            F.log_softmax(scaled(logits[rows], temperature), dim=-1).gather(-1, token_ids[rows].unsqueeze(-1))
-            for rows in row_chunks(logits)
-        ]
-        ctx.save_for_backward(logits, token_ids)
-        ctx.temperature = temperature
-        return torch.cat(parts).squeeze(-1)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        logits, token_ids = ctx.saved_tensors
-        parts = []
-        for rows in row_chunks(logits):  # d log p(t) / d x = (onehot(t) - softmax(x)) / T
-            part = torch.softmax(scaled(logits[rows], ctx.temperature), dim=-1).mul_(-grad[rows].unsqueeze(-1))
-            part.scatter_add_(-1, token_ids[rows].unsqueeze(-1), grad[rows].unsqueeze(-1))
-            parts.append((part if ctx.temperature == 1.0 else part.div_(ctx.temperature)).to(logits.dtype))
-        return torch.cat(parts), None, None
-
-
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / temperature) at ``token_ids``: [B, C] from [B, C, V], with no [B, C, V] log-softmax (or
-    float32 copy of bf16 logits) kept for the backward pass."""
-    return _GatheredLogSoftmax.apply(logits, token_ids, temperature)
-
-
-class _Entropy(torch.autograd.Function):
-    """Entropy [B, C] of softmax(logits / temperature) from [B, C, V], a few rows at a time, keeping no [B, C, V]
-    intermediate: the backward rebuilds log-softmax from the logits (dH / dx = -p (log p + H) / T)."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, temperature: float) -> torch.Tensor:
-        parts = []
-        for rows in row_chunks(logits):
-            x = scaled(logits[rows], temperature)
-            parts.append(shifted_entropy(x - x.amax(-1, keepdim=True))[0])
-        entropy = torch.cat(parts)
-        ctx.save_for_backward(logits, entropy)
-        ctx.temperature = temperature
-        return entropy
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        logits, entropy = ctx.saved_tensors
-        parts = []
-        for rows in row_chunks(logits):
-            logp = F.log_softmax(scaled(logits[rows], ctx.temperature), dim=-1)
-            part = logp.exp().mul_(logp.add(entropy[rows].unsqueeze(-1))).mul_(-grad[rows].float().unsqueeze(-1))
-            parts.append((part if ctx.temperature == 1.0 else part.div_(ctx.temperature)).to(logits.dtype))
-        return torch.cat(parts), None
-
-
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy [B, C] of softmax(logits / temperature), a few rows at a time: logsumexp - sum(p * logits), both of
-    logits minus their row max (shifted_entropy); differentiable (an entropy bonus) without a [B, C, V] copy."""
-    return _Entropy.apply(logits, temperature)
 
 
 def completion_logprobs(
@@ -177,6 +78,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     chunked_head: bool = True,
     outputs: dict | None = None,
+    packing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked), both
     differentiable.
@@ -184,7 +86,11 @@ def completion_logprobs(
     With ``chunked_head`` (and a plain nn.Linear head whose output is the logits), from the last hidden states, the
     head projecting CHUNK_HEAD_LOGITS // V positions at a time (head_logprobs.py): no [B, C, V] logits exist. Else,
     and for other models (logged once), from the [B, C, V] logits, a few rows at a time. ``outputs``: see
-    ``model_logits`` (a Mixture-of-Experts model's load-balancing loss)."""
+    ``model_logits`` (a Mixture-of-Experts model's load-balancing loss). With ``packing``, from one packed pass with
+    each prompt shared by its completions (packing.py), where the model allows it (``packing_fallback``)."""
+    tokens = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    if packing and not packing_fallback(model, tokens, _padded_logprobs, _packed_logprobs, outputs):
+        return packed_completion_logprobs(model, pack_shared_prompts(*tokens), temperature, with_entropy, chunked_head)
     head, reason = chunkable_head(model) if chunked_head else (None, "")
     if head is None:
         if reason:
@@ -207,12 +113,12 @@ def completion_logprobs(
     return output[..., 0], output[..., 1] if with_entropy else None
 
 
-def logprobs_from_logits(
-    logits: torch.Tensor, completion_ids: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities [B, C] (and entropy if asked) from the [B, C, V] logits."""
-    entropy = token_entropy(logits, temperature) if with_entropy else None
-    return token_logprobs(logits, completion_ids, temperature), entropy
+def _padded_logprobs(model: torch.nn.Module, *tokens: torch.Tensor) -> torch.Tensor:
+    return completion_logprobs(model, *tokens)[0]
+
+
+def _packed_logprobs(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
+    return packed_completion_logprobs(model, packed, 1.0, False)[0]
 
 
 def trim_padding(
@@ -258,16 +164,23 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 
 def batched_forward(
-    model: torch.nn.Module, forward, tokens: tuple[torch.Tensor, ...], batch_size: int, multiple_of: int | None = None
+    model: torch.nn.Module,
+    forward,
+    tokens: tuple[torch.Tensor, ...],
+    batch_size: int,
+    multiple_of: int | None = None,
+    packing: bool = False,
 ) -> torch.Tensor:
     """[N, C] ``forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask)`` in eval mode over chunks
-    of ``batch_size`` rows of ``tokens``: rows of similar length share a chunk, and each chunk is trimmed to its own
-    longest prompt and completion, rounded up to a multiple of ``multiple_of`` if given (the columns beyond a
-    chunk's completions come back as 0)."""
+    of ``batch_size`` rows of ``tokens``: rows of similar length share a chunk (with ``packing``, consecutive rows:
+    the completions of one prompt), and each chunk is trimmed to its own longest prompt and completion, rounded up
+    to a multiple of ``multiple_of`` if given (the columns beyond a chunk's completions come back as 0)."""
     was_training = model.training
     model.eval()
     prompt_mask, completion_mask = tokens[1], tokens[3]
     order = torch.argsort(prompt_mask.sum(1) * completion_mask.shape[1] + completion_mask.sum(1), stable=True)
+    if packing:  # no padding to save, and a prompt's completions are consecutive
+        order = torch.arange(len(prompt_mask))
     output = None
     for i in range(0, len(order), batch_size):
         rows = order[i : i + batch_size]
@@ -287,11 +200,12 @@ def batched_logprobs(
     temperature: float,
     batch_size: int,
     multiple_of: int | None = None,
+    packing: bool = False,
 ) -> torch.Tensor:
     """[N, C] ``completion_logprobs`` of (prompt_ids, prompt_mask, completion_ids, completion_mask) in eval mode,
-    ``batch_size`` rows at a time, each chunk padded to a multiple of ``multiple_of`` columns if given."""
+    ``batch_size`` rows at a time, each chunk padded to a multiple of ``multiple_of`` columns if given, or packed."""
 
     def logprobs(model, *rows):
-        return completion_logprobs(model, *rows, temperature=temperature)[0]
+        return completion_logprobs(model, *rows, temperature=temperature, packing=packing)[0]
 
-    return batched_forward(model, logprobs, tensors, batch_size, multiple_of)
+    return batched_forward(model, logprobs, tensors, batch_size, multiple_of, packing)

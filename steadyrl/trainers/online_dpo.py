@@ -312,7 +312,9 @@ class OnlineDPOTrainer(OnPolicyTrainer):
 
     def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         mask, beta = batch.completion_mask, self.beta  # [B, C]
-        logprobs, _ = completion_logprobs(model, *batch.token_tensors, temperature=self.logprob_temperature)
+        logprobs, _ = completion_logprobs(
+            model, *batch.token_tensors, temperature=self.logprob_temperature, packing=self.args.packing
+        )
         policy = pair_logps(logprobs, mask)  # [B/2, 2]: (chosen, rejected) sequence log-probs
         reference = pair_logps(batch.ref_logprobs, mask)
         weight = batch.pair_weight[0::2]  # [B/2]

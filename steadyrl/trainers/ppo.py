@@ -288,10 +288,11 @@ class PPOTrainer(OnPolicyTrainer):
         args, state, mask = self.args, self.algorithm_state, rollout.completion_mask.float()  # [N, C]
         values = batched_forward(
             self.critic,
-            lambda critic, *tensors: critic(*tensors),
+            lambda critic, *tensors: critic(*tensors, packing=args.packing),
             rollout.token_tensors,
             args.micro_rollout_batch_size,
             args.pad_to_multiple_of,
+            args.packing,
         )  # [N, C]
         scores = rollout.scores  # [N]
         if args.normalize_reward:  # by the mean and std of every score so far, on every process
@@ -330,12 +331,12 @@ class PPOTrainer(OnPolicyTrainer):
         actor_frozen = self.state.global_step < args.critic_warmup_steps
         with torch.no_grad() if actor_frozen else contextlib.nullcontext():
             logprobs, entropy = completion_logprobs(
-                model, *batch.token_tensors, temperature=args.temperature, with_entropy=True
+                model, *batch.token_tensors, temperature=args.temperature, with_entropy=True, packing=args.packing
             )
             policy_loss, policy_metrics = clipped_policy_loss(
                 logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange, args.cliprange_high
             )
-        values = self.critic_wrapped(*batch.token_tensors)  # [B, C]
+        values = self.critic_wrapped(*batch.token_tensors, packing=args.packing)  # [B, C]
         value_loss, value_metrics = clipped_value_loss(values, batch.values, batch.returns, mask, args.cliprange_value)
         losses = {"critic": args.vf_coef * value_loss}  # one loss per trained module: their parameters are disjoint
         if not actor_frozen:

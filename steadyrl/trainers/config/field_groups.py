@@ -230,6 +230,14 @@ class ModelFields:
             "memory, about 1.2x the time per step. False keeps them."
         },
     )
+    packing: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the training and scoring passes packed: no padding, and a group's prompt computed once for "
+            "all its completions (docs/packing.md). The same numbers as the padded pass up to float rounding; a "
+            "model whose attention cannot take it runs padded, with the reason logged once. False: padded."
+        },
+    )
     allow_low_precision_weights: bool = field(
         default=False,
         metadata={

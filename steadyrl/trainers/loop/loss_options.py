@@ -227,7 +227,12 @@ class PolicyLossMixin:
         other outputs the loss reads: a Mixture-of-Experts model's ``aux_loss`` where ``aux_loss_enabled``."""
         outputs = {} if self.aux_loss_enabled else None
         logprobs, entropy = completion_logprobs(
-            model, *batch.token_tensors, temperature=self.args.temperature, with_entropy=True, outputs=outputs
+            model,
+            *batch.token_tensors,
+            temperature=self.args.temperature,
+            with_entropy=True,
+            outputs=outputs,
+            packing=self.args.packing,
         )
         return logprobs, entropy, outputs or {}
 

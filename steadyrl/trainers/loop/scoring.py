@@ -124,7 +124,8 @@ class ScoringPasses(TrainerStage):
         trainer = self.trainer
         size = trainer.args.micro_rollout_batch_size
         multiple = trainer.args.pad_to_multiple_of
-        return batched_logprobs(model, tokens.token_tensors, trainer.logprob_temperature, size, multiple)
+        temperature, packing = trainer.logprob_temperature, trainer.args.packing
+        return batched_logprobs(model, tokens.token_tensors, temperature, size, multiple, packing)
 
     def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
         """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""

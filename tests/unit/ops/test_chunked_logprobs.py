@@ -75,7 +75,7 @@ def assert_paths_equal(model, tokens, temperature, tolerance=TOLERANCE, entropy_
 def small_chunks(monkeypatch):
     """Four positions per chunk: the 3 x 6 completion positions take 5 chunks. (Not 1 or 2: the BLAS kernel for so
     few rows rounds grad_hidden's sum over the vocabulary less well, about 1e-6 of the gradient's scale.)"""
-    monkeypatch.setattr("steadyrl.ops.logprobs.CHUNK_HEAD_LOGITS", 4 * VOCAB)
+    monkeypatch.setattr("steadyrl.ops.logit_rows.CHUNK_HEAD_LOGITS", 4 * VOCAB)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -24,7 +24,7 @@ def plain_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_ma
 
 @pytest.mark.parametrize("chunk", [2**24, 32_000 * 6], ids=["all-rows-at-once", "one-row-at-a-time"])
 def test_lean_logprobs_entropy_and_gradients_equal_the_plain_path(monkeypatch, chunk):
-    monkeypatch.setattr("steadyrl.ops.logprobs.CHUNK_LOGITS", chunk)
+    monkeypatch.setattr("steadyrl.ops.logit_rows.CHUNK_LOGITS", chunk)
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=32_000,
