@@ -6,6 +6,7 @@ import torch
 from transformers import GenerationConfig
 
 from .base import Capabilities, Generation, GenerationBackend, trim_completion
+from .shared_prefill import generate_rows, left_pad, prefilled_cache
 
 
 class HFGenerationBackend(GenerationBackend):
@@ -31,7 +32,8 @@ class HFGenerationBackend(GenerationBackend):
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
-        """All rows in one ``generate`` call, left-padded to the longest prompt."""
+        """All rows in one ``generate`` call, left-padded to the longest prompt; rows that repeat a prompt (a
+        group's samples) share its KV cache, computed once (``shared_prefill``)."""
         if not prompt_ids:
             return Generation([])
         config, tok = self.generation_config(), self.tokenizer
@@ -39,11 +41,11 @@ class HFGenerationBackend(GenerationBackend):
         was_training = model.training
         model.eval()
         try:
-            width = max(len(p) for p in prompt_ids)
-            input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids], device=device)
-            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+            input_ids, attention_mask = left_pad(prompt_ids, tok.pad_token_id, device)
             with torch.inference_mode():  # the ids leave as Python lists: nothing here needs autograd's bookkeeping
-                output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+                cache = prefilled_cache(model, config, prompt_ids, tok.pad_token_id)
+                output = generate_rows(model, input_ids, attention_mask, config, cache)
         finally:
             model.train(was_training)
+        width = input_ids.shape[1]
         return Generation([trim_completion(row, tok.eos_token_id) for row in output[:, width:].tolist()])
