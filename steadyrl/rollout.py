@@ -173,16 +173,22 @@ class RolloutBuffer:
         )
 
 
-def minibatch_schedule(num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1) -> list[list[int]]:
+def minibatch_schedule(
+    num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1, prompt_size: int = 1
+) -> list[list[int]]:
     """Shuffled mini-batches for each epoch (drawn from torch's global RNG, which checkpoints restore).
 
-    Groups of ``group_size`` consecutive samples are shuffled as units and stay together, in order.
+    Groups of ``group_size`` consecutive samples are shuffled as units and stay together, in order. Within a
+    mini-batch, the samples of one prompt (``prompt_size`` consecutive samples) are put next to each other, in their
+    shuffled order: its micro-batches then hold a prompt's completions together, which a packed pass computes the
+    prompt once for. Which samples form a mini-batch (an optimizer step) does not depend on it.
     """
     schedule = []
     for _ in range(num_epochs):
         groups = torch.randperm(num_samples // group_size).tolist()
         perm = [g * group_size + j for g in groups for j in range(group_size)]
-        schedule += [perm[i : i + minibatch_size] for i in range(0, num_samples, minibatch_size)]
+        for i in range(0, num_samples, minibatch_size):
+            schedule.append(sorted(perm[i : i + minibatch_size], key=lambda sample: sample // prompt_size))
     return schedule
 
 

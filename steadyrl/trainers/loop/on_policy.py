@@ -329,7 +329,8 @@ class OnPolicyTrainer(
         added = self.compute_advantages(rollout)  # the algorithm's part
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
         minibatch = self.args.train_batch_size // self.accelerator.num_processes
-        schedule = minibatch_schedule(len(rollout), minibatch, self.args.num_ppo_epochs, self.samples_per_group)
+        epochs, prompt_size = self.args.num_ppo_epochs, self.args.n_samples_per_prompt
+        schedule = minibatch_schedule(len(rollout), minibatch, epochs, self.samples_per_group, prompt_size)
         return RolloutBuffer(rollout.to("cpu"), schedule, metrics)
 
     def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
