@@ -72,18 +72,18 @@ def outputs(model, batch, packing: bool, temperature: float = 1.0, chunked_head:
         model, *batch, temperature=temperature, with_entropy=True, chunked_head=chunked_head, packing=packing
     )
     mask = batch[3]
-    weights = torch.linspace(-1.0, 2.0, mask.numel()).view(mask.shape)
+    weights = torch.linspace(-1.0, 2.0, mask.numel(), dtype=logprobs.dtype).view(mask.shape)
     ((logprobs * weights * mask).sum() + 0.1 * (entropy * weights.flip(1) * mask).sum()).backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
     return logprobs.detach() * mask, entropy.detach() * mask, grads
 
 
-def assert_same(padded, packed):
+def assert_same(padded, packed, tolerance: float = 1e-5):
     for expected, got in zip(padded[:2], packed[:2]):
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
     for name, grad in padded[2].items():
         scale = grad.abs().max().clamp(min=1e-12)
-        assert (packed[2][name] - grad).abs().max() <= 1e-5 * scale, name
+        assert (packed[2][name] - grad).abs().max() <= tolerance * scale, name
 
 
 @pytest.mark.parametrize(
