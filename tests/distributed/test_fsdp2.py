@@ -97,7 +97,8 @@ def test_fsdp2_sigkill_after_a_checkpoint_resumes_identically(rloo_run, tmp_path
 
 
 def test_fsdp2_ppo_shards_actor_and_critic_and_trains_like_ddp(tmp_path, ddp_runs):
-    run_toy(tmp_path, "--algorithm", "ppo", *TWO_PROCESSES, accelerate_config=FSDP2)
+    """Padded (packing=false) against the packed DDP run: the passes train alike across engines."""
+    run_toy(tmp_path, "--algorithm", "ppo", *TWO_PROCESSES, "packing=false", accelerate_config=FSDP2)
     assert_trains_like_ddp(tmp_path, ddp_runs("ppo"), (*COMPARED, "critic_grad_norm", "value_loss"))
     names = {p.name for p in (tmp_path / "checkpoint-6").iterdir()}
     assert {"critic", "critic_optimizer_0.pt", "critic_optimizer_1.pt", "optimizer_0.pt", "optimizer_1.pt"} <= names

@@ -134,8 +134,8 @@ def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tm
             assert abs(a[key] - b[key]) < 1e-4 * max(1.0, abs(b[key])), (a["step"], key, a[key], b[key])
         for key in (f"{ratio}/mean", "generation_logprob_diff"):  # micro-batch means here, token means there
             assert abs(a[key] - b[key]) <= 0.05 * abs(b[key]) + 1e-6, (a["step"], key, a[key], b[key])
-    for name, param in in_loss.model.named_parameters():
-        torch.testing.assert_close(param, separate.model.get_parameter(name), atol=1e-6, rtol=1e-5)
+    for name, param in in_loss.model.named_parameters():  # Adam scales a ~1e-9 gradient up to ~lr: atol 2e-6
+        torch.testing.assert_close(param, separate.model.get_parameter(name), atol=2e-6, rtol=1e-5)
 
 
 def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
