@@ -202,6 +202,7 @@ def make_trainer(library: str, algorithm: str, backend: str, model: str, s: dict
             max_completion_length=L,
             save_steps=10**9,
             packing=library != "steadyrl-padded",
+            max_prompt_length=8192,  # whole prompts, as TRL 1.16 (no max_prompt_length) keeps them
         )
         if algorithm in GROUPED:
             extra = dict(

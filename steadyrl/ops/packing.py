@@ -106,19 +106,16 @@ def pack_shared_prompts(
     for r, row_groups in enumerate(packed):
         t = 0
         for g, (prompt, rows) in enumerate(row_groups):
-            span = slice(t, t + len(prompt))
-            ids[r][span], positions[r][span], segment[r][span] = (
-                list(prompt),
-                list(range(len(prompt))),
-                [g] * len(prompt),
-            )
+            ids[r][t : t + len(prompt)] = prompt
+            positions[r][t : t + len(prompt)] = range(len(prompt))
+            segment[r][t : t + len(prompt)] = [g] * len(prompt)
             t += len(prompt)
             last = r * width + t - 1  # the prompt's last token predicts each completion's first
             for row in rows:
                 n = lengths[row]
-                span = slice(t, t + n)
-                ids[r][span], positions[r][span] = completions[row][:n], list(range(len(prompt), len(prompt) + n))
-                segment[r][span], branch[r][span] = [g] * n, [row] * n
+                ids[r][t : t + n] = completions[row][:n]
+                positions[r][t : t + n] = range(len(prompt), len(prompt) + n)
+                segment[r][t : t + n], branch[r][t : t + n] = [g] * n, [row] * n
                 prompt_last[row], start[row] = last, r * width + t
                 t += n
     source = [
