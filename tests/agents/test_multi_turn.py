@@ -142,15 +142,18 @@ def test_rollout_func_env_tokens_get_no_gradient(tmp_path):
     rollout = trainer.training_buffer.buffer.rollout.to(trainer.accelerator.device)
     present = rollout.completion_mask.bool()
     assert all(row[m].tolist()[-3:] == ENV_IDS for row, m in zip(rollout.completion_ids, present))
-    outputs = []  # the LM head's output in the loss pass: each completion token's log-prob (and entropy) [N, C, k]
+    # the LM head's output in the loss pass: each completion token's log-prob (and entropy), [1, K, k] for the K
+    # completion tokens in order (a packed pass, the default) or [N, C, k] (padded)
+    outputs = []
     handle = trainer.model.get_output_embeddings().register_forward_hook(lambda m, i, out: outputs.append(out))
     try:
         loss, _ = trainer.compute_loss_on_batch(trainer.model, rollout)
     finally:
         handle.remove()
     (per_token,) = outputs
-    assert per_token.shape[:2] == rollout.completion_ids.shape
-    grad = torch.autograd.grad(loss, per_token)[0][..., 0]  # d loss / d log-prob of each completion token
+    assert per_token.shape[:2] == (1, int(present.sum()))  # packed
+    grad = torch.autograd.grad(loss, per_token)[0][0, :, 0]  # d loss / d log-prob of each completion token
+    grad = torch.zeros(present.shape, dtype=grad.dtype, device=grad.device).masked_scatter(present, grad)
     env = present & ~rollout.env_mask.bool()
     assert env.sum() == len(ENV_IDS) * len(rollout)
     assert grad[env].abs().max() == 0, "an environment token's log-prob got a gradient"
