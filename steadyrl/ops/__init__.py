@@ -27,13 +27,12 @@ from .logprobs import (
     joined_inputs,
     kl_penalty,
     last_token_index,
-    pad_prompts_and_completions,
-    padded_width,
     sequence_kl,
     trim_padding,
 )
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss
 from .masked import masked_mean, masked_moments, masked_var, masked_whiten
+from .packing import pad_prompts_and_completions, padded_width
 from .policy_loss import (
     CISPO,
     ENGINE_CORRECTION_MODES,

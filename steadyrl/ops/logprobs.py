@@ -7,31 +7,13 @@ import torch
 
 from .head_logprobs import chunkable_head, head_returns_logprobs, warn_full_logits_once
 from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
-from .packing import PackedRows, pack_shared_prompts, packed_completion_logprobs, packing_fallback
-
-
-def padded_width(longest: int, multiple_of: int | None = None) -> int:
-    """``longest`` rounded up to a multiple of ``multiple_of`` (TRL's ``pad_to_multiple_of``; None: ``longest``)."""
-    return longest if not multiple_of else -(-longest // multiple_of) * multiple_of
-
-
-def pad_prompts_and_completions(
-    prompt_ids, completion_ids, pad_token_id: int, device=None, multiple_of: int | None = None
-) -> dict[str, torch.Tensor]:
-    """Lists of token ids -> ``prompt_ids``/``prompt_mask`` [B, P] (left-padded), ``completion_*`` [B, C] (right);
-    P and C the longest prompt and completion, rounded up to a multiple of ``multiple_of`` if given."""
-    p_width = padded_width(max(len(p) for p in prompt_ids), multiple_of)
-    c_width = padded_width(max(1, max(len(c) for c in completion_ids)), multiple_of)
-
-    def tensor(rows):
-        return torch.tensor(rows, dtype=torch.long, device=device)
-
-    return {
-        "prompt_ids": tensor([[pad_token_id] * (p_width - len(p)) + p for p in prompt_ids]),
-        "prompt_mask": tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompt_ids]),
-        "completion_ids": tensor([c + [pad_token_id] * (c_width - len(c)) for c in completion_ids]),
-        "completion_mask": tensor([[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids]),
-    }
+from .packing import (
+    PackedRows,
+    pack_shared_prompts,
+    packed_completion_logprobs,
+    packing_fallback,
+    padded_width,
+)
 
 
 def fit_columns(tensor: torch.Tensor, width: int, left: bool = False, value: int | float = 0) -> torch.Tensor:

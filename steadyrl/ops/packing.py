@@ -4,7 +4,8 @@ The padded pass runs [B, P + C]: prompts left-padded, completions right-padded, 
 of its completions. Packed, the same rows become [R, T]: each distinct prompt once, followed by the completions that
 continue it, with no padding between them. A completion attends to its prompt and to its own earlier tokens, never to
 another completion, and its position ids continue from its prompt's length, so each completion token sees what it
-sees in the padded pass; a shared prompt's gradient is the sum of what each completion gives it.
+sees in the padded pass; a shared prompt's gradient is the sum of what each completion gives it. The padded layout
+itself is built here too (``pad_prompts_and_completions``).
 
 Shapes: B rows, C completion width, R packed rows, T packed width, K completion tokens (the completion mask's ones),
 H hidden size, V vocabulary.
@@ -26,6 +27,30 @@ logger = logging.getLogger(__name__)
 
 # Attention implementations that read a custom [R, 1, T, T] mask as it is: SDPA a boolean one, eager an additive one.
 MASK_FORMATS = {"sdpa": "bool", "eager": "additive"}
+
+
+def padded_width(longest: int, multiple_of: int | None = None) -> int:
+    """``longest`` rounded up to a multiple of ``multiple_of`` (TRL's ``pad_to_multiple_of``; None: ``longest``)."""
+    return longest if not multiple_of else -(-longest // multiple_of) * multiple_of
+
+
+def pad_prompts_and_completions(
+    prompt_ids, completion_ids, pad_token_id: int, device=None, multiple_of: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Lists of token ids -> ``prompt_ids``/``prompt_mask`` [B, P] (left-padded), ``completion_*`` [B, C] (right);
+    P and C the longest prompt and completion, rounded up to a multiple of ``multiple_of`` if given."""
+    p_width = padded_width(max(len(p) for p in prompt_ids), multiple_of)
+    c_width = padded_width(max(1, max(len(c) for c in completion_ids)), multiple_of)
+
+    def tensor(rows):
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+    return {
+        "prompt_ids": tensor([[pad_token_id] * (p_width - len(p)) + p for p in prompt_ids]),
+        "prompt_mask": tensor([[0] * (p_width - len(p)) + [1] * len(p) for p in prompt_ids]),
+        "completion_ids": tensor([c + [pad_token_id] * (c_width - len(c)) for c in completion_ids]),
+        "completion_mask": tensor([[1] * len(c) + [0] * (c_width - len(c)) for c in completion_ids]),
+    }
 
 
 @dataclass
@@ -192,7 +217,7 @@ def packing_probe(model: torch.nn.Module, tokens: tuple[torch.Tensor, ...], padd
     ids = ids.repeat(-(-8 // len(ids)))[:8].tolist()
     prompts = [ids, ids, ids[::-1][:3], ids[:2]]  # one prompt shared by two completions; two groups in one row
     completions = [ids[::-1][:4], ids[1:7], ids[2:6], ids[::-1][1:6]]
-    probe = padded_rows(prompts, completions, prompt_ids.device)
+    probe = tuple(pad_prompts_and_completions(prompts, completions, 0, prompt_ids.device).values())
     was_training = model.training
     model.eval()
     try:
@@ -207,16 +232,10 @@ def packing_probe(model: torch.nn.Module, tokens: tuple[torch.Tensor, ...], padd
     return "" if gap <= tolerance else f"a packed probe's results differ from the padded pass's by {gap:.2g}"
 
 
-def padded_rows(prompts: list[list[int]], completions: list[list[int]], device=None) -> tuple[torch.Tensor, ...]:
-    """(prompt_ids, prompt_mask, completion_ids, completion_mask): prompts left-padded, completions right-padded."""
-    p_width, c_width = max(map(len, prompts)), max(1, *map(len, completions))
-    rows = (
-        [[0] * (p_width - len(p)) + p for p in prompts],
-        [[0] * (p_width - len(p)) + [1] * len(p) for p in prompts],
-        [c + [0] * (c_width - len(c)) for c in completions],
-        [[1] * len(c) + [0] * (c_width - len(c)) for c in completions],
-    )
-    return tuple(torch.tensor(r, dtype=torch.long, device=device) for r in rows)
+def packed_inputs(model: torch.nn.Module, packed: PackedRows) -> dict[str, torch.Tensor]:
+    """``packed``'s model inputs with the mask in the format ``model``'s attention reads, in its parameters' dtype."""
+    dtype = next(unwrapped(model).parameters()).dtype
+    return packed.model_inputs(packing_support(model)[0] or "bool", dtype if dtype.is_floating_point else torch.float32)
 
 
 def packed_completion_logprobs(
@@ -225,9 +244,7 @@ def packed_completion_logprobs(
     """``completion_logprobs`` of a packed micro-batch: log-probs [B, C] (and entropies) in the padded layout, 0 on
     padding. The LM head runs on the K predicting positions only: in chunks from the hidden states where the head
     allows it (head_logprobs.py), else on the [R, T, V] logits."""
-    mask_format, _ = packing_support(model)
-    dtype = next(unwrapped(model).parameters()).dtype
-    inputs = packed.model_inputs(mask_format or "bool", dtype if dtype.is_floating_point else torch.float32)
+    inputs = packed_inputs(model, packed)
     head, reason = chunkable_head(model) if chunked_head else (None, "")
     if head is not None:
         rows = max(1, CHUNK_HEAD_LOGITS // head.out_features)
@@ -248,7 +265,5 @@ def packed_completion_logprobs(
 def packed_hidden_states(backbone: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
     """[K, H]: the last hidden states of ``backbone`` (a base model, no head) at the positions that predict each
     completion token, from one packed pass."""
-    mask_format, _ = packing_support(backbone)
-    dtype = next(unwrapped(backbone).parameters()).dtype
-    hidden = backbone(**packed.model_inputs(mask_format or "bool", dtype), use_cache=False).last_hidden_state
+    hidden = backbone(**packed_inputs(backbone, packed), use_cache=False).last_hidden_state
     return hidden.reshape(-1, hidden.shape[-1])[packed.source.to(hidden.device)]
