@@ -4,7 +4,8 @@
 
 Rows: steadyrl ``RLOOTrainer`` vs ``trl.RLOOTrainer`` (HF generate, and vLLM colocated in-process), ``GRPOTrainer``
 vs ``trl.GRPOTrainer`` (HF generate; the RLOO hierarchy below, TRL's default ``loss_type`` dapo, beta 0.04) and steadyrl
-``OnlineDPOTrainer`` vs ``trl.experimental.online_dpo.OnlineDPOTrainer`` (HF generate), on the toy model and the
+``OnlineDPOTrainer`` vs ``trl.experimental.online_dpo.OnlineDPOTrainer`` (HF generate), ``ppo-hf``: steadyrl's
+``PPOTrainer`` packed vs padded only (TRL 1.16 has no PPO trainer; the RLOO hierarchy), on the toy model and the
 ~25M model of bench/vllm_vs_hf.py. Task: ``steadyrl.toy.toy_dataset()`` with the ``letters_reward`` function.
 
 Every (row, library) pair runs in its own worker process (so peak RSS is separable) that calls the library's own
@@ -84,10 +85,11 @@ ROWS = {  # name: (algorithm, backend)
     "rloo-vllm": ("rloo", "vllm"),
     "grpo-hf": ("grpo", "hf"),
     "dpo-hf": ("online-dpo", "hf"),
+    "ppo-hf": ("ppo", "hf"),  # steadyrl packed against padded only: TRL 1.16 has no PPO trainer
 }
 LIBRARIES = ("steadyrl", "trl")  # with --padded, "steadyrl-padded" too: steadyrl with packing=False
-GROUPED = ("rloo", "grpo")  # k samples per prompt, the same batch hierarchy
-BETA = {"rloo": 0.05, "grpo": 0.04}  # GRPO: the KL term in the loss, so a reference pass on both sides
+GROUPED = ("rloo", "grpo", "ppo")  # k samples per prompt, the same batch hierarchy
+BETA = {"rloo": 0.05, "grpo": 0.04, "ppo": 0.05}  # GRPO: the KL term in the loss, so a reference pass on both sides
 GEN = {"seconds": 0.0, "tokens": 0, "sequences": 0, "decode_steps": 0}
 # steadyrl's training micro-batches: each sample's prompt + completion tokens, the distinct ones (each prompt once),
 # and the positions a padded pass and a packed pass compute
@@ -383,6 +385,8 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
     env = worker_env(opts.threads)
     workers = {}
     libraries = (*LIBRARIES, "steadyrl-padded") if opts.padded else LIBRARIES
+    if algorithm == "ppo":  # no TRL row to run (TRL 1.16 has no PPO trainer): steadyrl against itself padded
+        libraries = ("steadyrl", "steadyrl-padded")
     for library in libraries:
         settings = settings_for(algorithm, opts, rounds, out / f"{model}-{row}-{library}")
         spec = dict(
@@ -453,9 +457,10 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
                 "mean_prompt_tokens": sum(r["prompt_tokens"] for r in rows) / sum(r["samples"] for r in rows),
             }
     result["raw"] = reports
-    result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]
-    result["cpu_step_ratio"] = result["steadyrl"]["cpu_step_s"] / result["trl"]["cpu_step_s"]
-    result["ms_per_token_ratio"] = result["steadyrl"]["ms_per_token"] / result["trl"]["ms_per_token"]
+    if "trl" in result:
+        result["step_ratio"] = result["steadyrl"]["step_s"] / result["trl"]["step_s"]
+        result["cpu_step_ratio"] = result["steadyrl"]["cpu_step_s"] / result["trl"]["cpu_step_s"]
+        result["ms_per_token_ratio"] = result["steadyrl"]["ms_per_token"] / result["trl"]["ms_per_token"]
     with open(out / "results.jsonl", "a") as f:
         f.write(json.dumps(result) + "\n")
     return result
@@ -518,7 +523,7 @@ def main() -> None:
         "(steadyrl / TRL) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
+    for r in (r for r in results if "trl" in r):
         a, b = r["steadyrl"], r["trl"]
         print(
             f"| {r['model']} | {r['row']} | {a['sequences_per_round']}, {r['steps_per_round']} | "
@@ -536,13 +541,13 @@ def main() -> None:
             phases = ", ".join(f"{r[lib]['phases_s'][p]:.3f}" for p in ("gen", "score", "train"))
             print(f"| {r['model']} | {r['row']} | {lib} | {phases} |")
     print(
-        "\n| model | row | library | step s (ratio to TRL) | peak RSS MB (ratio) | training pass: tokens/s | "
-        "positions / step | padding or repeated prompt |"
+        "\n| model | row | library | step s (ratio to TRL, else to steadyrl-padded) | peak RSS MB (ratio) | training "
+        "pass: tokens/s | positions / step | padding or repeated prompt |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
         for lib in (lib for lib in r if isinstance(r[lib], dict) and "pass" in r[lib]):
-            a, t, p = r[lib], r["trl"], r[lib]["pass"]
+            a, t, p = r[lib], r.get("trl") or r["steadyrl-padded"], r[lib]["pass"]
             print(
                 f"| {r['model']} | {r['row']} | {lib} | {a['step_s']:.2f} ({a['step_s'] / t['step_s']:.2f}) | "
                 f"{a['peak_rss_mb']:.0f} ({a['peak_rss_mb'] / t['peak_rss_mb']:.2f}) | "

@@ -22,6 +22,7 @@ import torch
 
 from .head_logprobs import chunkable_head, head_returns_logprobs, unwrapped, warn_full_logits_once
 from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
+from .segment_attention import SEGMENTS_KWARG, PackedSegments, Span, install, takes_segments
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class PackedRows:
     source: torch.Tensor  # [K] long: flat index (r * T + t) of the position whose output predicts each token
     targets: torch.Tensor  # [K] long: the completion tokens, in completion_mask's row-major order
     completion_mask: torch.Tensor  # [B, C] bool
+    spans: list[list[Span]]  # per packed row, each group's prompt and completion spans (segment_attention.py)
 
     def attention_mask(self, mask_format: str = "bool", dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[R, 1, T, T]: query t sees key s <= t of its own group that is a prompt token or in its own completion
@@ -85,6 +87,9 @@ class PackedRows:
             "position_ids": self.position_ids,
             "attention_mask": self.attention_mask(mask_format, dtype),
         }
+
+    def segments(self) -> PackedSegments:
+        return PackedSegments(self.spans, self.input_ids.shape[1], self.input_ids.device)
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """[B, C, ...] with ``values`` [K, ...] at the completion tokens and 0 elsewhere (the padded layout)."""
@@ -128,12 +133,14 @@ def pack_shared_prompts(
     ids, positions, segment, branch = ([[fill] * width for _ in packed] for fill in (pad_token_id, 0, -1, -1))
     start: dict[int, int] = {}  # a batch row -> flat index of its completion's first token
     prompt_last: dict[int, int] = {}  # a batch row -> flat index of its prompt's last token
+    spans: list[list[Span]] = [[] for _ in packed]
     for r, row_groups in enumerate(packed):
         t = 0
         for g, (prompt, rows) in enumerate(row_groups):
             ids[r][t : t + len(prompt)] = prompt
             positions[r][t : t + len(prompt)] = range(len(prompt))
             segment[r][t : t + len(prompt)] = [g] * len(prompt)
+            spans[r].append(Span(t, t + len(prompt), []))
             t += len(prompt)
             last = r * width + t - 1  # the prompt's last token predicts each completion's first
             for row in rows:
@@ -142,6 +149,7 @@ def pack_shared_prompts(
                 positions[r][t : t + n] = range(len(prompt), len(prompt) + n)
                 segment[r][t : t + n], branch[r][t : t + n] = [g] * n, [row] * n
                 prompt_last[row], start[row] = last, r * width + t
+                spans[r][-1].completions.append((t, t + n))
                 t += n
     source = [
         prompt_last[row] if k == 0 else start[row] + k - 1
@@ -162,6 +170,7 @@ def pack_shared_prompts(
         source=tensor(source),
         targets=completion_ids[mask],
         completion_mask=mask,
+        spans=spans,
     )
 
 
@@ -232,10 +241,15 @@ def packing_probe(model: torch.nn.Module, tokens: tuple[torch.Tensor, ...], padd
     return "" if gap <= tolerance else f"a packed probe's results differ from the padded pass's by {gap:.2g}"
 
 
-def packed_inputs(model: torch.nn.Module, packed: PackedRows) -> dict[str, torch.Tensor]:
-    """``packed``'s model inputs with the mask in the format ``model``'s attention reads, in its parameters' dtype."""
+def packed_inputs(model: torch.nn.Module, packed: PackedRows) -> dict:
+    """``packed``'s model inputs with the mask in the format ``model``'s attention reads, in its parameters' dtype;
+    for SDPA also the spans, so that its attention computes only the pairs the mask keeps (segment_attention.py)."""
     dtype = next(unwrapped(model).parameters()).dtype
-    return packed.model_inputs(packing_support(model)[0] or "bool", dtype if dtype.is_floating_point else torch.float32)
+    mask_format = packing_support(model)[0] or "bool"
+    inputs = packed.model_inputs(mask_format, dtype if dtype.is_floating_point else torch.float32)
+    if mask_format == "bool" and takes_segments(model) and install():
+        inputs[SEGMENTS_KWARG] = packed.segments()
+    return inputs
 
 
 def packed_completion_logprobs(
