@@ -128,10 +128,14 @@ def test_grpo_trains_with_every_option_and_resumes_exactly(tmp_path):
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_float32_lm_head_equals_trl_on_a_bfloat16_model(tmp_path, loss_type):
     """cast_lm_head_to_fp32 on a bfloat16 policy: the head's weight becomes float32 and its logits are computed in
-    float32, on steadyrl's chunked head as in TRL's fused one: the same loss and gradients."""
+    float32, on steadyrl's chunked head as in TRL's fused one: the same loss and gradients. Padded on both sides: in
+    bfloat16, packed attention (span by span) rounds the layers' outputs differently from TRL's padded pass, which
+    would hide the head's equality (packed = padded is tested in float32: test_packing.py)."""
     policy = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16)
     settings = dict(loss_type=loss_type, cast_lm_head_to_fp32=True, entropy_coef=0.05)
-    trainer = steadyrl_side(tmp_path, "grpo", model=policy, beta=BETA, allow_low_precision_weights=True, **settings)
+    trainer = steadyrl_side(
+        tmp_path, "grpo", model=policy, beta=BETA, allow_low_precision_weights=True, packing=False, **settings
+    )
     head = trainer.model.get_output_embeddings()
     assert head.weight.dtype == torch.float32 and trainer.model.model.norm.weight.dtype == torch.bfloat16
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
