@@ -35,10 +35,15 @@ def tool_message(name: str, result) -> dict:
     return {"role": "tool", "name": name, "content": content}
 
 
+def error_message(name: str, err: Exception) -> dict:
+    return tool_message(name, {"error": str(err)})
+
+
 def run_tool_calls(tool_calls: list[dict], box: ToolBox) -> ToolResults:
     """Call each of one assistant turn's ``tool_calls`` (sync ones in order, async ones concurrently), and return one
-    tool message per call, in the order the model made the calls. A call of an unknown tool, with bad arguments, or
-    one that raises, answers ``{"error": "..."}`` and counts as a failure."""
+    tool message per call, in the order the model made the calls. A call of an unknown tool, with bad arguments, one
+    that raises, or whose result has no text (``str`` raises: an int past Python's digit limit) answers
+    ``{"error": "..."}`` and counts as a failure."""
     tools = box.by_name
     results: list = [None] * len(tool_calls)
     names = [call.get("function", {}).get("name", call.get("name", "unknown")) for call in tool_calls]
@@ -68,4 +73,29 @@ def run_tool_calls(tool_calls: list[dict], box: ToolBox) -> ToolResults:
             if isinstance(result, Exception):
                 result, failures = {"error": str(result)}, failures + 1
             results[i] = result
-    return ToolResults([tool_message(name, result) for name, result in zip(names, results)], failures)
+    messages = []
+    for name, result in zip(names, results):
+        try:
+            messages.append(tool_message(name, result))
+        except Exception as err:  # the result has no text; the same result comes back on every resume of the step
+            messages.append(error_message(name, ValueError(f"its result cannot be made text: {err}")))
+            failures += 1
+    return ToolResults(messages, failures)
+
+
+def rendered(results: ToolResults, render: Callable[[list[dict]], list[int]]) -> tuple[ToolResults, list[int]]:
+    """``results`` and their ids as ``render`` gives them. A message the chat template cannot render (a result the
+    template cannot show, e.g. a list into a text template) becomes an error answer and counts as a failed call,
+    like a tool that raises: the same result would come back, and fail, on every resume of the step."""
+    try:
+        return results, render(results.messages)
+    except Exception:
+        pass
+    messages, failures = list(results.messages), results.failures
+    for i, message in enumerate(messages):
+        try:
+            render([message])
+        except Exception as err:
+            reason = ValueError(f"the chat template cannot render its result ({type(err).__name__}: {err})")
+            messages[i], failures = error_message(message["name"], reason), failures + 1
+    return ToolResults(messages, failures), render(messages)  # still raising: the template's fault, not a result's

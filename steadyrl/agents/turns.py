@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..generation import Generation
-from .tools import ToolBox, run_tool_calls
+from .tools import ToolBox, rendered, run_tool_calls
 
 GenerateTurn = Callable[[list[list[int]], list[int], int], Generation]  # (prompt ids, row indices, turn) -> ids
 ParseTurn = Callable[[int, list[int], list[int]], dict]  # (row, sampled ids, ids before them) -> assistant message
@@ -62,10 +62,9 @@ def run_turns(
     while active and (max_iterations is None or iteration < max_iterations):
         rows, contexts, suffixes = [], [], []
         for i in active:
-            results = run_tool_calls(completions[i][-1]["tool_calls"], boxes[i])
+            results, suffix = rendered(run_tool_calls(completions[i][-1]["tool_calls"], boxes[i]), suffix_ids)
             counts.tool_calls += len(results.messages)
             counts.tool_failures += results.failures
-            suffix = suffix_ids(results.messages)
             context = prompt_ids[i] + ids[i] + suffix
             if len(context) - len(prompt_ids[i]) > max_completion_length or len(context) >= context_length:
                 continue  # no room for the results: the trajectory ends with the call

@@ -5,10 +5,12 @@ import asyncio
 
 import pytest
 
+from steadyrl.agents.chat_format import tool_suffix_ids
 from steadyrl.agents.environments import Environments
 from steadyrl.agents.tools import ToolBox, run_tool_calls
 from steadyrl.agents.turns import run_turns
 from steadyrl.generation import Generation
+from steadyrl.toy.tools import tool_tokenizer
 
 
 def add(a: int, b: int) -> int:
@@ -175,3 +177,49 @@ def test_a_template_trl_has_a_training_version_of_is_swapped_for_it_and_the_toke
     assert tokenizer.chat_template == qwen3, "the tokenizer saved with the model keeps its template"
     suffix = tokenizer.decode(tool_suffix_ids(tokenizer, reply, kwargs))
     assert suffix == "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def huge(x: int) -> int:
+    """An int past Python's int-to-str digit limit.
+
+    Args:
+        x: x.
+    """
+    return 10**5000
+
+
+def pair(x: int) -> list:
+    """A list, which a text chat template cannot render.
+
+    Args:
+        x: x.
+    """
+    return [1, 2]
+
+
+def test_a_result_that_cannot_be_made_text_or_rendered_is_a_failed_call_not_a_crash():
+    # the same seeds give the same result after a resume: raising here would stop the run at this step for good
+    tok = tool_tokenizer()
+    turns = {0: [[1, 7, 9], [3, 9]]}
+
+    def calls(row, ids, before):
+        made = [call("huge", x=1), call("pair", x=1), call("add", a=1, b=2)] if 7 in ids else []
+        return {"role": "assistant", "content": "", **({"tool_calls": made} if made else {})}
+
+    out = run_turns(
+        scripted(turns),
+        calls,
+        lambda messages: tool_suffix_ids(tok, messages, {}),
+        [[100]],
+        Generation([turns[0][0]], None),
+        [ToolBox([add, huge, pair])],
+        max_completion_length=512,
+        max_iterations=None,
+        context_length=4096,
+    )
+    replies = [m["content"] for m in out.completions[0] if m["role"] == "tool"]
+    assert replies[0].startswith("{'error': 'its result cannot be made text: Exceeds the limit")
+    assert replies[1].startswith("{'error': 'the chat template cannot render its result (TypeError")
+    assert replies[2] == "3", "the turn's other calls are answered"
+    assert out.metrics["tools/failure_frequency"] == 2 / 3 and out.completion_ids[0][-2:] == [3, 9]
+    assert tok.decode(out.completion_ids[0]).count("{'error'") == 2, "the model reads the errors"
