@@ -266,7 +266,9 @@ class CheckpointFields:
         default=True,
         metadata={
             "help": "On SIGTERM or SIGINT (what schedulers send before preemption): finish the current step, "
-            "write a checkpoint and exit with status 0. A second signal exits at once."
+            "write a checkpoint and exit with the status of a process the signal ended, 128 + its number (143 for "
+            "SIGTERM, 130 for SIGINT), so that the scheduler restarts the unfinished run; a signal during the last "
+            "step lets the run complete (status 0). A second signal exits at once."
         },
     )
     overwrite_output_dir: bool = field(

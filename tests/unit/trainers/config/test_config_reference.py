@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from transformers import HfArgumentParser
 from steadyrl.trainers import ALGORITHMS, OnPolicyConfig
 from steadyrl.trainers.config.trl_names import UNSUPPORTED, TRLDefaultOnlyFields
 from steadyrl.trainers.config_reference import COMMAND, configuration_page, field_owner, steadyrl_fields
+from steadyrl.trainers.loop.preemption import stopped_status
 
 PAGE = Path(__file__).resolve().parents[4] / "docs" / "configuration.md"
 CONFIGS = [OnPolicyConfig, *(algorithm.config_class for algorithm in ALGORITHMS.values())]
@@ -56,3 +58,10 @@ def test_only_refused_trl_fields_sit_under_accepted_only_at_trls_default():
         "vllm_server_weights_dir",
     ):
         assert field_owner(OnPolicyConfig, name).settings_group == "vLLM (colocated and server)"
+
+
+def test_stop_on_signals_help_names_the_status_a_stopped_run_exits_with():
+    help_text = OnPolicyConfig.__dataclass_fields__["stop_on_signal"].metadata["help"]
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        assert f"{stopped_status(signum)} for {signum.name}" in help_text
+    assert "status 0" not in help_text.split("last step")[0], "only a run that completes exits with status 0"
