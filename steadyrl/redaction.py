@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 SPECIAL_TOKEN_NAMES = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}
 SECRET_WORDS = {
     "password",
@@ -15,19 +17,24 @@ SECRET_WORDS = {
     "authorization",
     "cookie",
     "cookies",
+    "bearer",
+    "pwd",
 }
-SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key")}
+SECRET_LAST_WORDS = {"token", "key"}  # hub_token, openai_key, server_key, key; not key_column or keep_last
+SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key")}  # also inside a longer name: aws_access_key_id
 
 
 def is_secret(name: str) -> bool:
     """Whether a setting named ``name`` holds a secret: a token (not a tokenizer's special token such as
-    ``pad_token``), an API or access key, a password, a secret, credentials, an authorization header or cookies."""
-    key = name.rsplit(".", 1)[-1].lower().replace("-", "_")
+    ``pad_token``), a key (``openai_key``, ``server_key``; not ``key_column``), an API or access key, a password, a
+    secret, credentials, an authorization or bearer header or cookies. ``apiKey`` and ``X-Api-Key`` read as
+    ``api_key``."""
+    key = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.rsplit(".", 1)[-1]).lower().replace("-", "_")
     words = key.split("_")
     if key in SPECIAL_TOKEN_NAMES:
         return False
     pairs = set(zip(words, words[1:]))
-    return words[-1] == "token" or bool(SECRET_WORDS & set(words)) or bool(SECRET_PAIRS & pairs)
+    return words[-1] in SECRET_LAST_WORDS or bool(SECRET_WORDS & set(words)) or bool(SECRET_PAIRS & pairs)
 
 
 def redact_secrets(value):

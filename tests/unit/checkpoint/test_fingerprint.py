@@ -126,3 +126,22 @@ def test_a_checkpoint_that_recorded_a_secret_resumes_with_another_and_errors_do_
     with pytest.raises(CheckpointError, match="learning_rate") as error:
         check_resumable(saved, changed, {}, {}, tmp_path)
     assert SECRET not in str(error.value) and OTHER_SECRET not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["key", "openai_key", "server_key", "bearer", "pwd"])
+def test_a_refused_resume_never_shows_a_key_named_like_these(tmp_path, name):
+    kwargs = {"dtype": "float32", "extra": {name: SECRET, "keep_last": 2}}
+    saved, saved_free = split_settings(make_config("out", model_init_kwargs=kwargs, learning_rate=0.1))
+    assert SECRET not in json.dumps([saved, saved_free]), "written to the checkpoint"
+    assert saved["args.model_init_kwargs"]["extra"] == {"keep_last": 2}, "a setting named keep_* is recorded"
+    kwargs = {"dtype": "float32", "extra": {name: OTHER_SECRET, "keep_last": 2}}
+    current, current_free = split_settings(make_config("out", model_init_kwargs=kwargs, learning_rate=0.1))
+    check_resumable(saved, current, saved_free, current_free, tmp_path)  # another key is not another run
+    changed, _ = split_settings(make_config("out", model_init_kwargs=kwargs, learning_rate=0.5))
+    reward = functools.partial(scaled_letters, scale=1.0, **{name: OTHER_SECRET})
+    changed["reward_funcs[0]"] = callable_identity(reward)
+    saved["reward_funcs[0]"] = callable_identity(functools.partial(scaled_letters, scale=2.0, **{name: SECRET}))
+    with pytest.raises(CheckpointError, match="learning_rate: checkpoint 0.1, now 0.5") as error:
+        check_resumable(saved, changed, saved_free, current_free, tmp_path)
+    assert "scale=2.0" in str(error.value), "the changed reward function is named"
+    assert SECRET not in str(error.value) and OTHER_SECRET not in str(error.value)
