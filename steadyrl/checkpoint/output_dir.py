@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from accelerate.utils import gather_object
@@ -69,6 +71,19 @@ def take_output_dir(value, args, accelerator) -> tuple[OutputDirLock | None, Pat
     if checkpoint is not None:
         logger.warning(f"Resuming from {checkpoint}.")  # every process: each says what it loads
     return lock, checkpoint
+
+
+@contextlib.contextmanager
+def output_dir_locked(output_dir: str, accelerator) -> Iterator[None]:
+    """``output_dir``'s lock (main process) for work outside ``train()`` that writes there or into the run's vLLM
+    server (``evaluate()``); ``OutputDirInUse`` on every process while another run holds it."""
+    lock = OutputDirLock(output_dir) if accelerator.is_main_process else None
+    on_main_process(accelerator, lock.acquire if lock else None)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def check_shared_output_dir(output_dir: str, accelerator) -> None:

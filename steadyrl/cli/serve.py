@@ -5,7 +5,8 @@ through (``VLLM_SERVER_DEV_MODE=1``), every route guarded by a key and the serve
 ``--host`` names another.
 
 The key: ``$STEADYRL_VLLM_SERVER_KEY`` if set; else the file ``--key-file`` (or ``$STEADYRL_VLLM_SERVER_KEY_FILE``),
-made if missing; else a new key in ``default_key_file(port)``, mode 0600, whose path it prints (never the key).
+made if missing; else a new key in ``default_key_file(port, host)``, mode 0600, whose path it prints (never the key);
+``--print`` keeps a key file that exists.
 
 With ``--max-lora-rank R`` it serves LoRA adapters up to rank R, which a LoRA run then pushes alone after each
 update (``vllm_lora_sync``), over the key-guarded route ``/steadyrl/lora_adapter`` (``generation/server_adapters.py``).
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--key-file",
         default=None,
         help=f"the key's file, made if missing (default: ${KEY_FILE_ENV}, else a new key in "
-        f"{default_key_file(0).parent}/port-PORT.key); ${KEY_ENV} replaces it",
+        f"{default_key_file(0).parent}/port-PORT.key, or HOST-port-PORT.key for a --host other than loopback or "
+        f"all addresses; --print keeps an existing one); ${KEY_ENV} replaces it",
     )
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000, TRL's vllm_server_port)")
     parser.add_argument(
@@ -138,12 +140,13 @@ def served_lora_rank(rank: int) -> int:
 
 
 def prepare_key(args: argparse.Namespace) -> tuple[dict[str, str], str]:
-    """The environment that gives the server its key, and where the key is (for the user; never the key)."""
+    """The environment that gives the server its key, and where the key is (for the user; never the key). With
+    ``--print`` an existing key file is kept (a server started from it may be running: its trainers read it)."""
     if os.environ.get(KEY_ENV):
         return {}, f"${KEY_ENV}"
     named = args.key_file or os.environ.get(KEY_FILE_ENV)
-    path = os.path.abspath(named) if named else str(default_key_file(args.port))
-    if named and os.path.isfile(path):
+    path = os.path.abspath(named) if named else str(default_key_file(args.port, args.host))
+    if (named or args.print) and os.path.isfile(path):
         read_key_file(path)  # refuse an empty one now rather than when vLLM has loaded the model
         return {KEY_FILE_ENV: path}, f"the file {path}"
     if not named:  # the running server's key in its port's file would be replaced

@@ -115,6 +115,10 @@ class GenerationBackend(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's resources (a later ``sync_weights`` starts it again)."""
 
+    def release(self) -> None:  # noqa: B027 - optional hook
+        """Free what another run may use meanwhile (a vLLM server's claim) after a standalone ``evaluate()``,
+        keeping what is costly to rebuild (a colocated engine); a later ``sync_weights`` takes it again."""
+
 
 def trim_completion(ids: list[int], eos_token_id: int | None) -> list[int]:
     """Cut a generated row after its first EOS: what follows is batch padding. A row without EOS ran to the

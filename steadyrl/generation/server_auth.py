@@ -10,20 +10,22 @@ it is the outermost layer and sees every request before any route or other middl
 - The claim binds the server to one run: ``POST /steadyrl/claim`` with ``{"run", "output_dir", "host", "pid"}``
   takes it when it is free or already the same run's, else answers 409 naming the holder; ``POST
   /steadyrl/release`` frees it (the holder's own only); ``GET /steadyrl/claim`` shows the holder. A request that
-  names another run than the holder in ``X-Steadyrl-Run`` gets 409 too. A run is its output_dir (``run_id``), as for
-  the output_dir lock, so a restarted run of the same output_dir reclaims the server. The claim lives in the server
+  names another run than the holder in ``X-Steadyrl-Run`` gets 409 too. A run is the random id its output_dir keeps
+  (``run_id``: ``.steadyrl-run-id``, made by its first trainer), so a restarted run of the same output_dir reclaims
+  the server, and a run on another host whose output_dir has the same path does not. The claim lives in the server
   process: a restarted server is free.
 - ``POST /steadyrl/lora_adapter?name=NAME`` (``server_adapters``): the claiming run's LoRA adapter, loaded for its
   completions; refused (409) to a request that does not name the holder's run.
 
 The key is ``$STEADYRL_VLLM_SERVER_KEY``, else the first line of the file ``$STEADYRL_VLLM_SERVER_KEY_FILE``; else the
-trainer reads ``default_key_file(port)``, which ``steadyrl vllm-serve`` writes (mode 0600) when given neither. The key
-is never logged, printed, checkpointed, or part of the run's fingerprint: only where it came from is.
+trainer reads ``default_key_file(port, host)`` (by the server's host and port), which ``steadyrl vllm-serve`` writes
+(mode 0600) when given neither. The key is never logged, printed, checkpointed, or part of the run's fingerprint: only
+where it came from is.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import hmac
 import json
 import os
@@ -44,10 +46,16 @@ RELEASE_PATH = "/steadyrl/release"
 OPEN_ROUTES = {("GET", "/health")}  # reveal nothing, change nothing
 
 
-def default_key_file(port: int) -> Path:
-    """Where ``steadyrl vllm-serve --port port`` writes the key it makes, and where a trainer on the same machine (or
-    one sharing its home directory) finds it."""
-    return cache_dir() / "vllm-server-keys" / f"port-{port}.key"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::", "")
+RUN_ID_NAME = ".steadyrl-run-id"
+
+
+def default_key_file(port: int, host: str = "127.0.0.1") -> Path:
+    """Where ``steadyrl vllm-serve --host host --port port`` writes the key it makes, and where a trainer of a server
+    at ``host:port`` finds it: a server on this machine (loopback or every address) has ``port-PORT.key``, a server
+    named by another host ``HOST-port-PORT.key``, so that a remote server never gets the local one's key."""
+    name = f"port-{port}.key" if host in LOCAL_HOSTS else f"{host.strip('[]').replace('/', '_')}-port-{port}.key"
+    return cache_dir() / "vllm-server-keys" / name
 
 
 def write_new_key(path: str | os.PathLike) -> None:
@@ -76,12 +84,12 @@ class KeySource:
     where: str
 
 
-def trainer_key(port: int) -> KeySource:
-    """The key a trainer sends to the server on ``port``: the environment's, else the key file's."""
+def trainer_key(port: int, host: str = "127.0.0.1") -> KeySource:
+    """The key a trainer sends to the server at ``host:port``: the environment's, else the key file's."""
     if os.environ.get(KEY_ENV):
         return KeySource(os.environ[KEY_ENV], f"${KEY_ENV}")
     named = os.environ.get(KEY_FILE_ENV)
-    path = Path(named) if named else default_key_file(port)
+    path = Path(named) if named else default_key_file(port, host)
     if path.is_file():
         return KeySource(read_key_file(path), f"the file {path}" + (f" (${KEY_FILE_ENV})" if named else ""))
     looked = f"${KEY_FILE_ENV}={named}" if named else f"${KEY_ENV}, ${KEY_FILE_ENV} or {path}"
@@ -101,14 +109,28 @@ def server_key() -> str:
 
 
 def run_id(output_dir: str | os.PathLike) -> str:
-    """The run a trainer claims the server for: its output_dir, resolved (the same for every process of a run and
-    for a restarted run; a path in a header would have to be Latin-1, so a digest)."""
-    return hashlib.sha256(os.path.realpath(output_dir).encode()).hexdigest()[:32]
+    """The run a trainer claims the server for: the random id kept in ``output_dir/.steadyrl-run-id``, made there
+    if missing. The same for every process of a run and for a restarted run of that output_dir, and another for a
+    run on another host whose output_dir has the same path (its own directory, its own id)."""
+    path = Path(output_dir) / RUN_ID_NAME
+    with contextlib.suppress(FileNotFoundError):
+        if found := path.read_text().strip():
+            return found
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{RUN_ID_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp.write_text(secrets.token_hex(16) + "\n")
+    try:
+        os.link(tmp, path)  # atomic, never over an id another process made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()
 
 
-def claim_body(output_dir: str | os.PathLike) -> dict:
+def claim_body(output_dir: str | os.PathLike, run: str | None = None) -> dict:
     return dict(
-        run=run_id(output_dir),
+        run=run or run_id(output_dir),
         output_dir=os.path.realpath(output_dir),
         host=socket.gethostname(),
         pid=os.getpid(),

@@ -1,12 +1,15 @@
 """A small HTTP client for a running ``vllm serve``: its health, its settings, token-in token-out completions, the
 development-mode routes the weight push uses, and steadyrl's claim of the server for one run (``server_auth``).
-Every request carries the server's key and, once a run is named, its id. Standard library only (``urllib``)."""
+Every request carries the server's key and, once a run is named, its id. Standard library only (``urllib``): no proxy
+for a server on this machine, and no redirect followed (it would carry the key to wherever it points)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -15,6 +18,7 @@ from .server_auth import (
     CLAIM_PATH,
     KEY_ENV,
     KEY_FILE_ENV,
+    LOCAL_HOSTS,
     RELEASE_PATH,
     RUN_HEADER,
     KeySource,
@@ -35,6 +39,21 @@ class VLLMServerError(RuntimeError):
         super().__init__(message)
         self.unreachable = unreachable
         self.status = status  # the HTTP status of a refusal
+
+
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Leaves a redirect unfollowed: urllib would send the request, ``Authorization`` header included, to its
+    target; the 3xx answer comes back as an error instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+def opener(host: str | None) -> urllib.request.OpenerDirector:
+    """urllib's opener without redirects, and without the environment's proxies for a server on this machine (a
+    proxy would see the key and answer for a server it cannot reach)."""
+    proxies = urllib.request.ProxyHandler({}) if (host or "") in LOCAL_HOSTS else urllib.request.ProxyHandler()
+    return urllib.request.build_opener(proxies, NoRedirects)
 
 
 class ServerClient:
@@ -60,15 +79,25 @@ class ServerClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         url = urlparse(self.base_url)
-        self.key = key if key is not None else trainer_key(url.port or (443 if url.scheme == "https" else 80))
+        port = url.port or (443 if url.scheme == "https" else 80)
+        self.key = key if key is not None else trainer_key(port, url.hostname or "")
         self.output_dir = output_dir
+        self.opener = opener(url.hostname)
+        self._run: str | None = None
+
+    @property
+    def run(self) -> str | None:
+        """The id of the run the requests are for (``run_id`` of ``output_dir``), read once."""
+        if self._run is None and self.output_dir is not None:
+            self._run = run_id(self.output_dir)
+        return self._run
 
     def headers(self, content_type: str = "application/json") -> dict[str, str]:
         headers = {"Content-Type": content_type}
         if self.key.key is not None:
             headers["Authorization"] = f"Bearer {self.key.key}"
-        if self.output_dir is not None:
-            headers[RUN_HEADER] = run_id(self.output_dir)
+        if self.run is not None:
+            headers[RUN_HEADER] = self.run
         return headers
 
     def request(self, method: str, path: str, body: dict | bytes | None = None, what: str = "") -> Any:
@@ -80,9 +109,16 @@ class ServerClient:
         req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         doing = what or f"{method} {path}"
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as response:
-                raw = response.read()
+            with self.opener.open(req, timeout=self.timeout) as response:
+                raw, status = response.read(), response.status
         except urllib.error.HTTPError as err:
+            if 300 <= err.code < 400:
+                raise VLLMServerError(
+                    f"the vLLM server at {self.base_url} answered {doing} with a redirect ({err.code}) to "
+                    f"{err.headers.get('Location')!r}: steadyrl follows none (the request carries the server's key). "
+                    "Set vllm_server_base_url to the address the server itself answers at",
+                    status=err.code,
+                ) from err
             raise self.refusal(err.code, err.read().decode(errors="replace")[:500], doing) from err
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
@@ -92,7 +128,17 @@ class ServerClient:
                 "runs",
                 unreachable=True,
             ) from err
-        return json.loads(raw) if raw.strip() else None
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as err:
+            raise VLLMServerError(
+                f"the answer of {self.base_url + path} ({doing}, status {status}) is not JSON: "
+                f"{raw[:200].decode(errors='replace')!r}; is vllm_server_base_url a vLLM server started by steadyrl "
+                "vllm-serve (and not a proxy or another service)?",
+                status=status,
+            ) from err
 
     def refusal(self, status: int, detail: str, doing: str) -> VLLMServerError:
         """The error for an HTTP error answer: a wrong or missing key and a server claimed by another run say how to
@@ -125,8 +171,22 @@ class ServerClient:
 
     def claim(self) -> None:
         """Bind the server to this client's run (``output_dir``): refused while another run holds it."""
+        with self.claims_routed():
+            self.request("POST", CLAIM_PATH, claim_body(self.output_dir, self.run), what="claiming it for this run")
+
+    def check_unclaimed(self) -> None:
+        """Refuse a server another run holds, without claiming it (a trainer claims as it first pushes weights, with
+        output_dir locked)."""
+        with self.claims_routed():
+            holder = (self.request("GET", CLAIM_PATH, what="reading its claim") or {}).get("holder")
+        if isinstance(holder, dict) and holder.get("run") != self.run:
+            raise self.refusal(409, json.dumps({"holder": holder}), "reading its claim")
+
+    @contextlib.contextmanager
+    def claims_routed(self) -> Iterator[None]:
+        """A server without the claim routes: say that it is not guarded."""
         try:
-            self.request("POST", CLAIM_PATH, claim_body(self.output_dir), what="claiming it for this run")
+            yield
         except VLLMServerError as err:
             if err.status == 404:
                 raise VLLMServerError(
@@ -144,7 +204,7 @@ class ServerClient:
         if self.output_dir is None:
             return
         try:
-            self.request("POST", RELEASE_PATH, {"run": run_id(self.output_dir)}, what="releasing it")
+            self.request("POST", RELEASE_PATH, {"run": self.run}, what="releasing it")
         except VLLMServerError:
             pass
 

@@ -1,8 +1,9 @@
 """Rollout generation on a separate, already running vLLM server (``vllm_mode='server'``).
 
 The trainer checks the server before any work (it answers, takes the trainer's key, serves the trainer's model with
-a long enough context, in the expected dtype and log-prob mode) and claims it for its run (``server_auth``: one
-server, one run; released when training ends), pushes the actor's weights into it before each rollout that follows
+a long enough context, in the expected dtype and log-prob mode, and no other run holds it), claims it for its run as
+it first pushes weights, with output_dir locked (``server_auth``: one server, one run; released when training or a
+standalone ``evaluate()`` ends), pushes the actor's weights into it before each rollout that follows
 an update (``server_weights``; for a LoRA actor whose adapter the server serves, the base weights once and then the
 adapter only, over the authenticated API: ``server_adapters``), and sends one completion request per prompt row,
 each with its own sampling seed, concurrently: the server batches them, and every completion depends only on its
@@ -31,6 +32,7 @@ from ..distributed.processes import on_main_process
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
 from .lora_sync import CPU_COST, adapter_bytes, adapter_rank, adapter_state
 from .server_adapters import ADAPTER_PREFIX
+from .server_auth import run_id
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
 from .vllm import engine_plan
@@ -64,7 +66,12 @@ def server_url(base_url: str | None, host: str, port: int) -> str:
 
 def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
     """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
-    weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
+    # a shared vllm_server_weights_dir: each run writes (and deletes) its versions in its own directory
+    weights_dir = (
+        os.path.join(args.vllm_server_weights_dir, f"run-{run_id(args.output_dir)}")
+        if args.vllm_server_weights_dir
+        else os.path.join(args.output_dir, "vllm-server-weights")
+    )
     return ServerSettings(
         base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
         timeout=args.vllm_server_timeout,
@@ -95,9 +102,9 @@ def same_model(served: str, wanted: str) -> bool:
 
 
 def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict]:
-    """Refuse a server that is down, refuses the key, serves something else than the run needs or another run; claim
-    it for the run; return its served model name and its ``vllm_config`` (its ``lora_config`` None where it serves no
-    adapters)."""
+    """Refuse a server that is down, refuses the key, serves something else than the run needs or another run (not
+    claiming it: a run claims it as it first pushes, with output_dir locked); return its served model name and its
+    ``vllm_config`` (its ``lora_config`` None where it serves no adapters)."""
     client.health()
     version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
     # the development routes and reload_weights are vLLM internals, as in colocate mode
@@ -130,7 +137,7 @@ def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict]:
             f"the vLLM server at {client.base_url} reports log-probs as {config.get('logprobs_mode')}, and the run "
             f"uses {s.logprobs_mode}: restart it with --logprobs-mode {s.logprobs_mode}"
         )
-    client.claim()
+    client.check_unclaimed()
     return name, settings
 
 
@@ -196,13 +203,13 @@ class VLLMServerBackend(GenerationBackend):
         super().__init__(tokenizer, settings)
         self.server = server
         self.client = ServerClient(server.base_url, server.timeout, output_dir=server.output_dir)
-        # every process checks and claims (the same run: idempotent), so that a refusal stops each of them here
+        # every process checks, so that a refusal stops each of them here; the claim waits for the first push
         self.base_name, vllm_config = check_server(self.client, server)
         self.served_name = self.base_name  # the base model's name, or the adapter's in adapter-only sync
         self.adapter_rank = served_adapter_rank(vllm_config, server, server.base_url)
         self._base_synced = False  # adapter-only sync: the base weights are on the server
         self._adapter_tag = secrets.token_hex(4)  # the adapters' names: never another backend's, a killed run's
-        self.claimed = True
+        self.claimed = False
         if transfer is None:
             transfer = (
                 NCCLTransfer(self.client, server.group_host, server.group_port)
@@ -319,7 +326,11 @@ class VLLMServerBackend(GenerationBackend):
         try:
             self.transfer.close()
         finally:
-            self._synced_version, self._base_synced = None, False  # another run may replace the weights meanwhile
-            if self.claimed and PartialState().is_main_process:
-                self.client.release()
-            self.claimed = False
+            self.release()
+
+    def release(self) -> None:
+        """Free the server for other runs (a later ``sync_weights`` claims it again and pushes the weights anew)."""
+        self._synced_version, self._base_synced = None, False  # another run may replace the weights meanwhile
+        if self.claimed and PartialState().is_main_process:
+            self.client.release()
+        self.claimed = False

@@ -83,8 +83,10 @@ def standin_run(ctx, first_run: bool = False, **start_kwargs) -> None:
 
     url, server = start(model_config(), **start_kwargs)
     try:
-        if first_run:
-            make_trainer(ctx.tmp_path / "first", **SERVER, vllm_server_base_url=url)
+        if first_run:  # a run that has pushed its weights: it holds the server
+            from steadyrl.generation.server_client import ServerClient
+
+            ServerClient(url, 10, output_dir=str(ctx.tmp_path / "first")).claim()
         make_trainer(ctx.tmp_path / "second", **SERVER, vllm_server_base_url=url)
     finally:
         server.shutdown()

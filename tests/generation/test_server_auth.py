@@ -19,6 +19,7 @@ from support.vllm_server_standin import model_config, start
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from steadyrl.cli.main import main as steadyrl_main
+from steadyrl.cli.serve import build_parser, prepare_key
 from steadyrl.generation import SamplingSettings, VLLMServerError
 from steadyrl.generation.server_auth import KEY_ENV, KEY_FILE_ENV, ServerAuth, default_key_file
 from steadyrl.generation.server_client import ServerClient
@@ -144,6 +145,8 @@ def test_the_middleware_reads_its_key_from_the_environment(tmp_path, monkeypatch
 def test_one_run_holds_the_server_a_restarted_run_reclaims_it_and_it_is_free_once_released(standin, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(toy_model_path())
     first = backend(standin.url, tmp_path / "a", RecordingTransfer())
+    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1] == {"holder": None}, "claimed as it pushes"
+    first.sync_weights(model, version=0)
     holder = raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"]
     assert holder["output_dir"] == str((tmp_path / "a").resolve()) and holder["pid"] == os.getpid()
     with pytest.raises(VLLMServerError, match=rf"serves another run, output_dir='{tmp_path / 'a'}' \(process "):
@@ -159,12 +162,13 @@ def test_one_run_holds_the_server_a_restarted_run_reclaims_it_and_it_is_free_onc
     restarted.close()  # the end of training: the server is free
     assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1] == {"holder": None}
     second = backend(standin.url, tmp_path / "b", RecordingTransfer())
+    second.sync_weights(model, version=0)
     with pytest.raises(VLLMServerError, match=rf"serves another run, output_dir='{tmp_path / 'b'}'"):
         first.sync_weights(model, version=2)  # a closed run claims again before it pushes
-    assert first.transfer.versions == []
+    assert first.transfer.versions == [0]
     second.close()
     first.sync_weights(model, version=2)
-    assert first.transfer.versions == [2]
+    assert first.transfer.versions == [0, 2]
     assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"]["output_dir"].endswith("/a")
     first.close()
 
@@ -203,7 +207,12 @@ def test_vllm_serve_listens_on_loopback_guards_every_route_and_writes_a_private_
         assert part in printed.out, part
 
     assert steadyrl_main(["vllm-serve", "--model", "m", "--port", str(port), "--print"]) == 0
+    assert key_file.read_text().strip() == key, "printing the command keeps the key a running server checks"
+    prepare_key(build_parser().parse_args(["--model", "m", "--port", str(port)]))  # what a start does
     assert key_file.read_text().strip() != key, "a new server, a new key"
+    assert steadyrl_main(["vllm-serve", "--model", "m", "--host", "10.1.2.3", "--port", str(port), "--print"]) == 0
+    assert f"{KEY_FILE_ENV}={default_key_file(port, '10.1.2.3')} " in capsys.readouterr().out
+    assert default_key_file(port, "10.1.2.3").name == f"10.1.2.3-port-{port}.key", "the key of a server elsewhere"
     named = tmp_path / "shared" / "key"
     assert steadyrl_main(["vllm-serve", "--model", "m", "--key-file", str(named), "--print"]) == 0
     made = named.read_text()

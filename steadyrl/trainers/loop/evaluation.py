@@ -14,6 +14,7 @@ import datasets
 import torch
 from accelerate.utils import gather_object
 
+from ...checkpoint.output_dir import output_dir_locked
 from ...data.prompts import prompt_kind
 from ...data.stream import is_stream
 from ...generation import sampling_seed
@@ -83,7 +84,20 @@ class EvaluationMixin:
         ``eval_completions/mean_length``, ``min_length``, ``max_length``, ``clipped_ratio``, and for GRPO, RLOO and
         distillation ``eval_loss`` (the evaluation rollout's loss; distillation has no reward metrics). A dict of
         datasets is evaluated one by one, as by ``Trainer``: the metrics of ``{"a": ...}`` are named
-        ``eval_a_reward``, ...."""
+        ``eval_a_reward``, ....
+
+        Outside ``train()`` it takes output_dir's lock first (``OutputDirInUse`` while another run holds it: it would
+        push weights into that run's vLLM server and write into its logs) and releases the vLLM server at its end."""
+        if self.is_in_train:  # train() holds the lock, and releases the server as it ends
+            return self.evaluate_datasets(eval_dataset, ignore_keys, metric_key_prefix)
+        with output_dir_locked(self.args.output_dir, self.accelerator):
+            try:
+                return self.evaluate_datasets(eval_dataset, ignore_keys, metric_key_prefix)
+            finally:
+                self.backend.release()
+
+    def evaluate_datasets(self, eval_dataset, ignore_keys, metric_key_prefix: str) -> dict[str, float]:
+        """``evaluate()``'s work, with output_dir locked."""
         if eval_dataset is None:
             eval_dataset = self.eval_dataset
         else:
@@ -93,7 +107,7 @@ class EvaluationMixin:
         if isinstance(eval_dataset, dict):
             metrics = {}
             for name, dataset in eval_dataset.items():
-                metrics.update(self.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
+                metrics.update(self.evaluate_datasets(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         if not self.reward_funcs and self.uses_rewards:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")

@@ -314,6 +314,7 @@ class OnPolicyTrainer(
         try:
             return self.run_loop(checkpoint)
         finally:
+            self.is_in_train = False  # a later evaluate() takes the lock itself
             if lock is not None:
                 lock.release()
 
@@ -383,7 +384,7 @@ class OnPolicyTrainer(
                     self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self.report_step()  # log and evaluate as the callbacks decided
-                    saved = self.save_if_due()  # checkpoint-<global_step> every save_steps
+                    saved = self.save_if_due(stop.received is not None)  # every save_steps
                     if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
                         self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
         finally:
