@@ -6,11 +6,12 @@ import torch
 from transformers import GenerationConfig
 
 from .base import Capabilities, Generation, GenerationBackend, trim_completion
+from .seeded_sampling import seeded_generation
 from .shared_prefill import generate_rows, left_pad, prefilled_cache
 
 
 class HFGenerationBackend(GenerationBackend):
-    """Samples with the training model itself, from the global torch RNG (which checkpoints restore)."""
+    """Samples with the training model itself, each completion from its own seed (seeded_sampling.py)."""
 
     capabilities = Capabilities(runs_training_model=True)
 
@@ -32,19 +33,20 @@ class HFGenerationBackend(GenerationBackend):
 
     @torch.no_grad()
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
-        """All rows in one ``generate`` call, left-padded to the longest prompt; rows that repeat a prompt (a
-        group's samples) share its KV cache, computed once (``shared_prefill``)."""
+        """All rows in one ``generate`` call, left-padded to the longest prompt, each sampled from its seed; rows that
+        repeat a prompt (a group's samples) share its KV cache, computed once (``shared_prefill``)."""
         if not prompt_ids:
             return Generation([])
-        config, tok = self.generation_config(), self.tokenizer
-        device = next(model.parameters()).device
+        tok, device = self.tokenizer, next(model.parameters()).device
+        config = self.generation_config()
+        seeded = seeded_generation(config, seeds, device)
         was_training = model.training
         model.eval()
         try:
             input_ids, attention_mask = left_pad(prompt_ids, tok.pad_token_id, device)
             with torch.inference_mode():  # the ids leave as Python lists: nothing here needs autograd's bookkeeping
                 cache = prefilled_cache(model, config, prompt_ids, tok.pad_token_id)
-                output = generate_rows(model, input_ids, attention_mask, config, cache)
+                output = generate_rows(model, input_ids, attention_mask, config, cache, seeded)
         finally:
             model.train(was_training)
         width = input_ids.shape[1]

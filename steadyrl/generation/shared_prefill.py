@@ -13,7 +13,7 @@ import logging
 import weakref
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 from transformers.cache_utils import DynamicLayer
 
 logger = logging.getLogger(__name__)
@@ -93,10 +93,15 @@ def generate_rows(
     attention_mask: torch.Tensor,
     config: GenerationConfig,
     cache: DynamicCache | None,
+    seeded: tuple[GenerationConfig, LogitsProcessorList] | None = None,
 ) -> torch.Tensor:
-    """One ``model.generate`` call over all rows, from ``cache`` if given. A ``generate`` that refuses the cache
-    (a wrapper's) is called again without it, from the same RNG state, and is not given one again."""
+    """One ``model.generate`` call over all rows with ``config``, from ``cache`` if given, each row drawn from its
+    seed with ``seeded`` (its greedy config and per-row sampler: seeded_sampling.py) if given. A ``generate`` that
+    refuses the cache (a wrapper's) is called again without it, from the same RNG state, and is not given one again;
+    one that refuses the sampler samples with ``config`` from the global RNG."""
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    if seeded is not None:
+        kwargs.update(generation_config=seeded[0], logits_processor=seeded[1])
     if cache is not None:
         cuda = input_ids.device.type == "cuda"
         rng = torch.random.get_rng_state(), torch.cuda.get_rng_state(input_ids.device) if cuda else None
@@ -108,4 +113,16 @@ def generate_rows(
             torch.random.set_rng_state(rng[0])
             if cuda:
                 torch.cuda.set_rng_state(rng[1], input_ids.device)
+    if seeded is not None:
+        try:
+            return model.generate(**kwargs)
+        except TypeError as error:
+            if "logits_processor" not in str(error):
+                raise
+            logger.warning(
+                "%s.generate takes no logits_processor: it samples from the global RNG, not from each completion's "
+                "seed.",
+                type(model).__name__,
+            )
+            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     return model.generate(**kwargs)

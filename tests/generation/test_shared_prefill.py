@@ -11,6 +11,7 @@ import torch
 from steadyrl.generation import HFGenerationBackend, SamplingSettings
 from steadyrl.generation import shared_prefill as sp
 from steadyrl.generation.base import trim_completion
+from steadyrl.generation.seeded_sampling import seeded_generation
 from steadyrl.toy.task import build_model, build_tokenizer
 
 NEW_TOKENS = 6
@@ -100,16 +101,17 @@ def test_the_model_sees_each_distinct_prompt_once(model, tokenizer, rows):
     assert sum(counted) < len(rows) * width + len(rows) * (NEW_TOKENS - 1), "plain generate: every row's prompt"
 
 
-def test_sampling_is_seeded_and_draws_as_plain_generate(model, tokenizer, rows):
-    hf = backend(tokenizer, do_sample=True, temperature=1.5)
+def test_sampling_from_the_shared_cache_draws_as_plain_generate(model, tokenizer, rows):
+    """Each row is drawn from its seed (seeded_sampling.py), from the shared cache as from a plain generate call."""
+    hf, seeds = backend(tokenizer, do_sample=True, temperature=1.5), list(range(len(rows)))
     torch.manual_seed(7)
-    first = hf.generate(model, rows, seeds=[0] * len(rows)).completion_ids
-    torch.manual_seed(7)
-    assert hf.generate(model, rows, seeds=[0] * len(rows)).completion_ids == first
+    first = hf.generate(model, rows, seeds).completion_ids
+    torch.manual_seed(8)
+    assert hf.generate(model, rows, seeds).completion_ids == first
     assert len({tuple(first[i]) for i in (0, 2, 5)}) > 1, "a group's rows are sampled independently"
-    torch.manual_seed(7)
-    width, output = plain(model, tokenizer, rows, hf.generation_config())
-    assert completions(output, width, tokenizer.eos_token_id) == first, "the one generate call draws the samples"
+    greedy, processors = seeded_generation(hf.generation_config(), seeds, torch.device("cpu"))
+    width, output = plain(model, tokenizer, rows, greedy, logits_processor=processors)
+    assert completions(output, width, tokenizer.eos_token_id) == first
 
 
 def test_a_static_cache_falls_back_and_says_why(model, tokenizer, rows, caplog):
@@ -150,6 +152,7 @@ class RefusingGenerate(torch.nn.Module):
 
 
 def test_a_generate_that_refuses_the_cache_is_called_plainly_from_the_same_rng(model, tokenizer, rows, caplog):
+    """It takes no logits processor either: it samples from the global RNG, as a plain generate call does."""
     hf, wrapped = backend(tokenizer, do_sample=True), RefusingGenerate(model)
     torch.manual_seed(11)
     with caplog.at_level(logging.INFO, logger=sp.__name__):
