@@ -9,8 +9,7 @@ import logging
 import pytest
 import torch
 
-from steadyrl.generation import HFGenerationBackend, SamplingSettings
-from steadyrl.generation import seeded_sampling
+from steadyrl.generation import HFGenerationBackend, SamplingSettings, seeded_sampling
 from steadyrl.generation.seeded_sampling import SeededSampler, warpers_of
 from steadyrl.toy.task import build_model, build_tokenizer
 
