@@ -4,9 +4,12 @@ environment wrote), and any other field, forwarded to the reward functions as a 
 
 from __future__ import annotations
 
+from ..reward_checks import ALWAYS_PASSED
 from .turns import Trajectories
 
 REQUIRED = ("prompt_ids", "completion_ids", "logprobs")
+OPTIONAL = ("env_mask", "logprob_token_ids")  # logprob_token_ids: TRL's top-k ids of each logprob, not read
+RESERVED = tuple(name for name in ALWAYS_PASSED if name not in REQUIRED)  # the reward functions' keywords from steadyrl
 
 
 def _rows(value, key: str, rows: int) -> list:
@@ -19,8 +22,22 @@ def _rows(value, key: str, rows: int) -> list:
     return list(value)
 
 
-def trajectories_from(output, rows: int) -> tuple[list[list[int]], Trajectories]:
-    """Check ``rollout_func``'s output for ``rows`` prompt rows and return ``(prompt_ids, trajectories)``."""
+def check_field_names(output: dict, func) -> None:
+    """Refuse a field the reward functions would receive twice: one named like a keyword argument steadyrl passes them
+    itself (``prompts``, ``completions``, ``trainer_state``, ...), which it would replace or be replaced by."""
+    reserved = sorted(key for key in output if key in RESERVED)
+    if reserved:
+        name = getattr(func, "__qualname__", type(func).__name__)
+        raise ValueError(
+            f"rollout_func {name!r} returned {reserved}, which steadyrl passes to the reward functions itself "
+            f"({list(RESERVED)}): its dict takes {list(REQUIRED)}, optionally {list(OPTIONAL)}, and fields of "
+            "any other name, each given to the reward functions as a keyword argument of that name. Rename them."
+        )
+
+
+def trajectories_from(output, rows: int, func=None) -> tuple[list[list[int]], Trajectories]:
+    """Check ``rollout_func``'s output (``func``'s, named in errors) for ``rows`` prompt rows and return
+    ``(prompt_ids, trajectories)``."""
     if not isinstance(output, dict):
         raise TypeError(
             f"rollout_func must return a dict with keys {list(REQUIRED)}; it returned a {type(output).__name__}."
@@ -31,6 +48,7 @@ def trajectories_from(output, rows: int) -> tuple[list[list[int]], Trajectories]
             f"rollout_func must return keys {list(REQUIRED)} in its dict; {missing} missing (it "
             f"returned {sorted(output)})."
         )
+    check_field_names(output, func)
     prompt_ids = [list(map(int, ids)) for ids in _rows(output["prompt_ids"], "prompt_ids", rows)]
     completion_ids = [list(map(int, ids)) for ids in _rows(output["completion_ids"], "completion_ids", rows)]
     logprobs = output["logprobs"]
@@ -53,6 +71,5 @@ def trajectories_from(output, rows: int) -> tuple[list[list[int]], Trajectories]
                 f"rollout_func's env_mask[{i}] holds {sorted(set(env_mask[i]) - {0, 1})}: use 1 for a "
                 "token the policy sampled and 0 for one the environment wrote."
             )
-    extra = {key: _rows(value, key, rows) for key, value in output.items() if key not in (*REQUIRED, "env_mask")}
-    extra.pop("logprob_token_ids", None)  # TRL's: the top-k ids of each logprob; steadyrl reads the sampled ids only
+    extra = {key: _rows(value, key, rows) for key, value in output.items() if key not in (*REQUIRED, *OPTIONAL)}
     return prompt_ids, Trajectories(completion_ids, logprobs, env_mask=env_mask, reward_kwargs=extra)

@@ -169,6 +169,11 @@ def _(ctx):
     rollout_func_run(ctx, lambda output: {**output, "env_mask": [[1]] * len(output["prompt_ids"])})
 
 
+@trigger("rollout-func-reserved-field")
+def _(ctx):
+    rollout_func_run(ctx, lambda output: {**output, "completions": ["text"] * len(output["prompt_ids"])})
+
+
 @pytest.mark.parametrize("row_id", trigger.row_ids())
 def test_readme_error_table_row(row_id, tmp_path, request, monkeypatch, capsys):
     trigger.check(row_id, Context(tmp_path, request, monkeypatch, capsys))

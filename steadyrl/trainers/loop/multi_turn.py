@@ -149,7 +149,8 @@ class MultiTurnSource(RolloutSource, TrainerStage):
         if multi_turn.rollout_func is not None:
             trainer = self.trainer
             trainer.backend.sync_weights(trainer.model, version=trainer.state.global_step)
-            prompt_ids, generation = trajectories_from(multi_turn.rollout_func(prompts, trainer), len(prompts))
+            output = multi_turn.rollout_func(prompts, trainer)
+            prompt_ids, generation = trajectories_from(output, len(prompts), multi_turn.rollout_func)
             return prompts, prompt_ids, 0, generation
         kwargs, tools = multi_turn.template_kwargs, multi_turn.tools
         environments, boxes, tools_per_row = None, [ToolBox(tools)] * len(prompts), [tools] * len(prompts)
