@@ -264,6 +264,15 @@ class SampledRollout:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> SampledRollout:
+        """The rollout a checkpoint stored; one with other keys than ``state_dict`` writes is refused, naming them."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown, missing = sorted(set(state) - set(names)), [name for name in names if name not in state]
+        if unknown or missing:
+            raise ValueError(
+                f"SampledRollout.from_state_dict: a rollout generated ahead (checkpoint part rollouts_ahead) has keys "
+                f"{unknown} that this steadyrl does not know and lacks {missing}; it accepts {names}. Another "
+                "steadyrl version wrote it: resume with that version, or from a checkpoint this version wrote."
+            )
         return cls(**state)
 
 
