@@ -7,6 +7,8 @@ optimizer update, taken where the learner receives the mini-batch."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from conftest import run_entries
@@ -126,3 +128,86 @@ def test_a_crash_during_generation_regenerates_the_same_completions_and_skips_no
     resumed.train(resume_from_checkpoint=True)
     assert_trains_the_rest(reference, before, after, 4)
     assert_same_weights(actor_weights(resumed), weights)
+
+
+# ---- checkpoint cadence ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "ppo"])
+def test_several_updates_a_rollout_checkpoint_at_multiples_of_save_steps_only(uninterrupted_run, algorithm):
+    """TRL#2124, TRL#1889: RLOO and PPO with several mini-batches and PPO epochs saved every 2 steps instead of every
+    ``save_steps``. The shared toy run updates 4 times a rollout (2 epochs x 2 mini-batches) with save_steps=3:
+    checkpoints land at 3, 6, 9 and 12 (two of them inside a rollout) and nowhere else, each holding its own step.
+    (tests/resume/test_checkpoint_cadence.py covers RLOO under gradient accumulation.)"""
+    import json
+
+    run = uninterrupted_run(algorithm)
+    checkpoints = [name for name in run_entries(run) if name.startswith("checkpoint")]
+    assert checkpoints == ["checkpoint-12", "checkpoint-3", "checkpoint-6", "checkpoint-9"]
+    for name in checkpoints:
+        state = json.loads((run / name / "trainer_state.json").read_text())
+        assert state["global_step"] == int(name.split("-")[1]), f"{name} holds step {state['global_step']}"
+
+
+# ---- LoRA with vLLM: merged weights pushed, never merged into the actor ---------------------------------------------
+
+LORA_VLLM = dict(
+    use_vllm=True,
+    vllm_dtype="bfloat16",
+    vllm_lora_sync="merged",
+    model_init_kwargs={"dtype": "bfloat16"},
+    allow_low_precision_weights=True,
+    max_steps=3,
+    save_steps=2,
+    train_batch_size=8,  # one update a rollout: a sync before every rollout after the first
+    micro_train_batch_size=4,
+    num_ppo_epochs=1,
+)
+
+
+def lora_trainer(output_dir, **changes):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+    return make_trainer(output_dir, peft_config=lora, **{**LORA_VLLM, **changes})
+
+
+def base_weights(trainer) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_" not in name}
+
+
+def watch_base_weights(trainer) -> list[bool]:
+    """Wraps the trainer's weight sync to vLLM: after each, whether every base weight is bit-identical to before
+    training."""
+    before, unchanged, sync = base_weights(trainer), [], trainer.backend.sync_weights
+
+    def watched(model, version):
+        sync(model, version)
+        now = base_weights(trainer)
+        unchanged.append(all(torch.equal(now[name], before[name]) for name in before))
+
+    trainer.backend.sync_weights = watched
+    return unchanged
+
+
+def test_lora_weight_syncs_to_vllm_leave_the_bf16_base_bit_identical_and_resume_exactly(tmp_path):
+    """TRL#6688: merging the LoRA adapter into the base weights for the vLLM sync, then unmerging it, drifted the bf16
+    base by rounding at every sync, so a resumed run (which reloads the base) diverged. steadyrl pushes
+    W + scale x BA computed out of place: after every sync the bf16 base is bit-identical to the loaded model, and a
+    run resumed from checkpoint-2 trains what the uninterrupted one does and ends with the same adapter."""
+    reference = lora_trainer(tmp_path / "reference")
+    layer = next(m for name, m in reference.model.named_modules() if name.endswith("q_proj"))
+    assert layer.base_layer.weight.dtype == torch.bfloat16
+    unchanged, trained = watch_base_weights(reference), record_trained(reference)
+    reference.train()
+    assert unchanged == [True] * 3, "a sync to vLLM changed the base weights"
+    adapter = {name: p for name, p in actor_weights(reference).items() if "lora_" in name}
+    assert adapter and any(not torch.equal(p, 0 * p) for p in adapter.values()), "the adapter did not train"
+
+    shutil.copytree(tmp_path / "reference" / "checkpoint-2", tmp_path / "run" / "checkpoint-2")
+    resumed = lora_trainer(tmp_path / "run")
+    unchanged_after, after = watch_base_weights(resumed), record_trained(resumed)
+    resumed.train(resume_from_checkpoint=True)
+    assert unchanged_after == [True]
+    assert_trains_the_rest(trained, trained[:2], after, 2)
+    assert_same_weights(actor_weights(resumed), actor_weights(reference))
