@@ -1,7 +1,8 @@
 """A stand-in for a vLLM server, for the error table and the fast tests of the key and the claim: a small Starlette
 app answering the requests steadyrl makes (``GET /health``, ``GET /version``, the development-mode
-``GET /server_info?config_format=json``, ``POST /collective_rpc``, ``POST /reset_prefix_cache``) with a version and a
-``model_config`` of the test's choosing, or 404 for ``/server_info`` as a server without VLLM_SERVER_DEV_MODE does.
+``GET /server_info?config_format=json``, ``POST /collective_rpc``, ``POST /reset_prefix_cache``, and
+``POST /v1/completions`` with one fixed token) with a version and a ``model_config`` of the test's choosing, or 404
+for ``/server_info`` as a server without VLLM_SERVER_DEV_MODE does.
 
 It is guarded by steadyrl's own middleware (``ServerAuth``, added with ``app.add_middleware`` as vLLM's
 ``--middleware`` adds it) unless ``auth=False``, and its key is written where ``steadyrl vllm-serve`` writes one
@@ -59,6 +60,7 @@ class StandIn:
                 Route("/server_info", self.server_info(config), methods=["GET"]),
                 Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
                 Route("/reset_prefix_cache", lambda request: Response(b""), methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
             ]
         )
         if auth:
@@ -82,6 +84,11 @@ class StandIn:
         body = await request.json()
         self.rpc_calls.append((body["method"], body.get("kwargs", {})))
         return JSONResponse({"results": [None]})
+
+    @staticmethod
+    async def completions(request: Request) -> Response:
+        """One token, the same for every prompt (the tests of the claim need an answer, not a model's)."""
+        return JSONResponse({"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}}]})
 
     def shutdown(self) -> None:
         self.server.should_exit = True
