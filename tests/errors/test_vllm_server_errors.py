@@ -102,6 +102,22 @@ trigger("vllm-server-claimed")(lambda ctx: standin_run(ctx, first_run=True))
 trigger("vllm-server-unguarded")(lambda ctx: standin_run(ctx, auth=False))
 
 
+@trigger("vllm-server-redirect")
+def _(ctx):
+    from support.plain_http import http_server
+
+    with http_server(307, b"", {"Location": "https://127.0.0.1:8443/health"}) as server:
+        make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=server.url)
+
+
+@trigger("vllm-server-not-json")
+def _(ctx):
+    from support.plain_http import http_server
+
+    with http_server(body=b"<html><body>Welcome to nginx!</body></html>") as server:
+        make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=server.url)
+
+
 @trigger("vllm-serve-port-busy")
 def _(ctx):
     import socket

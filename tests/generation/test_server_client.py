@@ -4,48 +4,14 @@ server's host and port, and a clear error for an answer that is not JSON."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
+from support.plain_http import http_server
 
 from steadyrl.generation import VLLMServerError
 from steadyrl.generation.server_auth import KEY_ENV, KEY_FILE_ENV, KeySource, default_key_file, write_new_key
 from steadyrl.generation.server_client import ServerClient
 
 KEY = KeySource("the-servers-key", "$" + KEY_ENV)
-
-
-@contextmanager
-def http_server(status: int = 200, body: bytes = b'{"version": "0.32.0"}', headers: dict | None = None) -> Iterator:
-    """A server on 127.0.0.1 answering every GET with ``status``, ``headers`` and ``body``; ``.seen`` lists the
-    (path, Authorization header) of each request it got."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            self.server.seen.append((self.path, self.headers.get("Authorization")))
-            self.send_response(status)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.seen = []
-    server.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_server_on_this_machine_is_reached_without_the_environments_proxy(monkeypatch):

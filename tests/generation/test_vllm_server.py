@@ -59,7 +59,8 @@ def perturbed_model(seed: int = 0):
 
 
 def server_backend(url, tokenizer, settings, tmp_path, **changes) -> VLLMServerBackend:
-    """A backend for the run of output_dir ``tmp_path`` (which claims the server until ``close()``)."""
+    """A backend for the run of output_dir ``tmp_path`` (which claims the server from its first push until
+    ``close()``)."""
     return VLLMServerBackend(
         tokenizer,
         settings,

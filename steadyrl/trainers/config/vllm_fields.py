@@ -87,7 +87,8 @@ class VLLMFields:
         default=None,
         metadata={
             "help": "vllm_mode='server' with 'file' transfer: a directory the trainer writes and the server "
-            "reads (shared between their machines). Default output_dir/vllm-server-weights."
+            "reads (shared between their machines); each run writes in its own run-<id> directory there. Default "
+            "output_dir/vllm-server-weights."
         },
     )
     vllm_group_port: int = field(
