@@ -8,6 +8,7 @@ import tempfile
 
 from transformers.utils import logging
 
+from ...data.json_columns import check_ahead_columns
 from ...data.stream import first_rows, is_stream
 
 logger = logging.get_logger(__name__)
@@ -76,6 +77,7 @@ def check_train_dataset(dataset, eval_dataset, args) -> None:
             "would have the main process read and send the batches. Set it to False or leave it unset."
         )
     check_dataset(dataset, max_steps=args.max_steps)
+    check_ahead_columns(dataset, args)
     if eval_dataset is None and args.eval_strategy != "no":
         raise ValueError(
             f"eval_strategy={args.eval_strategy.value!r} needs an eval_dataset: pass eval_dataset= (held-out "

@@ -23,11 +23,12 @@ logger = logging.get_logger(__name__)
 class CheckpointMixin:
     """The checkpoint half of ``OnPolicyTrainer`` (a mixin of it: it uses the trainer's state and checkpointer)."""
 
-    def save_if_due(self) -> bool:
-        """Checkpoint this step if the callbacks decided so (every ``save_steps``); return whether one was written."""
+    def save_if_due(self, preempted: bool = False) -> bool:
+        """Checkpoint this step if the callbacks decided so (every ``save_steps``); return whether one was written.
+        ``preempted``: a signal asked the run to stop (``save_checkpoint``)."""
         if not self.control.should_save:
             return False
-        self.save_checkpoint()
+        self.save_checkpoint(preempted)
         self.control = self.callback_handler.on_save(self.args, self.state, self.control)
         self.control.should_save = False
         return True
@@ -37,7 +38,7 @@ class CheckpointMixin:
         end, and exit with a non-zero status (``stopped_status``), so that a scheduler restarts the job."""
         if not saved:
             self.control.should_save = True
-            self.save_if_due()
+            self.save_if_due(preempted=True)
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         name = signal.Signals(signum).name if signum else "a signal on another process"
         logger.warning(
@@ -48,10 +49,10 @@ class CheckpointMixin:
 
     def run_fingerprint(self) -> dict:
         """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
-        started from and how it is spread over processes (fingerprint.py)."""
+        started from and how its state is split (fingerprint.py). Not the number of processes: a run resumes on
+        another number, the change logged (``checkpoint_contents``)."""
         return {
             "algorithm": self.algorithm_name,
-            "world_size": self.accelerator.num_processes,
             "zero_stage": self.zero_stage,
             "fsdp_version": self.fsdp_version,
             "peft": is_peft(self.model),
@@ -62,6 +63,7 @@ class CheckpointMixin:
     def checkpoint_contents(self) -> CheckpointContents:
         fixed, free = split_settings(self.args)
         fingerprint = {**self.run_fingerprint(), **fixed}
+        free = {**free, "world_size": self.accelerator.num_processes}
         return CheckpointContents(
             self.trained_modules(),
             self.state,
@@ -78,11 +80,13 @@ class CheckpointMixin:
         reference = self.reference_module
         return [ModelWeights("reference", reference, functools.partial(self.save_pretrained_model, reference))]
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, preempted: bool = False) -> Path:
         """Write ``checkpoint-<global_step>`` atomically (every process), rotate, then publish its actor as
-        ``hub_strategy`` asks."""
+        ``hub_strategy`` asks. ``preempted``: without waiting for generation (max_staleness), which the same
+        preemption may have stopped: what is not generated yet is stored as its request."""
         args, step = self.args, self.state.global_step
-        self.rollout_source.drain()  # max_staleness: the rollouts in flight are stored, not lost
+        if not preempted:
+            self.rollout_source.drain()  # max_staleness: the rollouts in flight are stored, not lost
         with no_progress_bars():  # not one bar per model saved
             final = self.checkpointer.save(args.output_dir, step, self.checkpoint_contents(), args.save_total_limit)
         # the Hub's failures are reported and training goes on; any other error stops every process at once

@@ -11,6 +11,7 @@ Implementations: ``RolloutSource`` itself (single-turn, synchronous), ``MultiTur
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import torch
 from ...data.prompts import PromptTruncation, tokenize_prompts
 from ...data.sampling import next_rows
 from ...distributed.fsdp import unsharded
+from ...distributed.processes import on_every_process
 from ...distributed.zero import zero3_generation
 from ...generation import Generation, sampling_seed
 
@@ -129,7 +131,11 @@ class RolloutSource:
     def next(self) -> Sampled:
         prompts, columns, seeds = self.draw()
         start = time.time()
-        prompts, prompt_ids, truncated, generation = self.complete(prompts, columns, seeds)
+        complete = functools.partial(self.complete, prompts, columns, seeds)
+        if self.generate.trainer.backend.capabilities.pushes_copies:  # each process's own requests to a server:
+            # a failure on one raises on every one, none waits for it in the scoring passes' collectives
+            complete = functools.partial(on_every_process, self.draw.accelerator, "Generating a rollout", complete)
+        prompts, prompt_ids, truncated, generation = complete()
         metrics = {**getattr(generation, "metrics", {}), "prompts_truncated": truncated / len(prompts)}
         return Sampled(prompts, columns, prompt_ids, generation, time.time() - start, metrics)
 
