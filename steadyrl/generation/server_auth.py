@@ -26,6 +26,7 @@ where it came from is.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
 import os
@@ -109,23 +110,32 @@ def server_key() -> str:
 
 
 def run_id(output_dir: str | os.PathLike) -> str:
-    """The run a trainer claims the server for: the random id kept in ``output_dir/.steadyrl-run-id``, made there
-    if missing. The same for every process of a run and for a restarted run of that output_dir, and another for a
-    run on another host whose output_dir has the same path (its own directory, its own id)."""
+    """The run a trainer claims the server for: ``output_dir``'s resolved path and the random id it keeps in
+    ``.steadyrl-run-id`` (made there if missing), digested. The same for every process of a run and for a restarted
+    run of that output_dir (or one moved to another host at the same path, id file included), and another for a run
+    on another host whose output_dir has the same path (its own directory, its own id) or for a copy elsewhere."""
     path = Path(output_dir) / RUN_ID_NAME
-    with contextlib.suppress(FileNotFoundError):
-        if found := path.read_text().strip():
-            return found
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{RUN_ID_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(secrets.token_hex(16) + "\n")
+    token = read_run_token(path)
+    if not token:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{RUN_ID_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp.write_text(secrets.token_hex(16) + "\n")
+        if token is None:  # missing: made atomically, never over an id another process made meanwhile
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            tmp.unlink()
+        else:  # empty: not written by steadyrl, which writes whole files
+            os.replace(tmp, path)
+        token = read_run_token(path)
+    return hashlib.sha256(f"{os.path.realpath(output_dir)}\0{token}".encode()).hexdigest()[:32]
+
+
+def read_run_token(path: Path) -> str | None:
+    """The id in ``path`` (None: no such file)."""
     try:
-        os.link(tmp, path)  # atomic, never over an id another process made meanwhile
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink()
-    return path.read_text().strip()
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def claim_body(output_dir: str | os.PathLike, run: str | None = None) -> dict:

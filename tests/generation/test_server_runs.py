@@ -6,6 +6,7 @@ their own versions."""
 from __future__ import annotations
 
 import os
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -42,6 +43,9 @@ def test_a_run_on_another_host_whose_output_dir_has_the_same_path_is_another_run
     out.mkdir()
     backend(standin.url, out, RecordingTransfer()).sync_weights(model, version=0)
     assert holder(standin)["output_dir"] == str(out.resolve())
+    shutil.copytree(out, tmp_path / "copy")  # its id file too: a copy elsewhere is still another run
+    with pytest.raises(VLLMServerError, match=rf"serves another run, output_dir='{out}'"):
+        backend(standin.url, tmp_path / "copy", RecordingTransfer())
     os.rename(out, tmp_path / "first-host")
     out.mkdir()  # the other host's directory of the same path
     with pytest.raises(VLLMServerError, match=rf"serves another run, output_dir='{out}'"):
