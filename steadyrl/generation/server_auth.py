@@ -10,10 +10,10 @@ it is the outermost layer and sees every request before any route or other middl
 - The claim binds the server to one run: ``POST /steadyrl/claim`` with ``{"run", "output_dir", "host", "pid"}``
   takes it when it is free or already the same run's, else answers 409 naming the holder; ``POST
   /steadyrl/release`` frees it (the holder's own only); ``GET /steadyrl/claim`` shows the holder. A request that
-  names another run than the holder in ``X-Steadyrl-Run`` gets 409 too. A run is the random id its output_dir keeps
-  (``run_id``: ``.steadyrl-run-id``, made by its first trainer), so a restarted run of the same output_dir reclaims
-  the server, and a run on another host whose output_dir has the same path does not. The claim lives in the server
-  process: a restarted server is free.
+  names another run than the holder in ``X-Steadyrl-Run`` gets 409 too. A run is its output_dir's path and the
+  random id it keeps (``run_id``: ``.steadyrl-run-id``, made by its first trainer), so a restarted run of the same
+  output_dir reclaims the server, and a run on another host whose output_dir has the same path does not. The claim
+  lives in the server process: a restarted server is free.
 - ``POST /steadyrl/lora_adapter?name=NAME`` (``server_adapters``): the claiming run's LoRA adapter, loaded for its
   completions; refused (409) to a request that does not name the holder's run.
 
