@@ -45,6 +45,17 @@ def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=toy_dataset().add_column("image", [None] * len(toy_dataset())))
 
 
+@trigger("staleness-columns")
+def _(ctx):
+    import datetime
+
+    from errors.error_table import AHEAD
+
+    dataset = toy_dataset(num_prompts=4)
+    dataset = dataset.add_column("when", [datetime.datetime(2026, 1, d + 1) for d in range(4)])
+    make_trainer(ctx.tmp_path, algorithm="grpo", train_dataset=dataset, **AHEAD, max_staleness=1)
+
+
 @trigger("empty-dataset")
 def _(ctx):
     make_trainer(ctx.tmp_path, train_dataset=Dataset.from_dict({"prompt": []}))
