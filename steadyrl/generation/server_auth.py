@@ -109,13 +109,16 @@ def server_key() -> str:
     )
 
 
-def run_id(output_dir: str | os.PathLike) -> str:
+def run_id(output_dir: str | os.PathLike, create: bool = True) -> str | None:
     """The run a trainer claims the server for: ``output_dir``'s resolved path and the random id it keeps in
     ``.steadyrl-run-id`` (made there if missing), digested. The same for every process of a run and for a restarted
     run of that output_dir (or one moved to another host at the same path, id file included), and another for a run
-    on another host whose output_dir has the same path (its own directory, its own id) or for a copy elsewhere."""
+    on another host whose output_dir has the same path (its own directory, its own id) or for a copy elsewhere.
+    ``create=False``: None where output_dir has no id yet (nothing is written before a run claims a server)."""
     path = Path(output_dir) / RUN_ID_NAME
     token = read_run_token(path)
+    if not create and not token:
+        return None  # a run that never claimed a server
     if not token:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{RUN_ID_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

@@ -87,17 +87,18 @@ class ServerClient:
 
     @property
     def run(self) -> str | None:
-        """The id of the run the requests are for (``run_id`` of ``output_dir``), read once."""
+        """The id of the run the requests are for (``run_id`` of ``output_dir``); None until output_dir has one
+        (its first claim makes it)."""
         if self._run is None and self.output_dir is not None:
-            self._run = run_id(self.output_dir)
+            self._run = run_id(self.output_dir, create=False)
         return self._run
 
     def headers(self, content_type: str = "application/json") -> dict[str, str]:
         headers = {"Content-Type": content_type}
         if self.key.key is not None:
             headers["Authorization"] = f"Bearer {self.key.key}"
-        if self.run is not None:
-            headers[RUN_HEADER] = self.run
+        if self.output_dir is not None:  # a run without an id yet holds no claim: refused while another run does
+            headers[RUN_HEADER] = self.run or "unclaimed"
         return headers
 
     def request(self, method: str, path: str, body: dict | bytes | None = None, what: str = "") -> Any:
@@ -171,6 +172,7 @@ class ServerClient:
 
     def claim(self) -> None:
         """Bind the server to this client's run (``output_dir``): refused while another run holds it."""
+        self._run = run_id(self.output_dir)
         with self.claims_routed():
             self.request("POST", CLAIM_PATH, claim_body(self.output_dir, self.run), what="claiming it for this run")
 
@@ -201,7 +203,7 @@ class ServerClient:
     def release(self) -> None:
         """Free the server for other runs (this run's claim only). Best effort: where it fails (the server is down),
         the claim stays until this run resumes or the server restarts."""
-        if self.output_dir is None:
+        if self.run is None:
             return
         try:
             self.request("POST", RELEASE_PATH, {"run": self.run}, what="releasing it")

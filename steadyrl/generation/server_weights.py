@@ -25,6 +25,7 @@ import torch
 
 from .. import compat
 from ..reporting.quiet import quiet_vllm_logs
+from .server_auth import run_id
 from .server_client import ServerClient, VLLMServerError
 
 
@@ -62,6 +63,8 @@ class FileTransfer(WeightTransfer):
     Args:
         client: the server's client.
         weights_dir: a directory both the trainer and the server can read (and the trainer write).
+        per_run: write into ``weights_dir/run-<run id>`` (a directory several runs share: none deletes another's
+            versions).
 
     Example::
 
@@ -69,15 +72,24 @@ class FileTransfer(WeightTransfer):
         transfer.push(dict(model.state_dict()), version=3)
     """
 
-    def __init__(self, client: ServerClient, weights_dir: str) -> None:
+    def __init__(self, client: ServerClient, weights_dir: str, per_run: bool = False) -> None:
         super().__init__(client)
-        self.weights_dir = os.path.abspath(weights_dir)
+        self.weights_dir, self.per_run = os.path.abspath(weights_dir), per_run
+
+    def directory(self, create: bool = False) -> str | None:
+        """Where the versions go (None: the run's own directory, before the run has an id and ``create`` is
+        False)."""
+        if not self.per_run:
+            return self.weights_dir
+        run = run_id(self.client.output_dir, create=create)
+        return None if run is None else os.path.join(self.weights_dir, f"run-{run}")
 
     def push(self, weights: dict[str, torch.Tensor], version: int) -> None:
         from safetensors.torch import save_file
 
-        os.makedirs(self.weights_dir, exist_ok=True)
-        final = os.path.join(self.weights_dir, f"v{version}")
+        directory = self.directory(create=True)
+        os.makedirs(directory, exist_ok=True)
+        final = os.path.join(directory, f"v{version}")
         tmp = final + ".tmp"
         for stale in (tmp, final):
             shutil.rmtree(stale, ignore_errors=True)
@@ -99,16 +111,18 @@ class FileTransfer(WeightTransfer):
     def remove_versions(self, keep: str | None = None) -> None:
         """Delete the versions this transfer wrote (``v<step>``, ``v<step>.tmp``) but ``keep``; anything else in
         ``weights_dir`` (a directory the user may have chosen) is left alone."""
-        if not os.path.isdir(self.weights_dir):
+        directory = self.directory()
+        if directory is None or not os.path.isdir(directory):
             return
-        for name in os.listdir(self.weights_dir):
+        for name in os.listdir(directory):
             if name != keep and re.fullmatch(r"v\d+(\.tmp)?", name):
-                shutil.rmtree(os.path.join(self.weights_dir, name), ignore_errors=True)
+                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
     def close(self) -> None:
         self.remove_versions()
-        with contextlib.suppress(OSError):  # only if nothing else is in it
-            os.rmdir(self.weights_dir)
+        if (directory := self.directory()) is not None:
+            with contextlib.suppress(OSError):  # only if nothing else is in it
+                os.rmdir(directory)
 
 
 class NCCLTransfer(WeightTransfer):

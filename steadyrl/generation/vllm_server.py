@@ -32,7 +32,6 @@ from ..distributed.processes import on_main_process
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
 from .lora_sync import CPU_COST, adapter_bytes, adapter_rank, adapter_state
 from .server_adapters import ADAPTER_PREFIX
-from .server_auth import run_id
 from .server_client import ServerClient, VLLMServerError
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
 from .vllm import engine_plan
@@ -57,6 +56,7 @@ class ServerSettings:
     concurrency: int = 64  # requests in flight at once
     adapter_rank: int | None = None  # adapter-only sync of a LoRA actor of this rank; None: merged weights
     adapter_required: bool = False  # vllm_lora_sync='adapter': no fallback to merged weights
+    weights_per_run: bool = False  # a chosen vllm_server_weights_dir, which runs may share: each its run-<id>/
 
 
 def server_url(base_url: str | None, host: str, port: int) -> str:
@@ -66,17 +66,13 @@ def server_url(base_url: str | None, host: str, port: int) -> str:
 
 def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
     """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
-    # a shared vllm_server_weights_dir: each run writes (and deletes) its versions in its own directory
-    weights_dir = (
-        os.path.join(args.vllm_server_weights_dir, f"run-{run_id(args.output_dir)}")
-        if args.vllm_server_weights_dir
-        else os.path.join(args.output_dir, "vllm-server-weights")
-    )
+    weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
     return ServerSettings(
         base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
         timeout=args.vllm_server_timeout,
         weight_transfer=args.vllm_server_weight_transfer,
         weights_dir=weights_dir,
+        weights_per_run=bool(args.vllm_server_weights_dir),
         group_host=group_host(args.vllm_server_base_url, args.vllm_server_host),
         group_port=args.vllm_group_port,
         model=config._name_or_path,
@@ -214,7 +210,7 @@ class VLLMServerBackend(GenerationBackend):
             transfer = (
                 NCCLTransfer(self.client, server.group_host, server.group_port)
                 if server.weight_transfer == "nccl"
-                else FileTransfer(self.client, server.weights_dir)
+                else FileTransfer(self.client, server.weights_dir, server.weights_per_run)
             )
         self.transfer = transfer
         self._synced_version: int | None = None
@@ -261,8 +257,10 @@ class VLLMServerBackend(GenerationBackend):
     def push_copy(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Make the server sample with ``weights``, a copy of the actor's at ``version`` taken earlier (generation
         ahead of training: from a worker thread, one process). A LoRA actor's copy is merged: the server then
-        serves the base model's name."""
-        if version != self._synced_version:
+        serves the base model's name. It is pushed unless the server holds this very copy: after an evaluation's
+        adapter-only sync the server holds ``version`` as base weights + adapter, which samples (in float rounding)
+        otherwise than the merged copy a resumed run pushes."""
+        if version != self._synced_version or self.served_name != self.base_name:
             with self.stops_cleanly():
                 self.push(weights, version)
             self._synced_version, self.served_name, self._base_synced = version, self.base_name, False

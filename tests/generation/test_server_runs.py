@@ -75,7 +75,8 @@ def test_runs_sharing_vllm_server_weights_dir_keep_their_own_versions(standin, t
         )
         settings = server_settings(args, config, 256, "float32", "processed_logprobs")
         client = ServerClient(standin.url, 10, output_dir=args.output_dir)
-        FileTransfer(client, settings.weights_dir).push({"w": torch.zeros(2)}, version=len(pushed) + 1)
+        transfer = FileTransfer(client, settings.weights_dir, settings.weights_per_run)  # as the backend makes it
+        transfer.push({"w": torch.zeros(2)}, version=len(pushed) + 1)
         pushed[name] = standin.rpc_calls[-1][1]["weights_path"]
     assert pushed["a"] != pushed["b"] and all(path.startswith(str(shared)) for path in pushed.values())
     assert os.path.isfile(os.path.join(pushed["a"], "model.safetensors")), "run b deleted run a's version"
@@ -85,6 +86,7 @@ def test_evaluate_outside_train_needs_the_output_dir_lock_and_frees_the_server(s
     out = tmp_path / "out"
     trainer = make_trainer(out, **SERVER, vllm_server_base_url=standin.url, eval_dataset=toy_dataset(num_prompts=2))
     assert holder(standin) is None, "building a trainer claims nothing"
+    assert not (out / ".steadyrl-run-id").exists(), "nor writes its run's id before a claim"
     live = OutputDirLock(out)  # the run training in this output_dir
     live.acquire()
     try:
