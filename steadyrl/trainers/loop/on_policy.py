@@ -315,6 +315,7 @@ class OnPolicyTrainer(
             return self.run_loop(checkpoint)
         finally:
             self.is_in_train = False  # a later evaluate() takes the lock itself
+            self.backend.release()  # claimed again by an evaluate() after the loop (on_train_end)
             if lock is not None:
                 lock.release()
 
