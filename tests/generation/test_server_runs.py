@@ -13,7 +13,7 @@ import pytest
 import torch
 from support.toy_run import make_trainer
 from support.vllm_server_standin import model_config, start
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from generation.test_server_auth import RecordingTransfer, backend, raw
 from steadyrl.checkpoint.ownership import OutputDirInUse, OutputDirLock
@@ -100,3 +100,23 @@ def test_evaluate_outside_train_needs_the_output_dir_lock_and_frees_the_server(s
     assert "eval_completions/mean_length" in metrics
     assert [method for method, _ in standin.rpc_calls] == ["reload_weights"]
     assert holder(standin) is None, "evaluate() left the server claimed"
+
+
+def test_evaluate_at_the_end_of_train_leaves_the_server_free(standin, tmp_path):
+    class EvaluateAtEnd(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            self.metrics = self.trainer.evaluate()
+
+    at_end = EvaluateAtEnd()
+    trainer = make_trainer(
+        tmp_path / "out",
+        callbacks=[at_end],
+        max_steps=1,
+        **SERVER,
+        vllm_server_base_url=standin.url,
+        eval_dataset=toy_dataset(num_prompts=2),
+    )
+    at_end.trainer = trainer
+    trainer.train()
+    assert "eval_completions/mean_length" in at_end.metrics
+    assert holder(standin) is None, "the evaluation after the loop left the server claimed"
