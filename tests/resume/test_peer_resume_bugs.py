@@ -211,3 +211,58 @@ def test_lora_weight_syncs_to_vllm_leave_the_bf16_base_bit_identical_and_resume_
     assert unchanged_after == [True]
     assert_trains_the_rest(trained, trained[:2], after, 2)
     assert_same_weights(actor_weights(resumed), actor_weights(reference))
+
+
+# ---- rollouts generated ahead on a vLLM server (max_staleness) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server():
+    from support.vllm_serving import serving
+
+    from steadyrl.toy import toy_model_path
+
+    with serving(toy_model_path(), 256) as url:
+        yield url
+
+
+def ahead_trainer(output_dir, url: str, staleness: int, **changes):
+    settings = dict(
+        algorithm="grpo",
+        use_vllm=True,
+        vllm_dtype="float32",
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        max_staleness=staleness,
+    )
+    return make_trainer(output_dir, **{**settings, **changes})
+
+
+def test_draws_generated_ahead_and_their_dropped_groups_are_trained_once_each_after_a_resume(server, tmp_path):
+    """TRL#7274: with asynchronous generation, a group dropped as too stale pinned the saved data position, and the
+    resumed run replayed prompts. OpenRLHF#1322: with asynchronous oversampling, the buffered rollouts were dropped on
+    resume. Here GRPO with dynamic sampling draws batches of prompts ahead of training (max_staleness=2); half the
+    prompts get a constant reward, so their groups are dropped and a rollout takes 2 or more draws. checkpoint-3
+    falls inside the first rollout, with draws generated ahead and queued; a run resumed from it (a copy: what a run
+    killed right after that save leaves) trains, step by step, the prompts and completions the uninterrupted run
+    trains (none twice, none skipped) and ends with its weights.
+    (tests/generation/test_async_rollouts.py resumes a run without dynamic sampling, comparing weights and logs.)"""
+    import json
+
+    changes = dict(reward_funcs="half_constant", dynamic_sampling=True, max_steps=8, save_steps=3)
+    reference = ahead_trainer(tmp_path / "reference", server, 2, **changes)
+    trained = record_trained(reference)
+    reference.train()
+    first_rollout = reference.state.log_history[0]
+    assert first_rollout["dynamic_sampling/groups_dropped"] > 0 and first_rollout["dynamic_sampling/draws"] >= 2
+    checkpoint = tmp_path / "reference" / "checkpoint-3"
+    assert json.loads((checkpoint / "rollouts_ahead_0.json").read_text())["queue"], "nothing was queued ahead"
+    assert (checkpoint / "rollout_buffer_0.safetensors").is_file(), "checkpoint-3 falls inside a rollout"
+    shutil.copytree(checkpoint, tmp_path / "run" / checkpoint.name)
+    resumed = ahead_trainer(tmp_path / "run", server, 2, **changes)
+    after = record_trained(resumed)
+    resumed.train(resume_from_checkpoint=True)
+    assert_trains_the_rest(trained, trained[:3], after, 3)
+    assert_same_weights(actor_weights(resumed), actor_weights(reference))
