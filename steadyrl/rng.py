@@ -50,3 +50,10 @@ class RNGState:
 
     def load_state_dict(self, state: dict) -> None:
         restore_rng_state(state)
+
+    @staticmethod
+    def reshard(states, rank: int, processes: int) -> dict:
+        """On another number of processes, process r continues saved process r's RNG (modulo their number). What
+        a run draws from it (dropout) then differs from the original run's; rollouts and mini-batches do not
+        draw from it."""
+        return states[rank % len(states)]

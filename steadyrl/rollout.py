@@ -132,10 +132,12 @@ class Advantages:
 
 @dataclass
 class RolloutBuffer:
-    """The rollout being trained on, its mini-batch schedule and its metrics.
+    """The rollout being trained on (every process's samples, the same on every process), its mini-batch schedule and
+    its metrics.
 
-    ``schedule`` lists the sample indices of every mini-batch of every PPO epoch, fixed when the rollout is
-    made; ``cursor`` is the next one to train on.
+    ``schedule`` lists the sample indices of every global mini-batch of every PPO epoch, fixed when the rollout is
+    made; ``cursor`` is the next one to train on. Each process trains its part of a mini-batch: the same global
+    mini-batches on any number of processes, so a run resumed on another number trains what the original run would.
     """
 
     rollout: Rollout
@@ -148,10 +150,12 @@ class RolloutBuffer:
     def exhausted(self) -> bool:
         return self.cursor >= len(self.schedule)
 
-    def next_minibatch(self) -> Rollout:
-        rows = torch.tensor(self.schedule[self.cursor])
+    def next_minibatch(self, part: int = 0, parts: int = 1) -> Rollout:
+        """Process ``part`` of ``parts``'s share of the next mini-batch: its ``part``-th contiguous slice."""
+        rows = self.schedule[self.cursor]
+        size = len(rows) // parts
         self.cursor += 1
-        return self.rollout.select(rows)
+        return self.rollout.select(torch.tensor(rows[part * size : (part + 1) * size]))
 
     def state_dict(self) -> dict:
         return {
@@ -160,6 +164,7 @@ class RolloutBuffer:
             "cursor": self.cursor,
             "metrics": self.metrics,
             "completions_logged": self.completions_logged,
+            "whole": True,  # every process's samples (since format 5); a format-4 buffer held this process's only
         }
 
     @classmethod
@@ -174,9 +179,14 @@ class RolloutBuffer:
 
 
 def minibatch_schedule(
-    num_samples: int, minibatch_size: int, num_epochs: int, group_size: int = 1, prompt_size: int = 1
+    num_samples: int,
+    minibatch_size: int,
+    num_epochs: int,
+    group_size: int = 1,
+    prompt_size: int = 1,
+    generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Shuffled mini-batches for each epoch (drawn from torch's global RNG, which checkpoints restore).
+    """Shuffled mini-batches for each epoch, drawn from ``generator`` (torch's global RNG if None).
 
     Groups of ``group_size`` consecutive samples are shuffled as units and stay together, in order. Within a
     mini-batch, the samples of one prompt (``prompt_size`` consecutive samples) are put next to each other, in their
@@ -185,7 +195,7 @@ def minibatch_schedule(
     """
     schedule = []
     for _ in range(num_epochs):
-        groups = torch.randperm(num_samples // group_size).tolist()
+        groups = torch.randperm(num_samples // group_size, generator=generator).tolist()
         perm = [g * group_size + j for g in groups for j in range(group_size)]
         for i in range(0, num_samples, minibatch_size):
             schedule.append(sorted(perm[i : i + minibatch_size], key=lambda sample: sample // prompt_size))

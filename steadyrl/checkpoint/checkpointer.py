@@ -48,15 +48,15 @@ from ..rng import RNGState
 from . import CheckpointError, begin_checkpoint, commit_checkpoint, newest_intact_checkpoint, rotate_checkpoints
 from .fingerprint import check_resumable
 from .save_failure import save_failure_message
-from .state_registry import Stateful, StateRegistry
+from .state_registry import Stateful, StateRegistry, saved_processes
 
 logger = logging.get_logger(__name__)
 
 STATE_NAME = "steadyrl_state.json"
 SCALER_NAME = "scaler.pt"  # fp16 loss scaler state, as transformers' Trainer names it
 SETTINGS_NAME = "settings.json"  # the settings a resume may change, to log what it changed
-STATE_FORMAT = 4  # 4: the loop's state as registered parts (state_registry.py)
-READABLE_FORMATS = (4,)
+STATE_FORMAT = 5  # 4: the loop state as registered parts; 5: the rollout buffer holds the whole rollout
+READABLE_FORMATS = (4, 5)
 RESTORED_TRAINER_STATE = ("global_step", "epoch", "log_history", "total_flos", "num_input_tokens_seen")
 
 
@@ -247,6 +247,8 @@ class Checkpointer:
         settings_path = directory / SETTINGS_NAME  # absent from checkpoints of older versions
         saved_settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
         check_resumable(shared["fingerprint"], contents.fingerprint, saved_settings, contents.free_settings, directory)
+        split = [module.name for module in contents.modules if is_partitioned(module.optimizer)]
+        check_process_count(directory, split, self.accelerator.num_processes)
         for module in contents.modules:
             self._load_module(directory, module)
         for weights in contents.weights:
@@ -257,7 +259,7 @@ class Checkpointer:
         restored = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         for name in RESTORED_TRAINER_STATE:
             setattr(state, name, getattr(restored, name))
-        self.parts.load(directory, shared, self.rank)
+        self.parts.load(directory, shared, self.rank, self.accelerator.num_processes)
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         load_model_weights(module.model, directory / module.name)
@@ -280,7 +282,21 @@ class Checkpointer:
         self._on_every_process(f"Restoring the random state of {directory}", lambda: self._restore_rng(directory))
 
     def _restore_rng(self, directory: Path) -> None:
-        self.parts.load(directory, self._shared_state(directory), self.rank, last=True)
+        shared = self._shared_state(directory)
+        self.parts.load(directory, shared, self.rank, self.accelerator.num_processes, last=True)
+
+
+def check_process_count(directory: Path, split: list[str], processes: int) -> None:
+    """Refuse, before anything is loaded, a resume on another number of processes of a run whose modules ``split``
+    have their optimizer state split over the processes (ZeRO, FSDP2): each process's part would be another's."""
+    saved = saved_processes(directory)
+    if saved and saved != processes and split:
+        raise CheckpointError(
+            f"{directory} was written by {saved} processes and this run has {processes}: the optimizer state of "
+            f"{', '.join(split)} is split over the processes (DeepSpeed ZeRO or FSDP2), and steadyrl does not "
+            f"reshard it yet. Resume on {saved} processes; runs without ZeRO or FSDP2 (DDP, one process) resume "
+            "on any number."
+        )
 
 
 def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:

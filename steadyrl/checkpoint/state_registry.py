@@ -10,6 +10,7 @@ dicts whose leaves may be tensors; nothing is pickled.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +28,38 @@ class Stateful(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+class Resharded(Protocol):
+    """A per-process part a run may resume on another number of processes with: this process's state from the
+    saved processes' (``states[r]``: saved process r's, read when asked for; as many as processes wrote it)."""
+
+    def reshard(self, states: Sequence[dict], rank: int, processes: int) -> dict: ...
+
+
+class SavedStates(Sequence):
+    """Every saved process's state of one part, each read from its files when first asked for."""
+
+    def __init__(self, read: Callable[[int], dict], count: int) -> None:
+        self.read, self.count, self.cache = read, count, {}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, rank):
+        if isinstance(rank, slice):
+            return [self[r] for r in range(*rank.indices(self.count))]
+        if rank not in self.cache:
+            self.cache[rank] = self.read(rank)
+        return self.cache[rank]
+
+
+def saved_processes(directory: Path) -> int:
+    """How many processes wrote the checkpoint ``directory``: each writes its own RNG state."""
+    count = 0
+    while (directory / f"rng_state_{count}.json").is_file():
+        count += 1
+    return count
 
 
 @dataclass(frozen=True)
@@ -63,12 +96,22 @@ class StateRegistry:
                 if tensors:
                     save_file(tensors, directory / f"{part.name}_{rank}.safetensors")
 
-    def load(self, directory: Path, shared: dict, rank: int, last: bool = False) -> None:
-        """Restore the parts (``last``: only those restored last; else all others) from a checkpoint."""
+    def load(self, directory: Path, shared: dict, rank: int, processes: int = 1, last: bool = False) -> None:
+        """Restore the parts (``last``: only those restored last; else all others) from a checkpoint, written by
+        ``processes`` processes or (per-process parts that can be resharded, ``Resharded``) another number."""
+        saved = saved_processes(directory) or processes
         for part in self.parts.values():
             if part.restore_last != last:
                 continue
-            if part.per_process:
+            if part.per_process and hasattr(part.state, "reshard"):
+                states = SavedStates(lambda r, name=part.name: self._process_state(directory, name, r), saved)
+                state = part.state.reshard(states, rank, processes)
+            elif part.per_process and saved != processes:
+                raise CheckpointError(
+                    f"{directory} was written by {saved} processes and this run has {processes}: its "
+                    f"{part.name!r} state cannot be split over another number of processes. Resume on {saved}."
+                )
+            elif part.per_process:
                 state = self._process_state(directory, part.name, rank)
             elif part.name in shared:
                 state = shared[part.name]

@@ -52,6 +52,15 @@ class RunMeter:
         """Continue the counts of a checkpoint's meter."""
         self.elapsed, self.tokens = float(state["elapsed"]), int(state["tokens"])
 
+    @staticmethod
+    def reshard(states, rank: int, processes: int) -> dict:
+        """On another number of processes: the first holds every saved process's tokens (a summary sums them)."""
+        if len(states) == processes:
+            return states[rank]
+        states = states[:]
+        tokens = sum(int(state["tokens"]) for state in states) if rank == 0 else 0
+        return {"elapsed": max(float(state["elapsed"]) for state in states), "tokens": tokens}
+
     def summary(
         self, step: int, samples_per_step: int, tokens: int, log_history: list[dict], pending: dict[str, float]
     ) -> dict[str, float]:

@@ -15,7 +15,7 @@ import torch
 from conftest import MULTI_CPU, ROOT, TWO_PROCESSES, ZERO, free_port, read_logs, run_toy, toy_command
 from resume.test_resume import assert_same_result
 
-from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint
+from steadyrl.checkpoint import find_resumable_checkpoint
 from steadyrl.ops import leave_one_out_advantages, whiten
 from steadyrl.trainers.loop.preemption import LAUNCHER_ENV
 
@@ -206,16 +206,48 @@ def test_a_rotation_or_load_failing_on_one_process_stops_both_at_once(tmp_path, 
     assert f"CheckpointError: Loading {run / 'checkpoint-3'} failed on process 1; that process's error" in output
 
 
-def test_resuming_with_another_number_of_processes_is_refused_before_any_step(uninterrupted, tmp_path):
+def assert_trains_as(reference, resumed, after_step: int) -> None:
+    """The resumed run logged the same rewards as ``reference`` (the same completions), its other metrics and final
+    weights within float tolerance (reductions over another number of processes round differently), and saved at
+    the same steps."""
+    from safetensors.torch import load_file
+
+    assert sorted(p.name for p in resumed.glob("checkpoint-*")) == sorted(
+        p.name for p in reference.glob("checkpoint-*")
+    )
+    ours, theirs = (
+        load_file(resumed / "final-actor" / "model.safetensors"),
+        load_file(reference / "final-actor" / "model.safetensors"),
+    )
+    for name, tensor in theirs.items():
+        assert (ours[name] - tensor).abs().max() <= 1e-5 * tensor.abs().max().clamp(min=1e-12), name
+    new, old = read_logs(resumed), read_logs(reference)
+    assert sorted(new) == sorted(old) == list(range(1, 13))
+    for step in range(after_step + 1, 13):
+        assert new[step]["reward"] == pytest.approx(old[step]["reward"], rel=1e-12, abs=1e-12), step
+        assert new[step]["loss"] == pytest.approx(old[step]["loss"], rel=1e-4, abs=1e-6), step
+
+
+def test_a_two_process_run_resumes_on_one_process_and_trains_what_it_would_have(uninterrupted, tmp_path):
+    """checkpoint-6 falls mid-rollout: the rest of that rollout's mini-batches, the prompts, seeds and completions
+    after it are the two-process run's, and the change is logged."""
     import shutil
 
-    from support.toy_run import make_trainer
-
     shutil.copytree(uninterrupted / "checkpoint-6", tmp_path / "checkpoint-6")
-    trainer = make_trainer(tmp_path)
-    with pytest.raises(CheckpointError, match="world_size: checkpoint 2, now 1"):
-        trainer.train(resume_from_checkpoint=True)
-    assert trainer.state.global_step == 0
+    _, output = run_toy(tmp_path, "--resume", *TWO_PROCESSES)
+    assert "world_size 2 -> 1" in output, output[-3000:]
+    assert_trains_as(uninterrupted, tmp_path, after_step=6)
+
+
+def test_a_one_process_run_resumes_on_two_processes_and_trains_what_it_would_have(tmp_path):
+    import shutil
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_toy(one, *TWO_PROCESSES)
+    shutil.copytree(one / "checkpoint-6", two / "checkpoint-6")
+    _, output = run_toy(two, "--resume", *TWO_PROCESSES, accelerate_config=MULTI_CPU)
+    assert "world_size 1 -> 2" in output, output[-3000:]
+    assert_trains_as(one, two, after_step=6)
 
 
 def test_vllm_under_zero3_generates_with_the_gathered_actor_and_keeps_the_process_group(tmp_path):

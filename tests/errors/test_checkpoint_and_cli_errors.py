@@ -57,6 +57,15 @@ def _(ctx):
     make_trainer(ctx.tmp_path, learning_rate=5e-2).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
 
 
+@trigger("resume-split-optimizer")
+def _(ctx):
+    from steadyrl.checkpoint.checkpointer import check_process_count
+
+    copy = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
+    shutil.copy(copy / "rng_state_0.json", copy / "rng_state_1.json")  # as 2 processes write it
+    check_process_count(copy, ["actor"], 1)  # the actor's optimizer state: each process's own part
+
+
 @trigger("output-dir-other-run")
 def _(ctx):
     shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")

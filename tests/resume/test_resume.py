@@ -160,9 +160,9 @@ def test_a_checkpoint_of_the_previous_state_format_is_refused_naming_it(uninterr
     checkpoint = tmp_path / "checkpoint-6"
     shutil.copytree(uninterrupted / "checkpoint-6", checkpoint)
     state = checkpoint / "steadyrl_state.json"
-    state.write_text(state.read_text().replace('"format": 4', '"format": 3'))
+    state.write_text(state.read_text().replace('"format": 5', '"format": 3'))
     write_manifest(checkpoint, 6)
     trainer = make_trainer(tmp_path, algorithm=algorithm)
-    with pytest.raises(CheckpointError, match=r"state format 3; this version reads format 4 only"):
+    with pytest.raises(CheckpointError, match=r"state format 3; this version reads format 4, 5 only"):
         trainer.train(resume_from_checkpoint=True)
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6"], "no step ran"

@@ -5,10 +5,14 @@ the algorithm's state, the meter)."""
 
 from __future__ import annotations
 
-from ...checkpoint.state_registry import Stateful
-from ...rollout import RolloutBuffer
+import torch
 
-__all__ = ["NoAlgorithmState", "PendingMetrics", "Stateful", "TrainingBuffer"]
+from ...checkpoint.state_registry import Stateful
+from ...distributed.rollout_exchange import gather_rollout
+from ...generation.base import sampling_seed
+from ...rollout import Rollout, RolloutBuffer, minibatch_schedule
+
+__all__ = ["NoAlgorithmState", "PendingMetrics", "Stateful", "TrainingBuffer", "whole_rollout_buffer"]
 
 
 class NoAlgorithmState:
@@ -22,20 +26,39 @@ class NoAlgorithmState:
 
 
 class TrainingBuffer:
-    """The rollout being trained on and its mini-batch schedule (None between rollouts)."""
+    """The rollout being trained on and its mini-batch schedule (None between rollouts), of which this process
+    trains part ``part`` of ``parts`` of each mini-batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, part: int = 0, parts: int = 1) -> None:
         self.buffer: RolloutBuffer | None = None
+        self.part, self.parts = part, parts
 
     @property
     def needs_rollout(self) -> bool:
         return self.buffer is None or self.buffer.exhausted
+
+    def next_minibatch(self) -> Rollout:
+        return self.buffer.next_minibatch(self.part, self.parts)
+
+    def counted_tokens(self) -> int:
+        """The rollout's completion tokens, on the first process (every process holds the whole rollout)."""
+        return int(self.buffer.rollout.completion_mask.sum()) if self.part == 0 else 0
 
     def state_dict(self) -> dict:
         return {} if self.needs_rollout else self.buffer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         self.buffer = RolloutBuffer.from_state_dict(state) if state else None
+
+    @staticmethod
+    def reshard(states, rank: int, processes: int) -> dict:
+        """Every process holds the whole rollout: the first saved process's state is every process's. A buffer of
+        steadyrl's state format 4 held each process's share: the shares are put together (``whole_buffer_state``)."""
+        if not states[0] or states[0].get("whole"):
+            return states[0]
+        from ...distributed.rollout_exchange import whole_buffer_state
+
+        return whole_buffer_state(states[:])
 
 
 class PendingMetrics:
@@ -59,3 +82,29 @@ class PendingMetrics:
 
     def load_state_dict(self, state: dict) -> None:
         self.values = {key: list(values) for key, values in state.items()}
+
+    @staticmethod
+    def reshard(states, rank: int, processes: int) -> dict:
+        """On another number of processes, the saved processes' values averaged, step by step, on every process: a
+        logging step averages them over the processes, which then gives what the original run would have logged."""
+        if len(states) == processes:
+            return states[rank]
+        states = states[:]
+        keys = sorted({key for state in states for key in state})
+        return {key: [sum(v) / len(v) for v in zip(*(s[key] for s in states if key in s))] for key in keys}
+
+
+def whole_rollout_buffer(
+    rollout: Rollout, metrics: dict, args, step: int, samples_per_group: int, accelerator
+) -> RolloutBuffer:
+    """This process's share of a rollout made at global step ``step`` -> the whole rollout, on the CPU, with its
+    global mini-batches of ``train_batch_size`` samples. The schedule is drawn from the run's seed and the step, not
+    from the global RNG, so it is the same on every process and for any number of processes."""
+    rollout = gather_rollout(rollout, accelerator)
+    if accelerator.num_processes > 1 and metrics:  # each share's metrics -> their mean, as a logging step takes it
+        values = torch.tensor([metrics[key] for key in sorted(metrics)], dtype=torch.float64, device=accelerator.device)
+        metrics = dict(zip(sorted(metrics), accelerator.reduce(values, "mean").tolist()))
+    generator = torch.Generator().manual_seed(sampling_seed(args.seed, step, -1, -1))
+    sizes = args.train_batch_size, args.num_ppo_epochs, samples_per_group, args.n_samples_per_prompt
+    schedule = minibatch_schedule(len(rollout), *sizes, generator)
+    return RolloutBuffer(rollout.to("cpu"), schedule, metrics)

@@ -57,7 +57,7 @@ from ...publish.actor import PublishMixin
 from ...reporting.completion_log import CompletionLog
 from ...reporting.run_summary import MetricsLog, RunMeter
 from ...rewards import as_list
-from ...rollout import Rollout, RolloutBuffer, minibatch_schedule
+from ...rollout import Rollout, RolloutBuffer
 from ..config.input_checks import check_model_path, check_output_dir, check_train_dataset
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
@@ -68,7 +68,7 @@ from .checkpoints import CheckpointMixin
 from .dynamic_sampling import DynamicSampling
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .learner import Learner
-from .loop_state import PendingMetrics, TrainingBuffer
+from .loop_state import PendingMetrics, TrainingBuffer, whole_rollout_buffer
 from .multi_turn import MultiTurnSource, check_multi_turn, environment_owned_data
 from .preemption import StopSignals
 from .reference_sync import check_reference_sync
@@ -277,7 +277,8 @@ class OnPolicyTrainer(
         self.dynamic_sampling = DynamicSampling(self, self.rollout_source, self.scorer, args) if dynamic else None
         self.scoring_passes = ScoringPasses(self)
         self.learner = Learner(self)
-        self.training_buffer, self.pending_metrics = TrainingBuffer(), PendingMetrics()
+        self.training_buffer = TrainingBuffer(self.accelerator.process_index, self.accelerator.num_processes)
+        self.pending_metrics = PendingMetrics()
         self.algorithm_state = self.initial_algorithm_state()
         self.meter = RunMeter(0)
         register = self.checkpointer.register
@@ -330,10 +331,8 @@ class OnPolicyTrainer(
         rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
         added = self.compute_advantages(rollout)  # the algorithm's part
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
-        minibatch = self.args.train_batch_size // self.accelerator.num_processes
-        epochs, prompt_size = self.args.num_ppo_epochs, self.args.n_samples_per_prompt
-        schedule = minibatch_schedule(len(rollout), minibatch, epochs, self.samples_per_group, prompt_size)
-        return RolloutBuffer(rollout.to("cpu"), schedule, metrics)
+        step, group = self.state.global_step, self.samples_per_group
+        return whole_rollout_buffer(rollout, metrics, self.args, step, group, self.accelerator)
 
     def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
         """One global step's update of every trained module on ``minibatch`` (learner.py); its metrics."""
@@ -377,8 +376,8 @@ class OnPolicyTrainer(
                     current = self.training_buffer
                     if current.needs_rollout:
                         current.buffer = self.make_rollout()
-                        self.meter.tokens += int(current.buffer.rollout.completion_mask.sum())
-                    metrics = self.train_on_minibatch(current.buffer.next_minibatch())
+                        self.meter.tokens += current.counted_tokens()
+                    metrics = self.train_on_minibatch(current.next_minibatch())
                     self.pending_metrics.record({**current.buffer.metrics, **metrics})
                     self.state.global_step += 1
                     self.learner.sync_reference(self.state.global_step)

@@ -4,7 +4,6 @@ completion log, the evaluation the callbacks asked for, and the end-of-training 
 from __future__ import annotations
 
 import torch
-from accelerate.utils import gather_object
 
 from ...ops import masked_mean
 from ...publish.completions import CompletionsHubPush
@@ -57,14 +56,13 @@ class ReportingMixin:
             self.control.should_evaluate = False
 
     def log_completions(self) -> None:
-        """Write the latest rollout's completions (every process's) to the completion log, once per rollout."""
+        """Write the latest rollout's completions (every process's: each holds the whole rollout) to the completion
+        log, once per rollout."""
         buffer = self.training_buffer.buffer
         if buffer is None or buffer.completions_logged:
             return
         names = [reward_func_name(f) for f in self.reward_funcs]
         rows = completion_rows(buffer.rollout, self.processing_class, names, sample_advantages(buffer.rollout))
-        if self.accelerator.num_processes > 1:
-            rows = gather_object(rows)
         if self.completion_log is not None:
             self.completion_log.write(self.state.global_step, rows, self.callback_handler.callbacks)
             if (hub := self.completions_hub()) is not None:  # main process only, a failure is a warning

@@ -138,3 +138,55 @@ def test_the_minibatch_schedule_covers_every_sample_once_per_epoch():
     assert len(schedule) == 6
     for epoch in (schedule[:3], schedule[3:]):
         assert sorted(i for batch in epoch for i in batch) == list(range(6))
+
+
+def test_each_process_trains_its_slice_of_the_same_global_minibatches():
+    """The whole rollout and its global schedule on every process: process p of 2 trains the p-th half of each
+    mini-batch, and one process the whole mini-batch; the halves make up the whole."""
+    schedule = minibatch_schedule(8, 4, 1, generator=torch.Generator().manual_seed(3))
+    whole = RolloutBuffer(rollout(8), schedule)
+    halves = [RolloutBuffer(rollout(8), schedule).next_minibatch(part, 2) for part in (0, 1)]
+    one = whole.next_minibatch()
+    assert torch.equal(torch.cat([h.scores for h in halves]), one.scores)
+    assert sorted(one.scores.tolist()) == sorted(float(i) for i in schedule[0])
+
+
+def test_a_format_4_buffer_of_two_processes_trains_the_same_minibatches_on_any_number():
+    """An older steadyrl saved each process's share of a rollout, with its own schedule. Put together, the whole
+    buffer's p-th part of each mini-batch on 2 processes is old process p's mini-batch, and on 1 process both."""
+    narrow = rollout(6)  # process 1's share: another size, and completions one column narrower
+    columns = {"completion_ids": narrow.completion_ids[:, :1], "completion_mask": narrow.completion_mask[:, :1]}
+    narrow = Rollout(**{**narrow.tensors(), **columns, "scores": narrow.scores + 10})
+    shares = [rollout(4), narrow]
+    old = [RolloutBuffer(shares[0], [[1, 0], [3, 2]], {"reward": 1.0}), RolloutBuffer(shares[1], [[4, 5], [0, 2]])]
+    old[1].metrics = {"reward": 3.0}
+    states = []
+    for buffer in old:
+        buffer.next_minibatch()  # one mini-batch trained before the save
+        state = buffer.state_dict()
+        state.pop("whole")
+        states.append(state)
+    for processes in (1, 2):
+        restored = [TrainingBuffer(part, processes) for part in range(processes)]
+        for current in restored:
+            current.load_state_dict(TrainingBuffer.reshard(states, current.part, processes))
+        parts = [current.next_minibatch() for current in restored]
+        assert all(current.buffer.metrics == {"reward": 2.0} for current in restored)
+        got = torch.cat([part.scores for part in parts]).tolist()
+        assert got == old[0].rollout.scores[[3, 2]].tolist() + old[1].rollout.scores[[0, 2]].tolist()
+        ids = torch.cat([part.trimmed().completion_ids for part in parts]) if processes == 1 else None
+        if ids is not None:  # padded on the right where share 1 was narrower
+            assert ids.shape[1] == 2 and ids[2:, 1].tolist() == [0, 0]
+
+
+def test_pending_metrics_and_the_meter_on_another_number_of_processes():
+    from steadyrl.reporting.run_summary import RunMeter
+    from steadyrl.rng import RNGState
+
+    saved = [{"loss": [1.0, 3.0]}, {"loss": [3.0, 5.0], "kl": [1.0, 1.0]}]
+    assert PendingMetrics.reshard(saved, 1, 2) == saved[1]  # the same number: each its own
+    assert PendingMetrics.reshard(saved, 0, 1) == {"kl": [1.0, 1.0], "loss": [2.0, 4.0]}
+    meters = [{"elapsed": 5.0, "tokens": 7}, {"elapsed": 6.0, "tokens": 0}]
+    assert [RunMeter.reshard(meters, r, 3)["tokens"] for r in range(3)] == [7, 0, 0]
+    assert RunMeter.reshard(meters, 0, 1) == {"elapsed": 6.0, "tokens": 7}
+    assert [RNGState.reshard(["a", "b"], r, 3) for r in range(3)] == ["a", "b", "a"]
