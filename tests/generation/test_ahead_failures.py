@@ -206,7 +206,24 @@ class StopAfterSave(TrainerCallback):
             raise Killed(f"killed after checkpoint-{self.step}")
 
 
+def sampled_with(trainer) -> list:
+    """Records the model the server is asked for (the base model's name: the merged copy pushed; an adapter's:
+    base weights + adapter) at each generation of a rollout ahead, on the worker thread."""
+    served, generate = [], trainer.backend.generate
+
+    def recording(model, prompt_ids, seeds):
+        if threading.current_thread().name == "steadyrl-ahead":
+            served.append(trainer.backend.served_name)
+        return generate(model, prompt_ids, seeds)
+
+    trainer.backend.generate = recording
+    return served
+
+
 def test_a_lora_adapter_run_evaluated_at_its_checkpoint_step_resumes_byte_identical(server, tmp_path):
+    """The evaluation at step 4 leaves the server with the step's weights as base + adapter; the rollout requested
+    next, at the same step, is still sampled with the merged copy, as after a resume from checkpoint-4 (base + adapter
+    sample otherwise in float rounding: equal here on CPU, not in bf16 on a GPU)."""
     from peft import LoraConfig
 
     def lora_run(output_dir, **kwargs):
@@ -224,10 +241,14 @@ def test_a_lora_adapter_run_evaluated_at_its_checkpoint_step_resumes_byte_identi
         )
 
     uninterrupted = lora_run(tmp_path / "reference")
+    served = sampled_with(uninterrupted)
     uninterrupted.train()
     interrupted = lora_run(tmp_path / "resumed", callbacks=[StopAfterSave(4)])
     with pytest.raises(Killed):
         interrupted.train()
     resumed = lora_run(tmp_path / "resumed")
+    served_after_resume = sampled_with(resumed)
     resumed.train(resume_from_checkpoint=True)
+    base = uninterrupted.backend.base_name
+    assert served == [base] * 3 and served_after_resume == [base], (served, served_after_resume)
     assert_same_run(resumed, (weights_of(uninterrupted), logs_of(uninterrupted)), first_step=5)
