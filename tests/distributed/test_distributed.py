@@ -207,24 +207,26 @@ def test_a_rotation_or_load_failing_on_one_process_stops_both_at_once(tmp_path, 
 
 
 def assert_trains_as(reference, resumed, after_step: int) -> None:
-    """The resumed run logged the same rewards as ``reference`` (the same completions), its other metrics and final
-    weights within float tolerance (reductions over another number of processes round differently), and saved at
-    the same steps."""
+    """The resumed run logged the same rewards as ``reference`` (the same completions; a mean over 8 samples in
+    float32, taken over another number of processes, may differ in its last bit), its losses and final weights within
+    float tolerance (reductions over another number of processes round differently), and saved at the same steps.
+    Not the attention's key biases: a key bias adds the same q.b to every score of a query, which the softmax
+    ignores, so their gradient is 0 but for rounding noise, which Adam scales up to learning-rate-sized steps."""
     from safetensors.torch import load_file
 
-    assert sorted(p.name for p in resumed.glob("checkpoint-*")) == sorted(
-        p.name for p in reference.glob("checkpoint-*")
-    )
-    ours, theirs = (
-        load_file(resumed / "final-actor" / "model.safetensors"),
-        load_file(reference / "final-actor" / "model.safetensors"),
-    )
+    def saved_after(run):
+        steps = (int(path.name.split("-")[1]) for path in run.glob("checkpoint-*"))
+        return sorted(step for step in steps if step > after_step)
+
+    assert saved_after(resumed) == saved_after(reference)
+    ours, theirs = (load_file(run / "final-actor" / "model.safetensors") for run in (resumed, reference))
     for name, tensor in theirs.items():
-        assert (ours[name] - tensor).abs().max() <= 1e-5 * tensor.abs().max().clamp(min=1e-12), name
+        if not name.endswith("k_proj.bias"):
+            assert (ours[name] - tensor).abs().max() <= 1e-5 * tensor.abs().max().clamp(min=1e-12), name
     new, old = read_logs(resumed), read_logs(reference)
     assert sorted(new) == sorted(old) == list(range(1, 13))
     for step in range(after_step + 1, 13):
-        assert new[step]["reward"] == pytest.approx(old[step]["reward"], rel=1e-12, abs=1e-12), step
+        assert new[step]["reward"] == pytest.approx(old[step]["reward"], rel=1e-6), step
         assert new[step]["loss"] == pytest.approx(old[step]["loss"], rel=1e-4, abs=1e-6), step
 
 

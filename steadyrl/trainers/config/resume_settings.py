@@ -120,6 +120,8 @@ MIRRORS = frozenset(
     {synonym.trl_name for synonym in (*SYNONYMS, MAX_NEW_TOKENS)}
     | {"kl_coef", "response_length"}  # TRL's old PPO names (ppo.py), views of beta and max_completion_length
     | {"per_device_train_batch_size", "generation_batch_size", "steps_per_generation"}
+    # derived from the global batch and the number of processes, which a resume may change (docs/resuming.md)
+    | {"gradient_accumulation_steps"}
 )
 
 
