@@ -212,7 +212,7 @@ def sampled_with(trainer) -> list:
     served, generate = [], trainer.backend.generate
 
     def recording(model, prompt_ids, seeds):
-        if threading.current_thread().name == "steadyrl-ahead":
+        if threading.current_thread().name.startswith("steadyrl-ahead"):  # the worker thread
             served.append(trainer.backend.served_name)
         return generate(model, prompt_ids, seeds)
 
