@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
 
 from steadyrl.generation import HFGenerationBackend, SamplingSettings, seeded_sampling
 from steadyrl.generation.seeded_sampling import SeededSampler, warpers_of
-from steadyrl.toy.task import build_model, build_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
-    return build_model(tokenizer, seed=3, num_key_value_heads=1, initializer_range=0.3, **small).eval()
 
 
 def generate(model, tokenizer, rows, seeds, **settings):

@@ -12,21 +12,8 @@ from steadyrl.generation import HFGenerationBackend, SamplingSettings
 from steadyrl.generation import shared_prefill as sp
 from steadyrl.generation.base import trim_completion
 from steadyrl.generation.seeded_sampling import seeded_generation
-from steadyrl.toy.task import build_model, build_tokenizer
 
 NEW_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    """A tiny Qwen2 with large initial weights, so that its next token depends on the prompt."""
-    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
-    return build_model(tokenizer, seed=3, num_key_value_heads=1, initializer_range=0.3, **small).eval()
 
 
 @pytest.fixture(autouse=True)
