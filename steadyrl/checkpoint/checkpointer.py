@@ -40,7 +40,7 @@ from transformers.utils import logging
 
 from ..distributed.fsdp import is_sharded
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
-from ..distributed.processes import on_main_process
+from ..distributed.processes import failed_processes, on_every_process, on_main_process
 from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
 from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
@@ -162,7 +162,7 @@ class Checkpointer:
             stage()
         except Exception as err:  # a full disk surfaces as OSError, torch's RuntimeError or safetensors' error
             error = err
-        failed = self._failed_processes(error is not None)
+        failed = failed_processes(self.accelerator, error is not None)
         if not failed:
             return
 
@@ -185,28 +185,8 @@ class Checkpointer:
 
     def _on_every_process(self, what: str, work: Callable[[], object]):
         """Run this process's ``work``; if it failed on any process, raise on every one (the failing ones their own
-        error, the others a CheckpointError naming them), so that none waits for them at the next collective."""
-        error, result = None, None
-        try:
-            result = work()
-        except Exception as err:  # noqa: BLE001 - raised below, once every process knows
-            error = err
-        failed = self._failed_processes(error is not None)
-        if error is not None:
-            raise error
-        if failed:
-            names = ", ".join(map(str, failed))
-            raise CheckpointError(f"{what} failed on process {names}; that process's error says why.")
-        return result
-
-    def _failed_processes(self, failed: bool) -> list[int]:
-        """The ranks of the processes for which ``failed`` is true, the same list on every process: an all-reduce of
-        one flag per process, which also waits for all of them as a barrier would."""
-        if self.accelerator.num_processes == 1:
-            return [self.rank] if failed else []
-        flags = torch.zeros(self.accelerator.num_processes, device=self.accelerator.device)
-        flags[self.rank] = float(failed)
-        return torch.nonzero(self.accelerator.reduce(flags, "sum")).flatten().tolist()
+        error, the others a CheckpointError naming them)."""
+        return on_every_process(self.accelerator, what, work, CheckpointError)
 
     def _write(self, tmp: Path, contents: CheckpointContents) -> None:
         for module in contents.modules:

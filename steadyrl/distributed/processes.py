@@ -40,9 +40,11 @@ def failed_processes(accelerator, failed: bool) -> list[int]:
     return torch.nonzero(accelerator.reduce(flags, "sum")).flatten().tolist()
 
 
-def on_every_process(accelerator, what: str, work: Callable[[], object]):
+def on_every_process(
+    accelerator, what: str, work: Callable[[], object], other_failed: type[Exception] = OtherProcessFailed
+):
     """Run this process's ``work``; if it failed on any process, raise on every one (the failing ones their own error,
-    the others ``OtherProcessFailed`` naming them), so that none is left waiting for them at the next collective."""
+    the others ``other_failed`` naming them), so that none is left waiting for them at the next collective."""
     error, result = None, None
     try:
         result = work()
@@ -53,5 +55,5 @@ def on_every_process(accelerator, what: str, work: Callable[[], object]):
         raise error
     if failed:
         names = ", ".join(map(str, failed))
-        raise OtherProcessFailed(f"{what} failed on process {names}; that process's error says why.")
+        raise other_failed(f"{what} failed on process {names}; that process's error says why.")
     return result
