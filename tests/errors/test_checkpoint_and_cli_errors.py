@@ -117,7 +117,7 @@ def _(ctx):
     checkpoint = ctx.tmp_path / "checkpoint-2"
     shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
     state = checkpoint / "steadyrl_state.json"
-    state.write_text(state.read_text().replace('"format": 4', '"format": 1'))
+    state.write_text(state.read_text().replace('"format": 5', '"format": 1'))
     write_manifest(checkpoint, 2)
     make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
 
