@@ -65,9 +65,11 @@ def test_reward_model_with_its_own_tokenizer_scores_the_text(tmp_path):
         [ids[mask.bool()] for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)],
         skip_special_tokens=True,
     )
-    # the text as the policy's tokenizer reads it, scored by the original model at its last token
-    texts = [policy_tokenizer(p)["input_ids"] for p in prompts]
-    answers = [policy_tokenizer(c)["input_ids"] for c in completions]
+    # the text as the reward tokenizer reads it (one token per character: "mnu 5505" is 8 tokens, where the policy's
+    # tokenizer may merge " 5"), mapped back to the original model's ids and scored by it at its last token
+    old_id = {new: old for old, new in enumerate(new_id)}
+    texts = [[old_id[i] for i in reward_tokenizer(p)["input_ids"]] for p in prompts]
+    answers = [[old_id[i] for i in reward_tokenizer(c)["input_ids"]] for c in completions]
     with torch.no_grad():
         expected = sequence_scores(original, *pad_prompts_and_completions(texts, answers, 0).values())
     torch.testing.assert_close(rollout.reward_scores[:, 0], expected, atol=1e-5, rtol=1e-5)
