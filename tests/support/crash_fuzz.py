@@ -17,15 +17,18 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support.* when run as a script
 
 from steadyrl.checkpoint import scan_checkpoints  # noqa: E402
+from steadyrl.generation.server_auth import RUN_ID_NAME  # noqa: E402
 from support.toy_run import make_trainer, parse_overrides  # noqa: E402
 
 COMPARED = ("actor/model.safetensors", "optimizer.pt", "scheduler.pt", "steadyrl_state.json", "rng_state_0.json")
@@ -42,6 +45,8 @@ def train_in_child(output_dir: Path, algorithm: str, overrides: dict, resume: bo
             trainer.save_model(str(output_dir / "final-actor"))
             (output_dir / "log_history.json").write_text(json.dumps(trainer.state.log_history))
             code = 0
+        except BaseException:
+            traceback.print_exc()  # os._exit below would end the child before the error is printed
         finally:
             os._exit(code)
     return pid
@@ -147,7 +152,13 @@ def fuzz(work: Path, algorithm: str, kills: int, seed: int, overrides: dict) -> 
         print(f"attempt {len(events)}: {events[-1]}", flush=True)
         if not killed:  # the run finished before the kill: start another one, keeping the checks so far
             final_check(run, reference)
-            os.rename(run, work / f"finished-{len(events)}")
+            finished = work / f"finished-{len(events)}"
+            os.rename(run, finished)
+            # the next run is the same run to the vLLM server (its claim's id): a fresh run at the same path would be
+            # another run, refused while a killed attempt's claim stands (generation/server_auth.py run_id)
+            run.mkdir()
+            if (finished / RUN_ID_NAME).is_file():
+                shutil.copy(finished / RUN_ID_NAME, run / RUN_ID_NAME)
     run_to_end(run, algorithm, overrides, resume=True)
     final_check(run, reference)
     return {"reference_seconds": round(duration, 2), "median_save_seconds": round(save_time, 3), "events": events}
