@@ -329,6 +329,7 @@ class VLLMServerBackend(GenerationBackend):
     def release(self) -> None:
         """Free the server for other runs (a later ``sync_weights`` claims it again and pushes the weights anew)."""
         self._synced_version, self._base_synced = None, False  # another run may replace the weights meanwhile
-        if self.claimed and PartialState().is_main_process:
+        # also where this process never claimed: a resumed run pushes under the claim its killed incarnation left
+        if PartialState().is_main_process:
             self.client.release()
         self.claimed = False
