@@ -60,11 +60,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def toy_command(output_dir, *flags, overrides=(), accelerate_config=None) -> list[str]:
-    """The command line of support/toy_run.py (under ``accelerate launch --config_file accelerate_config`` if given)."""
+def toy_command(output_dir, *flags, overrides=(), accelerate_config=None, processes: int | None = None) -> list[str]:
+    """The command line of support/toy_run.py (under ``accelerate launch --config_file accelerate_config`` if given,
+    with ``processes`` instead of the config's number)."""
     cmd = [sys.executable, str(TOY_RUN), str(output_dir), *flags]
     if accelerate_config is not None:
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config)]
+        if processes is not None:
+            launcher += ["--num_processes", str(processes)]
         cmd = [*launcher, "--main_process_port", str(free_port()), *cmd[1:]]
     if overrides:
         cmd += ["--set", *overrides]
@@ -79,11 +82,12 @@ def run_toy(
     accelerate_config=None,
     expect_failure=False,
     expect_status: int = 0,
+    processes: int | None = None,
 ):
     """Run support/toy_run.py in a subprocess (under ``accelerate launch --config_file accelerate_config`` if
     given); return (returncode, combined output). It must exit with ``expect_status``, or be killed
     (``expect_kill``), or fail in any way (``expect_failure``)."""
-    cmd = toy_command(output_dir, *flags, overrides=overrides, accelerate_config=accelerate_config)
+    cmd = toy_command(output_dir, *flags, overrides=overrides, accelerate_config=accelerate_config, processes=processes)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     output = proc.stdout + proc.stderr

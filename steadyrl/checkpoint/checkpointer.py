@@ -39,6 +39,7 @@ from transformers import PreTrainedModel, TrainerState
 from transformers.utils import logging
 
 from ..distributed.fsdp import is_sharded
+from ..distributed.optimizer_reshard import ReshardError, resharded_state
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
 from ..distributed.processes import failed_processes, on_every_process, on_main_process
 from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
@@ -227,8 +228,6 @@ class Checkpointer:
         settings_path = directory / SETTINGS_NAME  # absent from checkpoints of older versions
         saved_settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
         check_resumable(shared["fingerprint"], contents.fingerprint, saved_settings, contents.free_settings, directory)
-        split = [module.name for module in contents.modules if is_partitioned(module.optimizer)]
-        check_process_count(directory, split, self.accelerator.num_processes)
         for module in contents.modules:
             self._load_module(directory, module)
         for weights in contents.weights:
@@ -243,8 +242,13 @@ class Checkpointer:
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         load_model_weights(module.model, directory / module.name)
-        load_optimizer_state(module.optimizer, torch.load(directory / self._optimizer_file(module), weights_only=True))
+        state = read_optimizer_state(directory, module.optimizer_file, module.optimizer, self.rank, self.processes)
+        load_optimizer_state(module.optimizer, state)
         module.scheduler.load_state_dict(torch.load(directory / module.scheduler_file, weights_only=True))
+
+    @property
+    def processes(self) -> int:
+        return self.accelerator.num_processes
 
     def _optimizer_file(self, module: TrainedModule) -> str:
         """``optimizer.pt``, or this process's ``optimizer_<rank>.pt`` where each process holds its own part."""
@@ -266,17 +270,28 @@ class Checkpointer:
         self.parts.load(directory, shared, self.rank, self.accelerator.num_processes, last=True)
 
 
-def check_process_count(directory: Path, split: list[str], processes: int) -> None:
-    """Refuse, before anything is loaded, a resume on another number of processes of a run whose modules ``split``
-    have their optimizer state split over the processes (ZeRO, FSDP2): each process's part would be another's."""
+def read_optimizer_state(directory: Path, name: str, optimizer, rank: int, processes: int) -> dict:
+    """This process's state of ``optimizer`` from the checkpoint's file ``name`` (or each process's
+    ``<name>_<rank>``): its own file where the checkpoint has the live layout (same number of processes, same engine),
+    else put together from every saved process's file (``optimizer_reshard``)."""
+    split, whole = is_partitioned(optimizer), directory / name
+    if whole.is_file() and not split:
+        return torch.load(whole, weights_only=True)
     saved = saved_processes(directory)
-    if saved and saved != processes and split:
+    if split and saved == processes and not whole.is_file():
+        return torch.load(directory / rank_file(name, rank), weights_only=True)
+    files = [whole] if whole.is_file() else [directory / rank_file(name, k) for k in range(saved)]
+    missing = [file.name for file in files if not file.is_file()]
+    if missing or not files:
+        raise CheckpointError(f"{directory} lacks the optimizer state {', '.join(missing) or name}")
+    states = [torch.load(file, weights_only=True, mmap=True) for file in files]  # read where needed
+    try:
+        return resharded_state(optimizer, states, rank)
+    except ReshardError as err:
         raise CheckpointError(
-            f"{directory} was written by {saved} processes and this run has {processes}: the optimizer state of "
-            f"{', '.join(split)} is split over the processes (DeepSpeed ZeRO or FSDP2), and steadyrl does not "
-            f"reshard it yet. Resume on {saved} processes; runs without ZeRO or FSDP2 (DDP, one process) resume "
-            "on any number."
-        )
+            f"{directory} cannot give its optimizer state ({', '.join(f.name for f in files)}) to this run of "
+            f"{processes} process{'es' if processes > 1 else ''}: {err}"
+        ) from None
 
 
 def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:

@@ -36,7 +36,9 @@ def zero_state(optimizer) -> dict:
     zero = zero_optimizer(optimizer)
     base = compat.inner_optimizer_state(zero)
     partitions = [p.detach().clone() for p in compat.fp32_partitions(zero)]
-    return {"base_optimizer": base, "fp32_partitions": partitions, "loss_scaler": compat.loss_scaler_state(zero)}
+    stage = 3 if compat.is_stage3(zero) else 2  # 1 and 2 partition alike
+    state = {"base_optimizer": base, "fp32_partitions": partitions, "loss_scaler": compat.loss_scaler_state(zero)}
+    return {**state, "zero_stage": stage}
 
 
 @torch.no_grad()

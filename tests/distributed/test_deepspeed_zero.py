@@ -3,13 +3,14 @@ each trains like DDP, resumes exactly after a SIGKILL, and exports its sharded a
 that pytest-xdist can run it beside tests/distributed/test_distributed.py."""
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 from conftest import TWO_PROCESSES, ZERO, read_logs, run_toy
-from resume.test_resume import assert_same_result
+from resume.test_resume import assert_same_result, assert_trains_as
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -76,6 +77,27 @@ def test_zero_sigkill_after_a_checkpoint_resumes_identically(zero_run, tmp_path)
     _, output = run_toy(tmp_path, "--resume", *flags, accelerate_config=ZERO[stage])
     assert output.count("Resuming from") == 2 and "checkpoint-6" in output
     assert_same_result(out, tmp_path, after_step=6)
+
+
+RESHARDED = [("zero2", "ppo"), ("zero3", "rloo"), ("zero3_offload", "ppo")]
+
+
+@pytest.mark.parametrize("zero_run", RESHARDED, indirect=True, ids=[f"{stage}-{algo}" for stage, algo in RESHARDED])
+def test_zero_resumes_on_one_process_and_back_on_two_training_what_it_would_have(zero_run, tmp_path):
+    """checkpoint-6 (mid-rollout) of the 2-process run resumed on 1 process, then that run's checkpoint-9, which
+    holds 1 partition per optimizer, resumed on 2: each process's partitions are cut again from the saved ones."""
+    stage, algorithm, out = zero_run
+    flags, one, two = run_flags(stage, algorithm), tmp_path / "one", tmp_path / "two"
+    shutil.copytree(out / "checkpoint-6", one / "checkpoint-6")
+    _, output = run_toy(one, "--resume", *flags, accelerate_config=ZERO[stage], processes=1)
+    assert "world_size 2 -> 1" in output, output[-3000:]
+    assert_trains_as(out, one, after_step=6)
+    saved = {path.name for path in (one / "checkpoint-9").glob("*optimizer*.pt")}
+    assert saved == {"optimizer_0.pt", *(["critic_optimizer_0.pt"] if algorithm == "ppo" else [])}
+    shutil.copytree(one / "checkpoint-9", two / "checkpoint-9")
+    _, output = run_toy(two, "--resume", *flags, accelerate_config=ZERO[stage])
+    assert "world_size 1 -> 2" in output, output[-3000:]
+    assert_trains_as(out, two, after_step=9)
 
 
 def test_export_of_a_zero3_checkpoint_equals_the_live_actor(zero_run, tmp_path):

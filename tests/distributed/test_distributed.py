@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 from conftest import MULTI_CPU, ROOT, TWO_PROCESSES, ZERO, free_port, read_logs, run_toy, toy_command
-from resume.test_resume import assert_same_result
+from resume.test_resume import assert_same_result, assert_trains_as
 
 from steadyrl.checkpoint import find_resumable_checkpoint
 from steadyrl.ops import leave_one_out_advantages, whiten
@@ -204,30 +204,6 @@ def test_a_rotation_or_load_failing_on_one_process_stops_both_at_once(tmp_path, 
     output = launch_with_fault(run, "load")  # resuming from checkpoint-3: process 1 cannot read its state
     assert "Input/output error" in output, output[-3000:]
     assert f"CheckpointError: Loading {run / 'checkpoint-3'} failed on process 1; that process's error" in output
-
-
-def assert_trains_as(reference, resumed, after_step: int) -> None:
-    """The resumed run logged the same rewards as ``reference`` (the same completions; a mean over 8 samples in
-    float32, taken over another number of processes, may differ in its last bit), its losses and final weights within
-    float tolerance (reductions over another number of processes round differently), and saved at the same steps.
-    Not the attention's key biases: a key bias adds the same q.b to every score of a query, which the softmax
-    ignores, so their gradient is 0 but for rounding noise, which Adam scales up to learning-rate-sized steps."""
-    from safetensors.torch import load_file
-
-    def saved_after(run):
-        steps = (int(path.name.split("-")[1]) for path in run.glob("checkpoint-*"))
-        return sorted(step for step in steps if step > after_step)
-
-    assert saved_after(resumed) == saved_after(reference)
-    ours, theirs = (load_file(run / "final-actor" / "model.safetensors") for run in (resumed, reference))
-    for name, tensor in theirs.items():
-        if not name.endswith("k_proj.bias"):
-            assert (ours[name] - tensor).abs().max() <= 1e-5 * tensor.abs().max().clamp(min=1e-12), name
-    new, old = read_logs(resumed), read_logs(reference)
-    assert sorted(new) == sorted(old) == list(range(1, 13))
-    for step in range(after_step + 1, 13):
-        assert new[step]["reward"] == pytest.approx(old[step]["reward"], rel=1e-6), step
-        assert new[step]["loss"] == pytest.approx(old[step]["loss"], rel=1e-4, abs=1e-6), step
 
 
 def test_a_two_process_run_resumes_on_one_process_and_trains_what_it_would_have(uninterrupted, tmp_path):

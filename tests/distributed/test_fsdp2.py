@@ -8,12 +8,13 @@ evaluates like DDP. A file of its own, so pytest-xdist runs it beside the other 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from algorithms.test_ref_sync import assert_trls_mix_at_each_sync_step
 from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, read_logs, run_toy
-from resume.test_resume import assert_same_result
+from resume.test_resume import assert_same_result, assert_trains_as
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -76,8 +77,7 @@ def test_fsdp_through_training_arguments_trains_and_evaluates_like_ddp(rloo_run,
     assert list(evals[0]) == [2, 4] and evals[0] == pytest.approx(evals[1], rel=1e-5)
     sizes = [shard_sizes(fsdp / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
     assert sizes == [shard_sizes(rloo_run / "checkpoint-3" / f"optimizer_{rank}.pt") for rank in (0, 1)]
-    fingerprint = json.loads((fsdp / "checkpoint-3" / "steadyrl_state.json").read_text())["fingerprint"]
-    assert fingerprint["fsdp_version"] == 2
+    assert json.loads((fsdp / "checkpoint-3" / "settings.json").read_text())["fsdp_version"] == 2
 
 
 def test_export_of_an_fsdp2_checkpoint_equals_the_live_actor(rloo_run, tmp_path):
@@ -95,6 +95,22 @@ def test_fsdp2_sigkill_after_a_checkpoint_resumes_identically(rloo_run, tmp_path
     _, output = run_toy(tmp_path, "--resume", *TWO_PROCESSES, accelerate_config=FSDP2)
     assert output.count("Resuming from") == 2 and "checkpoint-6" in output
     assert_same_result(rloo_run, tmp_path, after_step=6)
+
+
+def test_fsdp2_resumes_on_one_process_and_back_on_two_training_what_it_would_have(rloo_run, tmp_path):
+    """checkpoint-6 (mid-rollout) of the 2-process run resumed on 1 process, then that run's checkpoint-9 resumed on
+    2. One CPU process runs without FSDP (nothing to shard over; on a GPU it is a mesh of one): the saved shards are
+    put together whole, and the whole state cut into each process's shards again."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    shutil.copytree(rloo_run / "checkpoint-6", one / "checkpoint-6")
+    _, output = run_toy(one, "--resume", *TWO_PROCESSES, accelerate_config=FSDP2, processes=1)
+    assert "world_size 2 -> 1" in output and "fsdp_version 2 -> None" in output, output[-3000:]
+    assert_trains_as(rloo_run, one, after_step=6)
+    assert {path.name for path in (one / "checkpoint-9").glob("optimizer*.pt")} == {"optimizer.pt"}
+    shutil.copytree(one / "checkpoint-9", two / "checkpoint-9")
+    _, output = run_toy(two, "--resume", *TWO_PROCESSES, accelerate_config=FSDP2)
+    assert "world_size 1 -> 2" in output, output[-3000:]
+    assert_trains_as(rloo_run, two, after_step=9)
 
 
 def test_fsdp2_ppo_shards_actor_and_critic_and_trains_like_ddp(tmp_path, ddp_runs):

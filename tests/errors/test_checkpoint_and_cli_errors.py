@@ -57,15 +57,6 @@ def _(ctx):
     make_trainer(ctx.tmp_path, learning_rate=5e-2).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
 
 
-@trigger("resume-split-optimizer")
-def _(ctx):
-    from steadyrl.checkpoint.checkpointer import check_process_count
-
-    copy = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
-    shutil.copy(copy / "rng_state_0.json", copy / "rng_state_1.json")  # as 2 processes write it
-    check_process_count(copy, ["actor"], 1)  # the actor's optimizer state: each process's own part
-
-
 @trigger("output-dir-other-run")
 def _(ctx):
     shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
@@ -244,10 +235,10 @@ def _(ctx):
 def _(ctx):
     from steadyrl.checkpoint.files import write_manifest
 
-    checkpoint = ctx.tmp_path / "checkpoint-2"  # as an FSDP2 run would have written it
+    checkpoint = ctx.tmp_path / "checkpoint-2"  # as a DeepSpeed ZeRO-2 run would have written it
     shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
     state = checkpoint / "steadyrl_state.json"
-    state.write_text(state.read_text().replace('"fsdp_version": null', '"fsdp_version": 2'))
+    state.write_text(state.read_text().replace('"zero_stage": null', '"zero_stage": 2'))
     write_manifest(checkpoint, 2)
     make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
 

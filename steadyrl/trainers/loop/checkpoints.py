@@ -49,12 +49,13 @@ class CheckpointMixin:
 
     def run_fingerprint(self) -> dict:
         """What a resumed run must share with the run that wrote the checkpoint, besides the settings: what it
-        started from and how its state is split (fingerprint.py). Not the number of processes: a run resumes on
-        another number, the change logged (``checkpoint_contents``)."""
+        started from and how its optimizer state is laid out (fingerprint.py). Not the number of processes, nor
+        FSDP2: their optimizer state reshards to any number and to whole (``optimizer_reshard``), the change logged
+        (``checkpoint_contents``). ZeRO's partitions reshard to another number of processes under the same stage."""
         return {
             "algorithm": self.algorithm_name,
             "zero_stage": self.zero_stage,
-            "fsdp_version": self.fsdp_version,
+            **zero_partition_order(self.deepspeed_config, self.zero_stage, self.accelerator.num_processes),
             "peft": is_peft(self.model),
             "trained_modules": [module.name for module in self.trained_modules()],
             **self.identity,
@@ -63,7 +64,7 @@ class CheckpointMixin:
     def checkpoint_contents(self) -> CheckpointContents:
         fixed, free = split_settings(self.args)
         fingerprint = {**self.run_fingerprint(), **fixed}
-        free = {**free, "world_size": self.accelerator.num_processes}
+        free = {**free, "world_size": self.accelerator.num_processes, "fsdp_version": self.fsdp_version}
         return CheckpointContents(
             self.trained_modules(),
             self.state,
@@ -92,3 +93,12 @@ class CheckpointMixin:
         # the Hub's failures are reported and training goes on; any other error stops every process at once
         on_main_process(self.accelerator, lambda: self.push_checkpoint(final, step))
         return final
+
+
+def zero_partition_order(deepspeed_config: dict | None, stage: int | None, processes: int) -> dict:
+    """Under ZeRO-1/2, the order of the parameters in each optimizer partition: DeepSpeed's
+    ``round_robin_gradients`` deals them out by the number of processes, so such a state resumes on that number only."""
+    if stage not in (1, 2):
+        return {}
+    round_robin = (deepspeed_config.get("zero_optimization") or {}).get("round_robin_gradients", False)
+    return {"zero_partition_order": f"round robin over {processes} processes" if round_robin else "parameter order"}
