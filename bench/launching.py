@@ -25,22 +25,28 @@ class WorkerFailed(RuntimeError):
         self.killed = killed
 
 
-def launch_worker(script: str, engine: str, *worker_args: str):
+def launch_worker(script: str, engine: str, *worker_args: str, processes: int | None = None, output_dir=None):
     """Run ``script --worker *worker_args --output_dir D --result R`` under ``accelerate launch`` with the engine's
-    config (examples/accelerate_configs/<engine>.yaml), one torch thread per process; return the JSON it wrote to R."""
+    config (examples/accelerate_configs/<engine>.yaml; ``processes`` instead of its number), one torch thread per
+    process; return the JSON it wrote to R. D is ``output_dir``, else a temporary directory."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [
+        launcher = [
             sys.executable,
             "-m",
             "accelerate.commands.launch",
             "--config_file",
             str(ACCELERATE_CONFIGS[engine]),
+        ]
+        if processes is not None:
+            launcher += ["--num_processes", str(processes)]
+        cmd = [
+            *launcher,
             str(Path(script).resolve()),
             "--worker",
             *worker_args,
             "--output_dir",
-            str(Path(tmp) / "out"),
+            str(output_dir or Path(tmp) / "out"),
             "--result",
             str(result),
         ]

@@ -12,7 +12,7 @@ SmolLM2-135M-Instruct on the arithmetic task (tests/support/toy_run.py --real: R
    (finding and verifying the checkpoint, weights, optimizer state, scheduler, loop state).
 
 One CPU process runs without FSDP (nothing to shard over), so FSDP2's 2 -> 1 puts the shards together whole. Each
-run is a fresh launch; its worker is this file with ``--worker``.
+run is a fresh launch (launching.py); its worker is this file with ``--worker``.
 """
 
 from __future__ import annotations
@@ -21,18 +21,17 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "examples" / "accelerate_configs"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from launching import ROOT, launch_worker  # noqa: E402
 
 
-def worker(output_dir: str, max_steps: int, resume: bool, timings: str) -> None:
+def worker(output_dir: str, max_steps: int, resume: bool, result: str) -> None:
     """One process of a launched run: the real-model RLOO run of toy_run.py with its saves and load timed."""
     sys.path.insert(0, str(ROOT / "tests"))
     from support.toy_run import REAL_DEFAULTS, make_trainer, real_task
@@ -45,8 +44,8 @@ def worker(output_dir: str, max_steps: int, resume: bool, timings: str) -> None:
             self.begin = time.perf_counter()
 
     clock = LoadClock()
-    overrides = {**REAL_DEFAULTS, **real_task(), "micro_rollout_batch_size": 2, "save_steps": 1}
-    trainer = make_trainer(output_dir, callbacks=[clock], max_steps=max_steps, **overrides)
+    overrides = {**REAL_DEFAULTS, **real_task(), "micro_rollout_batch_size": 2, "save_steps": 1, "max_steps": max_steps}
+    trainer = make_trainer(output_dir, callbacks=[clock], **overrides)
     saves, save = [], trainer.save_checkpoint
 
     def timed_save(*args, **kwargs):
@@ -59,34 +58,15 @@ def worker(output_dir: str, max_steps: int, resume: bool, timings: str) -> None:
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=True if resume else None)
     if trainer.is_world_process_zero():
-        Path(timings).write_text(json.dumps({"saves": saves, "load_s": clock.begin - start if resume else None}))
+        Path(result).write_text(json.dumps({"saves": saves, "load_s": clock.begin - start if resume else None}))
     trainer.accelerator.end_training()
     sys.stdout.flush()
     os._exit(0)  # as toy_run.py: gloo may abort a finished process in interpreter teardown
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(engine: str, processes: int, output_dir: Path, max_steps: int, resume: bool) -> dict:
-    timings = output_dir / "timings.json"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{engine}.yaml")]
-    cmd += ["--num_processes", str(processes), "--main_process_port", str(free_port()), __file__, "--worker"]
-    cmd += [
-        str(output_dir),
-        "--max_steps",
-        str(max_steps),
-        "--timings",
-        str(timings),
-        *(["--resume"] if resume else []),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        raise SystemExit(f"{engine} on {processes}: status {proc.returncode}\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return json.loads(timings.read_text())
+    flags = ["--max_steps", str(max_steps), *(["--resume"] if resume else [])]
+    return launch_worker(__file__, engine, *flags, processes=processes, output_dir=output_dir)
 
 
 def size_mb(path: Path, pattern: str = "*") -> float:
@@ -128,12 +108,12 @@ def main() -> None:
     if "--worker" in sys.argv:
         parser = argparse.ArgumentParser()
         parser.add_argument("--worker", action="store_true")
-        parser.add_argument("output_dir")
+        parser.add_argument("--output_dir")
         parser.add_argument("--max_steps", type=int)
-        parser.add_argument("--timings")
+        parser.add_argument("--result")
         parser.add_argument("--resume", action="store_true")
         opts = parser.parse_args()
-        worker(opts.output_dir, opts.max_steps, opts.resume, opts.timings)
+        worker(opts.output_dir, opts.max_steps, opts.resume, opts.result)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="zero3,fsdp2")
@@ -145,6 +125,8 @@ def main() -> None:
     results = []
     for engine in opts.engines.split(","):
         results.append(bench(engine, out, opts.same_only))
+        for run in out.glob(f"{engine}-*"):  # a SmolLM2 checkpoint is 1.5-2 GB: up to 18 GB per engine
+            shutil.rmtree(run)
         print(json.dumps(results[-1]), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(

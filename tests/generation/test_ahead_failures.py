@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 from support.toy_run import make_trainer
-from support.vllm_serving import serving
+from support.vllm_serving import async_settings, serving
 from transformers import TrainerCallback
 
 from steadyrl.generation.server_client import VLLMServerError
@@ -40,19 +40,6 @@ def reference(server, tmp_path_factory):
     )
     trainer.train()
     return weights_of(trainer), logs_of(trainer)
-
-
-def async_settings(url: str, staleness: int) -> dict:
-    return dict(
-        use_vllm=True,
-        vllm_dtype="float32",
-        vllm_mode="server",
-        vllm_server_base_url=url,
-        vllm_importance_sampling_correction=True,
-        vllm_importance_sampling_mode="token_truncate",
-        vllm_importance_sampling_clip_max=100.0,
-        max_staleness=staleness,
-    )
 
 
 def weights_of(trainer) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ROOT, read_logs, run_toy, step_entries
 from support.toy_run import make_trainer
-from support.vllm_serving import serving
+from support.vllm_serving import async_settings, serving
 from transformers import TrainerCallback
 
 from steadyrl import GRPOTrainer
@@ -32,19 +32,6 @@ ASYNC = [
 def server():
     with serving(toy_model_path(), MAX_MODEL_LEN) as url:
         yield url
-
-
-def async_settings(url: str, staleness: int) -> dict:
-    return dict(
-        use_vllm=True,
-        vllm_dtype="float32",
-        vllm_mode="server",
-        vllm_server_base_url=url,
-        vllm_importance_sampling_correction=True,
-        vllm_importance_sampling_mode="token_truncate",
-        vllm_importance_sampling_clip_max=100.0,
-        max_staleness=staleness,
-    )
 
 
 class Recorder(TrainerCallback):

@@ -217,17 +217,9 @@ def server():
 
 
 def ahead_trainer(output_dir, url: str, staleness: int, **changes):
-    settings = dict(
-        algorithm="grpo",
-        use_vllm=True,
-        vllm_dtype="float32",
-        vllm_mode="server",
-        vllm_server_base_url=url,
-        vllm_importance_sampling_correction=True,
-        vllm_importance_sampling_mode="token_truncate",
-        max_staleness=staleness,
-    )
-    return make_trainer(output_dir, **{**settings, **changes})
+    from support.vllm_serving import async_settings
+
+    return make_trainer(output_dir, **{"algorithm": "grpo", **async_settings(url, staleness), **changes})
 
 
 def test_draws_generated_ahead_and_their_dropped_groups_are_trained_once_each_after_a_resume(server, tmp_path):

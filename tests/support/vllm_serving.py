@@ -59,3 +59,18 @@ def serving(model: str, max_model_len: int, *flags: str) -> Iterator[str]:
             proc.wait()
         log.close()
         default_key_file(port).unlink(missing_ok=True)
+
+
+def async_settings(url: str, staleness: int) -> dict:
+    """Trainer settings that generate ``staleness`` rollouts ahead on the server at ``url`` (``max_staleness``), the
+    loss corrected with the server's log-probs."""
+    return dict(
+        use_vllm=True,
+        vllm_dtype="float32",
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=100.0,
+        max_staleness=staleness,
+    )
