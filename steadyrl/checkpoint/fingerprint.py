@@ -309,6 +309,22 @@ def redacted_settings(settings: dict) -> dict:
     }
 
 
+PER_PROCESS_DEFAULTS = ("micro_train_batch_size", "micro_rollout_batch_size")  # defaults follow the process count
+
+
+def per_process_default_hint(changed: dict, saved_processes: int | None, processes: int | None) -> str:
+    """On another number of processes, the micro-batch sizes whose defaults follow it: how to resume as before."""
+    moved = {name: changed[f"args.{name}"][0] for name in PER_PROCESS_DEFAULTS if f"args.{name}" in changed}
+    if not moved or saved_processes is None or saved_processes == processes:
+        return ""
+    given = " ".join(f"{name}={value}" for name, value in moved.items())
+    follow = "follows" if len(moved) == 1 else "follow"
+    return (
+        f" Left unset, {' and '.join(moved)} {follow} the number of processes ({saved_processes} wrote the "
+        f"checkpoint, {processes} now): set {given} to resume on {processes}."
+    )
+
+
 def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: dict, directory: Path) -> None:
     """Refuse a resume whose fingerprint differs from the checkpoint's, naming every changed field; log the free
     settings that changed. Fields the checkpoint does not record (an older steadyrl wrote it) are not compared, nor
@@ -323,6 +339,7 @@ def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: 
         raise CheckpointError(
             f"cannot resume from {directory}: {len(changed)} setting(s) that change training differ from the run that "
             f"wrote it ({details}). Resume with the same settings, or start a new run in another output_dir."
+            + per_process_default_hint(changed, saved_free.get("world_size"), current_free.get("world_size"))
         )
     unrecorded = sorted(set(current) - set(saved))
     if unrecorded:

@@ -57,6 +57,23 @@ def _(ctx):
     make_trainer(ctx.tmp_path, learning_rate=5e-2).train(resume_from_checkpoint=str(ctx.run / "checkpoint-2"))
 
 
+@trigger("resume-per-process-default")
+def _(ctx):
+    import json
+
+    from steadyrl.checkpoint.files import write_manifest
+
+    checkpoint = ctx.tmp_path / "checkpoint-2"  # as 2 processes would have written it, micro-batches left unset
+    shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
+    state = json.loads((checkpoint / "steadyrl_state.json").read_text())
+    state["fingerprint"]["args.micro_train_batch_size"] = 1  # each process's share of 2: its default there
+    (checkpoint / "steadyrl_state.json").write_text(json.dumps(state))
+    settings = json.loads((checkpoint / "settings.json").read_text())
+    (checkpoint / "settings.json").write_text(json.dumps({**settings, "world_size": 2}))
+    write_manifest(checkpoint, 2)
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
+
+
 @trigger("output-dir-other-run")
 def _(ctx):
     shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
