@@ -242,13 +242,10 @@ class Checkpointer:
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
         load_model_weights(module.model, directory / module.name)
-        state = read_optimizer_state(directory, module.optimizer_file, module.optimizer, self.rank, self.processes)
+        processes = self.accelerator.num_processes
+        state = read_optimizer_state(directory, module.optimizer_file, module.optimizer, self.rank, processes)
         load_optimizer_state(module.optimizer, state)
         module.scheduler.load_state_dict(torch.load(directory / module.scheduler_file, weights_only=True))
-
-    @property
-    def processes(self) -> int:
-        return self.accelerator.num_processes
 
     def _optimizer_file(self, module: TrainedModule) -> str:
         """``optimizer.pt``, or this process's ``optimizer_<rank>.pt`` where each process holds its own part."""

@@ -73,13 +73,7 @@ def read_span(chunks: Sequence[torch.Tensor], start: int, length: int) -> torch.
 
 
 def _zero_state(zero, saved: Sequence[dict], rank: int) -> dict:
-    stage3 = compat.is_stage3(zero)
-    saved_stage3 = saved[0].get("zero_stage", 3 if stage3 else 2) == 3
-    if stage3 != saved_stage3:
-        raise ReshardError(
-            f"the checkpoint was written under DeepSpeed ZeRO-{'3' if saved_stage3 else '1/2'} and this run runs "
-            f"ZeRO-{'3' if stage3 else '1/2'}: their optimizer partitions differ; resume under the stage that wrote it."
-        )
+    """The same ZeRO stage wrote ``saved`` (the run's fingerprint holds it)."""
     if getattr(zero, "round_robin_gradients", False):
         raise ReshardError(
             "DeepSpeed's round_robin_gradients orders each partition's parameters by the number of processes, so its "
@@ -87,7 +81,7 @@ def _zero_state(zero, saved: Sequence[dict], rank: int) -> dict:
             "train without round_robin_gradients."
         )
     live = compat.fp32_partitions(zero)
-    spans = _stage3_spans(zero, saved, rank) if stage3 else _stage12_spans(live, saved, rank)
+    spans = _stage3_spans(zero, saved, rank) if compat.is_stage3(zero) else _stage12_spans(live, saved, rank)
 
     def reshard(unit_tensors: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
         """The live units' tensors, from each saved process's units of the same quantity (fp32 weights, a moment)."""

@@ -36,9 +36,7 @@ def zero_state(optimizer) -> dict:
     zero = zero_optimizer(optimizer)
     base = compat.inner_optimizer_state(zero)
     partitions = [p.detach().clone() for p in compat.fp32_partitions(zero)]
-    stage = 3 if compat.is_stage3(zero) else 2  # 1 and 2 partition alike
-    state = {"base_optimizer": base, "fp32_partitions": partitions, "loss_scaler": compat.loss_scaler_state(zero)}
-    return {**state, "zero_stage": stage}
+    return {"base_optimizer": base, "fp32_partitions": partitions, "loss_scaler": compat.loss_scaler_state(zero)}
 
 
 @torch.no_grad()

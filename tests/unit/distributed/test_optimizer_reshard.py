@@ -67,6 +67,6 @@ def test_state_of_another_model_is_refused_naming_the_parameter():
 
 
 def test_a_zero_state_into_an_optimizer_without_zero_is_refused():
-    saved = {"base_optimizer": {}, "fp32_partitions": [], "loss_scaler": {}, "zero_stage": 2}
+    saved = {"base_optimizer": {}, "fp32_partitions": [], "loss_scaler": {}}
     with pytest.raises(ReshardError, match="written under DeepSpeed ZeRO and this run does not run under it"):
         resharded_state(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()), [saved], rank=0)
