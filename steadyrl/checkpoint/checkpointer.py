@@ -1,8 +1,11 @@
 """Writing and reading the checkpoints of an on-policy run: everything it needs to continue exactly.
 
-A checkpoint directory holds::
+A checkpoint directory holds (layout.py: what is whose)::
 
-    actor/                    the policy in Hugging Face format (or its PEFT adapter) + tokenizer
+    config.json, model.safetensors, model.safetensors.index.json, generation_config.json, tokenizer files
+                              the actor (the policy) in Hugging Face format, at the top level as in a Trainer
+                              checkpoint, so the directory loads as the actor (a PEFT actor: adapter_config.json,
+                              adapter_model.safetensors); under actor/ in checkpoints of earlier versions
     optimizer.pt              optimizer state_dict (tensors and numbers only: loaded with weights_only=True);
                               under DeepSpeed ZeRO or FSDP2, optimizer_<rank>.pt: each process's partition or
                               shard, as plain tensors
@@ -48,6 +51,7 @@ from ..models.peft import is_distributed_weights, is_peft, load_distributed_adap
 from ..rng import RNGState
 from . import CheckpointError, begin_checkpoint, commit_checkpoint, newest_intact_checkpoint, rotate_checkpoints
 from .fingerprint import check_resumable
+from .layout import ACTOR, index_single_file, model_dir, save_dir, weight_files
 from .save_failure import save_failure_message
 from .state_registry import Stateful, StateRegistry, saved_processes
 
@@ -63,7 +67,8 @@ RESTORED_TRAINER_STATE = ("global_step", "epoch", "log_history", "total_flos", "
 
 @dataclass
 class TrainedModule:
-    """A model the run trains: ``name`` is its directory in a checkpoint ("actor", "critic")."""
+    """A model the run trains: ``name`` ("actor", "critic") places it in a checkpoint (layout.py: the actor at the
+    top level, any other under ``name/``)."""
 
     name: str
     engine: torch.nn.Module  # as prepared by accelerate (DDP module / DeepSpeed engine): what the loss calls
@@ -75,11 +80,11 @@ class TrainedModule:
     @property
     def optimizer_file(self) -> str:
         """``optimizer.pt`` for the actor (Trainer's name), ``<name>_optimizer.pt`` for the others."""
-        return "optimizer.pt" if self.name == "actor" else f"{self.name}_optimizer.pt"
+        return "optimizer.pt" if self.name == ACTOR else f"{self.name}_optimizer.pt"
 
     @property
     def scheduler_file(self) -> str:
-        return "scheduler.pt" if self.name == "actor" else f"{self.name}_scheduler.pt"
+        return "scheduler.pt" if self.name == ACTOR else f"{self.name}_scheduler.pt"
 
 
 @dataclass
@@ -124,10 +129,13 @@ class Checkpointer:
         self.parts = StateRegistry()
         self.register("rng_state", RNGState(), per_process=True, restore_last=True)
 
-    def register(self, name: str, part: Stateful, *, per_process: bool = False, restore_last: bool = False) -> None:
+    def register(
+        self, name: str, part: Stateful, *, per_process: bool = False, restore_last: bool = False, optional=False
+    ) -> None:
         """Keep ``part`` in every checkpoint under ``name``: the same on every process, or (``per_process``) each
-        process's own. A resume restores it in place, in registration order."""
-        self.parts.register(name, part, per_process=per_process, restore_last=restore_last)
+        process's own. A resume restores it in place, in registration order (``optional``: a part that checkpoints of
+        older versions lack, left as it is there)."""
+        self.parts.register(name, part, per_process=per_process, restore_last=restore_last, optional=optional)
 
     def save(self, output_dir: str, step: int, contents: CheckpointContents, save_total_limit: int | None) -> Path:
         """Write ``checkpoint-<step>`` under a temporary name, commit it with its manifest, then rotate. Each stage
@@ -193,11 +201,11 @@ class Checkpointer:
         for module in contents.modules:
             if is_partitioned(module.optimizer) or self.main:
                 torch.save(optimizer_state(module.optimizer), tmp / self._optimizer_file(module))
-            module.save(tmp / module.name)
+            self._save_weights(tmp, module)
             if self.main:
                 torch.save(module.scheduler.state_dict(), tmp / module.scheduler_file)
         for weights in contents.weights:
-            weights.save(tmp / weights.name)
+            self._save_weights(tmp, weights)
         if self.main:
             if contents.scaler is not None:  # the same on every process: they step on the same reduced gradients
                 torch.save(contents.scaler.state_dict(), tmp / SCALER_NAME)
@@ -206,6 +214,13 @@ class Checkpointer:
             shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint, **self.parts.shared_states()}
             (tmp / STATE_NAME).write_text(json.dumps(shared))
         self.parts.write_process_states(tmp, self.rank)
+
+    def _save_weights(self, tmp: Path, module: TrainedModule | ModelWeights) -> None:
+        """Every process: ``module.save`` into the module's place (layout.save_dir); the main process then indexes a
+        one-file model, for vLLM (layout.index_single_file)."""
+        module.save(save_dir(tmp, module.name))
+        if self.main:
+            index_single_file(save_dir(tmp, module.name))
 
     def load(self, directory: Path, contents: CheckpointContents) -> None:
         """Restore the modules' weights, optimizers and schedulers, the TrainerState and every registered part in
@@ -241,7 +256,7 @@ class Checkpointer:
         self.parts.load(directory, shared, self.rank, self.accelerator.num_processes)
 
     def _load_module(self, directory: Path, module: TrainedModule) -> None:
-        load_model_weights(module.model, directory / module.name)
+        load_model_weights(module.model, model_dir(directory, module.name))
         processes = self.accelerator.num_processes
         state = read_optimizer_state(directory, module.optimizer_file, module.optimizer, self.rank, processes)
         load_optimizer_state(module.optimizer, state)
@@ -253,11 +268,11 @@ class Checkpointer:
         return rank_file(name, self.rank) if is_partitioned(module.optimizer) else name
 
     def _load_weights(self, directory: Path, weights: ModelWeights) -> None:
-        if not (directory / weights.name).is_dir():
+        if not model_dir(directory, weights.name).is_dir():
             raise CheckpointError(
                 f"{directory} has no {weights.name}/ directory, which every checkpoint of this run holds"
             )
-        load_model_weights(weights.model, directory / weights.name)
+        load_model_weights(weights.model, model_dir(directory, weights.name))
 
     def restore_rng(self, directory: Path) -> None:
         self._on_every_process(f"Restoring the random state of {directory}", lambda: self._restore_rng(directory))
@@ -305,7 +320,8 @@ def load_scaler(scaler: torch.amp.GradScaler, directory: Path) -> None:
 
 
 def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
-    """Load exactly the weights saved in ``weights_dir``; any missing or unexpected tensor is an error."""
+    """Load exactly the weights of the model saved in ``weights_dir`` (its own safetensors files: layout.weight_files);
+    any missing or unexpected tensor is an error."""
     if is_peft(model):
         from peft import set_peft_model_state_dict
 
@@ -322,9 +338,9 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
         if result.unexpected_keys:
             raise CheckpointError(f"{weights_dir}: adapter tensors not in the model: {result.unexpected_keys[:5]}")
         return
-    files = sorted(weights_dir.glob("*.safetensors"))
+    files = weight_files(weights_dir)
     if not files:
-        raise CheckpointError(f"{weights_dir} holds no .safetensors weights")
+        raise CheckpointError(f"{weights_dir} holds no model weights (model.safetensors or its index)")
     if is_partitioned_model(model) or is_sharded(model):  # ZeRO-3 / FSDP2: no whole copy on any process
         missing, unexpected = load_split_weights(model, files)
     else:

@@ -68,6 +68,7 @@ class Part:
     state: Stateful
     per_process: bool  # each process's own, in its own files; else the same on every process
     restore_last: bool  # restored by ``restore_last`` (after the callbacks' on_train_begin), not with the rest
+    optional: bool = False  # a shared part older checkpoints lack: kept as it is when a checkpoint holds none
 
 
 class StateRegistry:
@@ -76,12 +77,16 @@ class StateRegistry:
     def __init__(self) -> None:
         self.parts: dict[str, Part] = {}
 
-    def register(self, name: str, state: Stateful, *, per_process: bool = False, restore_last: bool = False) -> None:
+    def register(
+        self, name: str, state: Stateful, *, per_process: bool = False, restore_last: bool = False, optional=False
+    ) -> None:
         if name in self.parts or name in RESERVED:
             raise ValueError(f"a checkpoint part named {name!r} is already registered (or reserved): pick another name")
         if not name.replace("_", "").isalnum() or not name.islower():
             raise ValueError(f"checkpoint part name {name!r}: use lowercase letters, digits and underscores")
-        self.parts[name] = Part(name, state, per_process, restore_last)
+        if optional and per_process:
+            raise ValueError(f"checkpoint part {name!r}: only a part the same on every process can be optional")
+        self.parts[name] = Part(name, state, per_process, restore_last, optional)
 
     def shared_states(self) -> dict[str, Any]:
         return {part.name: part.state.state_dict() for part in self.parts.values() if not part.per_process}
@@ -115,6 +120,8 @@ class StateRegistry:
                 state = self._process_state(directory, part.name, rank)
             elif part.name in shared:
                 state = shared[part.name]
+            elif part.optional:
+                continue
             else:
                 raise CheckpointError(f"{directory} holds no state for {part.name!r}, which this run keeps")
             part.state.load_state_dict(state)
