@@ -39,11 +39,11 @@ class HFGenerationBackend(GenerationBackend):
             return Generation([])
         tok, device = self.tokenizer, next(model.parameters()).device
         config = self.generation_config()
-        seeded = seeded_generation(config, seeds, device)
+        input_ids, attention_mask = left_pad(prompt_ids, tok.pad_token_id, device)
+        seeded = seeded_generation(config, seeds, device, attention_mask)
         was_training = model.training
         model.eval()
         try:
-            input_ids, attention_mask = left_pad(prompt_ids, tok.pad_token_id, device)
             with torch.inference_mode():  # the ids leave as Python lists: nothing here needs autograd's bookkeeping
                 cache = prefilled_cache(model, config, prompt_ids, tok.pad_token_id)
                 output = generate_rows(model, input_ids, attention_mask, config, cache, seeded)

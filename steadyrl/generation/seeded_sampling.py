@@ -9,6 +9,11 @@ It runs as the last logits processor of a greedy ``generate``: it applies the sa
 (temperature, top-k, top-p, min-p, with transformers' own warper classes, in transformers' order), draws each row's
 token from its generator and leaves only that token's score finite, which greedy decoding then picks. Settings it
 cannot reproduce (other warpers, beams, several sequences per prompt) keep ``generate``'s own sampling, said once.
+
+``repetition_penalty`` is applied here too, over each row's own tokens (its prompt and its completion so far), not
+the left padding before a shorter prompt, as vLLM penalises prompt and output tokens: transformers' processor also
+penalises the pad id, which is EOS for a tokenizer without a pad token, so a row's logits depended on the longer
+prompts beside it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -45,6 +51,24 @@ class SeededSampler(LogitsProcessor):
         probs = torch.softmax(scores.float(), dim=-1)
         tokens = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.generators, strict=True)])
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens[:, None], 0.0)
+
+
+class RealTokenRepetitionPenalty(LogitsProcessor):
+    """transformers' repetition penalty over each row's real tokens: ``prompt_mask`` [B, P] (0 on left padding) marks
+    the prompt's, and every generated column counts. Padding is given the id ``V``, which transformers' processor
+    drops (vLLM pads its prompt tokens the same way), so the arithmetic is transformers' own."""
+
+    def __init__(self, penalty: float, prompt_mask: torch.Tensor) -> None:
+        self.penalty = RepetitionPenaltyLogitsProcessor(penalty=float(penalty))
+        self.prompt_mask = prompt_mask.bool()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows, width = input_ids.shape
+        mask = self.prompt_mask.to(input_ids.device)
+        mask = mask.repeat_interleave(rows // mask.shape[0], dim=0)  # beams and return sequences: rows expanded
+        generated = mask.new_ones(rows, width - mask.shape[1])
+        real = torch.cat([mask, generated], dim=1)
+        return self.penalty(input_ids.masked_fill(~real, scores.shape[-1]), scores)
 
 
 def warpers_of(config: GenerationConfig) -> list[LogitsProcessor]:
@@ -75,18 +99,24 @@ def why_not_seeded(config: GenerationConfig) -> str | None:
 
 
 def seeded_generation(
-    config: GenerationConfig, seeds: list[int], device: torch.device
+    config: GenerationConfig, seeds: list[int], device: torch.device, prompt_mask: torch.Tensor | None = None
 ) -> tuple[GenerationConfig, LogitsProcessorList] | None:
-    """``config`` made greedy, and the per-row sampler, to pass to ``generate``; None (and why, once) where
-    ``generate`` must sample itself."""
+    """The config and logits processors to pass to ``generate``: ``config`` made greedy with the per-row sampler
+    last, and its ``repetition_penalty`` applied over each row's real tokens (``prompt_mask`` [B, P], the prompts'
+    attention mask; None: no padding). None (and why, once) where ``generate`` must sample itself with ``config``
+    as it is."""
+    penalty = config.repetition_penalty not in (None, 1.0)
+    mask = prompt_mask if prompt_mask is not None else torch.ones(len(seeds), 1, dtype=torch.bool, device=device)
+    processors = LogitsProcessorList([RealTokenRepetitionPenalty(config.repetition_penalty, mask)] if penalty else [])
+    unpenalised = {**config.to_dict(), "repetition_penalty": 1.0}
     reason = why_not_seeded(config)
     if reason is not None:
         if reason != "greedy" and reason not in _said:
             _said.add(reason)
             logger.warning("HF generate samples from the global RNG, not from each completion's seed: %s.", reason)
-        return None
-    sampler = SeededSampler(seeds, warpers_of(config), device)
+        return (GenerationConfig.from_dict(unpenalised), processors) if penalty else None
+    processors.append(SeededSampler(seeds, warpers_of(config), device))
     greedy = GenerationConfig.from_dict(
-        {**config.to_dict(), "do_sample": False, "temperature": 1.0, "top_k": None, "top_p": 1.0, "min_p": None}
+        {**unpenalised, "do_sample": False, "temperature": 1.0, "top_k": None, "top_p": 1.0, "min_p": None}
     )
-    return greedy, LogitsProcessorList([sampler])
+    return greedy, processors

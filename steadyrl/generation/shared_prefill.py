@@ -96,7 +96,8 @@ def generate_rows(
     seeded: tuple[GenerationConfig, LogitsProcessorList] | None = None,
 ) -> torch.Tensor:
     """One ``model.generate`` call over all rows with ``config``, from ``cache`` if given, each row drawn from its
-    seed with ``seeded`` (its greedy config and per-row sampler: seeded_sampling.py) if given. A ``generate`` that
+    seed with ``seeded`` (the config and processors of seeded_sampling.py: the per-row sampler, the repetition
+    penalty over each row's own tokens) if given. A ``generate`` that
     refuses the cache (a wrapper's) is called again without it, from the same RNG state, and is not given one again;
     one that refuses the sampler samples with ``config`` from the global RNG."""
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)

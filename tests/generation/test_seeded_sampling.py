@@ -4,6 +4,7 @@ call, in whatever order (how a rollout is split over processes and calls), and t
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
@@ -56,3 +57,30 @@ def test_settings_it_cannot_reproduce_keep_generates_own_sampling(model, tokeniz
         out = generate(model, tokenizer, rows, [1, 2], extra={"typical_p": 0.5})
     assert len(out) == 2
     assert "typical_p" in caplog.text and "global RNG" in caplog.text
+
+
+def test_repetition_penalty_reads_a_rows_own_tokens_not_the_left_padding_beside_it(model, tokenizer, monkeypatch):
+    """vLLM penalises the prompt's and the completion's tokens; transformers' processor also penalised the pad ids
+    before a shorter prompt, and pad is EOS when a tokenizer has no pad token: a row's logits then depended on the
+    longer prompts beside it (its first EOS logit -2.786 alone, -4.179 left-padded, with penalty 1.5)."""
+    eos_pad = copy.deepcopy(tokenizer)
+    eos_pad.pad_token = eos_pad.eos_token  # as load_policy sets it for a tokenizer without a pad token
+    short, long_ = eos_pad("ab:")["input_ids"], eos_pad("hello world, a longer prompt:")["input_ids"]
+    seen = []  # [B, V] per step: the scores each draw is made from, the logits after the penalty (no warper is set)
+    draw = SeededSampler.__call__
+    monkeypatch.setattr(
+        SeededSampler, "__call__", lambda self, ids, scores: seen.append(scores.clone()) or draw(self, ids, scores)
+    )
+    seeds, alone, alone_scores = [0, 1, 2, 3], [], []
+    for seed in seeds:
+        seen.clear()
+        alone += generate(model, eos_pad, [short], [seed], repetition_penalty=1.5)
+        alone_scores.append([step[0] for step in seen])
+    seen.clear()
+    padded = generate(model, eos_pad, [long_] * 4 + [short] * 4, seeds * 2, repetition_penalty=1.5)[4:]
+    assert padded == alone
+    # float32 rounding of a padded, prefix-shared batch against a lone row: ~1e-5 on logits of a few units; the
+    # penalty on a pad id moves its logit by a third of itself (1.39 on EOS's first)
+    for row, (completion, scores) in enumerate(zip(alone, alone_scores)):
+        for step in range(len(completion)):
+            torch.testing.assert_close(seen[step][4 + row], scores[step], atol=1e-4, rtol=1e-4, msg=f"{row=} {step=}")
