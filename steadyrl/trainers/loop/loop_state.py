@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ...checkpoint.state_registry import Stateful
+from ...distributed.metrics import combine, reduce_by_name, reduction_of
 from ...distributed.rollout_exchange import gather_rollout
 from ...generation.base import sampling_seed
 from ...rollout import Rollout, RolloutBuffer, minibatch_schedule
@@ -85,13 +86,25 @@ class PendingMetrics:
 
     @staticmethod
     def reshard(states, rank: int, processes: int) -> dict:
-        """On another number of processes, the saved processes' values averaged, step by step, on every process: a
-        logging step averages them over the processes, which then gives what the original run would have logged."""
+        """On another number of processes, the saved processes' values put together by name, the same on every
+        process, so that a logging step gives what the original run would have logged: a metric every process logged
+        at every step is averaged step by step; one that some processes logged, or logged at fewer steps, is their
+        means combined as a logging step combines them (``reduction_of``), once for each step of the longest list."""
         if len(states) == processes:
             return states[rank]
         states = states[:]
         keys = sorted({key for state in states for key in state})
-        return {key: [sum(v) / len(v) for v in zip(*(s[key] for s in states if key in s))] for key in keys}
+        return {key: merged_steps(key, [s[key] for s in states if s.get(key)]) for key in keys}
+
+
+def merged_steps(key: str, lists: list[list[float]]) -> list[float]:
+    """The pending values of metric ``key`` of the saved processes that have any, as one process's."""
+    if not lists:
+        return []
+    if reduction_of(key) == "mean" and len({len(values) for values in lists}) == 1:
+        return [sum(step) / len(step) for step in zip(*lists)]
+    combined = combine(key, [sum(values) / len(values) for values in lists])
+    return [combined] * max(len(values) for values in lists)
 
 
 def whole_rollout_buffer(
@@ -101,9 +114,8 @@ def whole_rollout_buffer(
     global mini-batches of ``train_batch_size`` samples. The schedule is drawn from the run's seed and the step, not
     from the global RNG, so it is the same on every process and for any number of processes."""
     rollout = gather_rollout(rollout, accelerator)
-    if accelerator.num_processes > 1 and metrics:  # each share's metrics -> their mean, as a logging step takes it
-        values = torch.tensor([metrics[key] for key in sorted(metrics)], dtype=torch.float64, device=accelerator.device)
-        metrics = dict(zip(sorted(metrics), accelerator.reduce(values, "mean").tolist()))
+    if accelerator.num_processes > 1:  # each share's metrics -> combined by name, as a logging step takes them
+        metrics = reduce_by_name(metrics, accelerator)
     generator = torch.Generator().manual_seed(sampling_seed(args.seed, step, -1, -1))
     sizes = args.train_batch_size, args.num_ppo_epochs, samples_per_group, args.n_samples_per_prompt
     schedule = minibatch_schedule(len(rollout), *sizes, generator)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ...distributed.metrics import reduce_by_name
 from ...ops import masked_mean
 from ...publish.completions import CompletionsHubPush
 from ...rewards import reward_func_name
@@ -39,8 +40,7 @@ class ReportingMixin:
         """Each metric's mean over the steps since the last log (and over the processes); they are cleared."""
         logs = self.pending_metrics.take_means()
         if self.accelerator.num_processes > 1:  # every process saw its own share of the rollout
-            means = self.accelerator.reduce(torch.tensor(list(logs.values()), dtype=torch.float64), "mean")
-            logs = dict(zip(logs, means.tolist()))
+            logs = reduce_by_name(logs, self.accelerator)
         return logs
 
     def report_step(self) -> None:
