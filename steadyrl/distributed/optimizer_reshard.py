@@ -80,6 +80,7 @@ def _zero_state(zero, saved: Sequence[dict], rank: int) -> dict:
             "optimizer state cannot move to another number: resume on the number that wrote the checkpoint, or "
             "train without round_robin_gradients."
         )
+    check_per_element(saved)
     live = compat.fp32_partitions(zero)
     spans = _stage3_spans(zero, saved, rank) if compat.is_stage3(zero) else _stage12_spans(live, saved, rank)
 
@@ -90,7 +91,7 @@ def _zero_state(zero, saved: Sequence[dict], rank: int) -> dict:
     fp32 = [t.to(p.dtype) for t, p in zip(reshard([state["fp32_partitions"] for state in saved]), live, strict=True)]
     base = [state["base_optimizer"] for state in saved]
     first = base[0]["state"].get(0, {})
-    moments = [key for key, value in first.items() if torch.is_tensor(value) and value.dim() == 1]
+    moments = [key for key, value in first.items() if torch.is_tensor(value) and value.dim() > 0]
     per_unit = {key: reshard([[s["state"][u][key] for u in sorted(s["state"])] for s in base]) for key in moments}
     scalars = {key: value for key, value in first.items() if key not in moments}
     state = {u: {**own(scalars), **{key: per_unit[key][u] for key in moments}} for u in range(len(live)) if first}
@@ -101,6 +102,25 @@ def _zero_state(zero, saved: Sequence[dict], rank: int) -> dict:
         "fp32_partitions": fp32,
         "loss_scaler": saved[0].get("loss_scaler", {}),
     }
+
+
+def check_per_element(saved: Sequence[dict]) -> None:
+    """Every saved optimizer-state tensor that is not a number must hold one value per element of its unit's fp32
+    partition (Adam's moments), the only state that can be cut along the partitions: a per-block or shared tensor
+    (8-bit Adam's ``absmax1``, ``qmap1``) would be cut into wrong shapes without a word."""
+    for process, state in enumerate(saved):
+        partitions = state["fp32_partitions"]
+        for unit, entry in state["base_optimizer"]["state"].items():
+            size = partitions[unit].numel() if unit < len(partitions) else None
+            for key, value in entry.items():
+                if torch.is_tensor(value) and value.dim() > 0 and (value.dim() != 1 or value.numel() != size):
+                    raise ReshardError(
+                        f"the checkpoint's optimizer state {key!r} of process {process}'s fp32 partition {unit} has "
+                        f"shape {list(value.shape)}, and the partition {size} elements: only state with one "
+                        "value per parameter element (as Adam's exp_avg) can be cut for another number of processes, "
+                        "not per-block or shared state (as 8-bit Adam's absmax1 or qmap1). Resume on the "
+                        f"{len(saved)} process{'es' if len(saved) > 1 else ''} that wrote the checkpoint."
+                    )
 
 
 def _stage12_spans(live: Sequence[torch.Tensor], saved: Sequence[dict], rank: int) -> list[list]:

@@ -260,6 +260,13 @@ def _(ctx):
     make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
 
 
+@trigger("resume-optimizer-per-block")
+def _(ctx):
+    from support.zero_stage2 import in_zero2_process, resume_per_block_state
+
+    return in_zero2_process(resume_per_block_state, str(ctx.tmp_path / "checkpoint-2"))
+
+
 @pytest.mark.parametrize("row_id", trigger.row_ids())
 def test_readme_error_table_row(row_id, tmp_path, request, monkeypatch, capsys):
     trigger.check(row_id, Context(tmp_path, request, monkeypatch, capsys))

@@ -70,3 +70,43 @@ def test_a_zero_state_into_an_optimizer_without_zero_is_refused():
     saved = {"base_optimizer": {}, "fp32_partitions": [], "loss_scaler": {}}
     with pytest.raises(ReshardError, match="written under DeepSpeed ZeRO and this run does not run under it"):
         resharded_state(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()), [saved], rank=0)
+
+
+def reshard_from_two_processes(optimizer) -> dict[str, str]:
+    """This real ZeRO-2 optimizer's state (one flat param group of 18 elements) as 2 processes save it (two
+    partitions of 9), resharded into this 1-process optimizer: as it is, and with state that is not per element
+    added to each partition, 8-bit Adam's (absmax1: one value per block of 4 elements; qmap1: 256 shared values)."""
+    from support.zero_stage2 import saved_by_two_processes
+
+    from steadyrl.distributed.zero import zero_state
+
+    whole = zero_state(optimizer)
+    extras = {"adam": {}, "per-block": {"absmax1": torch.ones(3)}, "shared": {"qmap1": torch.linspace(-1, 1, 256)}}
+    outcomes = {}
+    for name, extra in extras.items():
+        try:
+            restored = resharded_state(optimizer, saved_by_two_processes(optimizer, extra), rank=0)
+        except ReshardError as err:
+            outcomes[name] = str(err)
+            continue
+        moments = whole["base_optimizer"]["state"][0].items()
+        same = all(torch.equal(restored["base_optimizer"]["state"][0][key], value) for key, value in moments)
+        same = same and torch.equal(restored["fp32_partitions"][0], whole["fp32_partitions"][0])
+        outcomes[name] = "the whole state" if same else "another state"
+    return outcomes
+
+
+def test_zero_state_that_is_not_per_element_is_refused_naming_the_key():
+    """An optimizer whose state holds per-block or shared tensors cannot be cut along the partitions: refused,
+    naming the key, rather than cut into wrong shapes; Adam's moments are put together."""
+    from support.zero_stage2 import in_zero2_process
+
+    outcomes = in_zero2_process(reshard_from_two_processes)
+    assert isinstance(outcomes, dict), outcomes
+    assert outcomes["adam"] == "the whole state"
+    assert outcomes["per-block"].startswith(
+        "the checkpoint's optimizer state 'absmax1' of process 0's fp32 partition 0 has shape [3], and the partition 9 "
+        "elements: only state with one value per parameter element"
+    )
+    assert "'qmap1' of process 0's fp32 partition 0 has shape [256]" in outcomes["shared"]
+    assert outcomes["shared"].endswith("Resume on the 2 processes that wrote the checkpoint.")
