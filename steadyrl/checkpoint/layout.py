@@ -4,12 +4,15 @@ the checkpoint's top level, so that ``from_pretrained("out/checkpoint-500")`` an
 under its own name (``critic/``, ``reference/``). Checkpoints of earlier steadyrl versions hold the actor under
 ``actor/``; they are read where they are.
 
-Every other top-level file is steadyrl's own, and none takes a name that the actor's save writes: steadyrl's are
-manifest.json, trainer_state.json (as Trainer's), steadyrl_state.json, settings.json, scaler.pt,
-[<module>_]optimizer.pt and [<module>_]scheduler.pt, and ``<name>_<rank>.json|pt|safetensors`` (a lowercase name, an
-underscore, digits); the actor's are Hugging Face's config.json, generation_config.json, model.safetensors,
-model-NNNNN-of-NNNNN.safetensors and model.safetensors.index.json, tokenizer and processor files, adapter_* and
-README.md, none of which ends in ``_<digits>`` (tests/resume/test_checkpoint_layout.py checks both lists).
+Every other top-level file is steadyrl's own, and none takes a name that the actor's save writes. steadyrl's are
+manifest.json, trainer_state.json (as Trainer's), steadyrl_state.json, settings.json, scaler.pt (as Trainer's),
+[<module>_]optimizer.pt and [<module>_]scheduler.pt (optimizer.pt and scheduler.pt as Trainer's), and
+``<name>_<rank>.json|pt|safetensors`` (a lowercase name, an underscore, digits). The actor's are Hugging Face's:
+config.json, generation_config.json, model.safetensors (or model-NNNNN-of-NNNNN.safetensors) and
+model.safetensors.index.json, tokenizer and processor files (tokenizer.json, tokenizer_config.json, vocab.json, ...,
+additional_chat_templates/), adapter_config.json, adapter_model.safetensors and README.md: no ``_<digits>`` before the
+extension, no optimizer or scheduler (tests/unit/checkpoint/test_checkpoint_layout.py checks every name transformers,
+its tokenizers and PEFT write).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ ACTOR = "actor"  # the actor's name (TrainedModule.name), and its directory in c
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 OWN_FILES = frozenset({MANIFEST_NAME, "trainer_state.json", STATE_FILE, "settings.json", "scaler.pt"})
+MODEL_FILES = frozenset({"config.json", "model.safetensors", "model.safetensors.index.json", "adapter_config.json"})
 MODULE_STATE_FILE = re.compile(r"(?:[a-z][a-z0-9_]*_)?(?:optimizer|scheduler)\.pt")  # optimizer.pt, critic_scheduler.pt
 
 
@@ -44,23 +48,21 @@ def model_dir(checkpoint: Path, name: str) -> Path:
 
 
 def is_own_file(name: str) -> bool:
-    """``name`` (relative to a checkpoint) is not one of the actor's files: a file of steadyrl's own at the top level,
-    or any file below it (another model's directory)."""
-    return (
-        "/" in name
-        or name in OWN_FILES
-        or MODULE_STATE_FILE.fullmatch(name) is not None
-        or RANK_FILE_PATTERN.fullmatch(name) is not None
-    )
+    """``name``, a file at a checkpoint's top level, is one of steadyrl's own, not the actor's."""
+    return name in OWN_FILES or any(pattern.fullmatch(name) for pattern in (MODULE_STATE_FILE, RANK_FILE_PATTERN))
 
 
 def actor_files(names: Iterable[str]) -> list[str]:
     """The actor's files among a checkpoint's ``names`` (relative to it, as its manifest lists them), relative to the
-    actor's directory (``model_dir``): those under ``actor/`` in a checkpoint of an earlier version, else the
-    top-level files that are not steadyrl's own."""
+    actor's directory (``model_dir``): those under ``actor/`` in a checkpoint of an earlier version; else every file
+    but steadyrl's own and those of another model's directory (critic/, reference/: one that holds a config or
+    weights). A tokenizer's subdirectory (additional_chat_templates/) is the actor's."""
     names = list(names)
     old = sorted(name.removeprefix(ACTOR + "/") for name in names if name.startswith(ACTOR + "/"))
-    return old or sorted(name for name in names if not is_own_file(name))
+    if old:
+        return old
+    models = {name.split("/")[0] for name in names if "/" in name and name.split("/", 1)[1] in MODEL_FILES}
+    return sorted(name for name in names if not (name.split("/")[0] in models if "/" in name else is_own_file(name)))
 
 
 def weight_files(directory: Path) -> list[Path]:

@@ -25,6 +25,7 @@ STATE_FILE = "steadyrl_state.json"
 # <part>_<rank>.json (+ .safetensors) for each per-process part, rng_state among them, and under DeepSpeed ZeRO or
 # FSDP2 optimizer_<rank>.pt instead of optimizer.pt); "transformers" is a plain transformers.Trainer checkpoint that
 # CheckpointCallback adds a manifest to.
+ACTOR_WEIGHTS = "model.safetensors|model.safetensors.index.json|adapter_model.safetensors|actor/"  # layout.py
 REQUIRED_FILES = {
     "steadyrl": (
         "trainer_state.json",
@@ -32,10 +33,11 @@ REQUIRED_FILES = {
         "scheduler.pt",
         "optimizer.pt|optimizer_0.pt",
         "rng_state_0.json",
-        "actor/",
+        ACTOR_WEIGHTS,
     ),
     "transformers": ("trainer_state.json",),
 }
+REQUIRED_NAMES = {ACTOR_WEIGHTS: "the actor's weights (model.safetensors or adapter_model.safetensors, or actor/)"}
 # Files each process writes for itself: a checkpoint holds them for processes 0..n-1, every kind alike.
 RANK_FILE_PATTERN = re.compile(r"([a-z][a-z0-9_]*?)_(\d+)\.(?:json|pt|safetensors)")
 
@@ -174,7 +176,9 @@ def _check_required(directory: Path, layout: str, names: set[str], processes: in
     for required in REQUIRED_FILES[layout]:
         choices = required.split("|")
         if not any(_lists(names, choice) for choice in choices):
-            wanted = " or ".join(f"a file under {c}" if c.endswith("/") else c for c in choices)
+            wanted = REQUIRED_NAMES.get(required) or " or ".join(
+                f"a file under {c}" if c.endswith("/") else c for c in choices
+            )
             raise CheckpointError(
                 f"{directory}: the manifest does not list {wanted}, which a {layout} checkpoint holds"
             )

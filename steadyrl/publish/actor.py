@@ -21,10 +21,11 @@ from transformers import PreTrainedModel
 from transformers.trainer_utils import HubStrategy
 from transformers.utils import logging
 
+from ..checkpoint import verify_checkpoint
 from ..distributed.fsdp import full_state_dict, is_sharded
 from ..distributed.zero import consolidated_state_dict
 from ..models.peft import gathered_adapter, is_distributed_weights, is_peft
-from .export import merges_live, save_merged_live
+from .export import checkpoint_actor, merges_live, save_merged_live
 from .hub import (
     HubPushError,
     describe,
@@ -188,17 +189,26 @@ class PublishMixin:
         shutil.move(actor, kept)
         return kept.absolute()
 
-    def publish_actor(self, actor_dir: Path, message: str, path_in_repo: str | None = None, token=None, revision=None):
-        """Commit the actor saved in ``actor_dir`` (of the live model at this step) with its card; ``upload`` creates
-        the repository first if the trainer could not. Raises what the Hub or the network raised."""
+    def publish_actor(
+        self,
+        actor_dir: Path,
+        message: str,
+        path_in_repo: str | None = None,
+        token=None,
+        revision=None,
+        files: list[str] | None = None,
+    ):
+        """Commit the actor saved in ``actor_dir`` (of the live model at this step) with its card: ``files`` there (a
+        checkpoint's actor files), by default every regular file. ``upload`` creates the repository first if the
+        trainer could not. Raises what the Hub or the network raised."""
         args = self.args
         with tempfile.TemporaryDirectory() as tmp:
             staged = Path(tmp) / "staged"
             live = merges_live(self.model) and not is_distributed_weights(self.model)  # main process only: no gather
             if args.hub_push_merged and live and (actor_dir / "adapter_config.json").is_file():
-                save_merged_live(self.model, actor_dir, staged)  # no second base model loaded, no RNG drawn
+                save_merged_live(self.model, actor_dir, staged, files)  # no second base model loaded, no RNG drawn
             else:  # under ZeRO-3 / FSDP2 a merged push loads the base again on the main process and merges there
-                stage_actor(actor_dir, staged, merged=args.hub_push_merged)
+                stage_actor(actor_dir, staged, args.hub_push_merged, files)
             (staged / "README.md").write_text(self.model_card())
             return upload(staged, self.hub_model_id, token or args.hub_token, message, path_in_repo, revision)
 
@@ -247,12 +257,15 @@ class PublishMixin:
             )
 
     def publish_checkpoint(self, checkpoint: Path, step: int) -> None:
+        """The actor's files of ``checkpoint`` (as its manifest lists them: never its optimizer or state files) at the
+        repository's root, and with ``hub_strategy`` checkpoint / all_checkpoints under its folder too."""
         args = self.args
         message = f"Training in progress, step {step}"
-        self.publish_actor(checkpoint / "actor", message, revision=args.hub_revision)
+        actor, files = checkpoint_actor(checkpoint, verify_checkpoint(checkpoint, hashes=False))
+        self.publish_actor(actor, message, revision=args.hub_revision, files=files)
         folder = {HubStrategy.CHECKPOINT: "last-checkpoint", HubStrategy.ALL_CHECKPOINTS: checkpoint.name}
         if args.hub_strategy in folder:
-            self.publish_actor(checkpoint / "actor", message, folder[args.hub_strategy], revision=args.hub_revision)
+            self.publish_actor(actor, message, folder[args.hub_strategy], revision=args.hub_revision, files=files)
 
     def model_card(self) -> str:
         dataset = getattr(getattr(self.train_dataset, "info", None), "dataset_name", None)

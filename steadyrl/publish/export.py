@@ -13,20 +13,22 @@ import numpy as np
 import torch
 
 from ..checkpoint import CheckpointError, verify_checkpoint
+from ..checkpoint.layout import ACTOR, actor_files, model_dir
 from ..distributed.zero import whole_at_load
 from ..generation.weights import plain_state_dict
 
-ACTOR = "actor"
 
-
-def listed_actor_files(checkpoint: Path, manifest: dict) -> list[str]:
-    """The files a verified checkpoint's manifest lists under ``actor/``, relative to it; none is an error (a plain
-    transformers.Trainer checkpoint has no actor/)."""
-    prefix = ACTOR + "/"
-    names = sorted(name.removeprefix(prefix) for name in manifest["files"] if name.startswith(prefix))
+def checkpoint_actor(checkpoint: Path, manifest: dict) -> tuple[Path, list[str]]:
+    """The actor's directory in a verified steadyrl checkpoint (its top level, or actor/ in one of an earlier version)
+    and the files its manifest lists there, relative to it; none is an error, and so is a plain transformers.Trainer
+    checkpoint (its model is no steadyrl actor: it loads with ``from_pretrained`` as it is)."""
+    layout = manifest.get("layout", "steadyrl")
+    names = actor_files(manifest["files"]) if layout == "steadyrl" else []
     if not names:
-        raise CheckpointError(f"{checkpoint} has no {prefix}: its manifest lists no actor file to export or push.")
-    return names
+        raise CheckpointError(
+            f"{checkpoint} has no actor: its manifest ({layout} layout) lists no actor file to export or push."
+        )
+    return model_dir(checkpoint, ACTOR), names
 
 
 def regular_files(directory: Path) -> list[str]:
@@ -45,16 +47,16 @@ def copy_files(source: Path, names: Iterable[str], out: Path) -> None:
 def export_actor(checkpoint: str | Path, output_dir: str | Path) -> Path:
     """Copy (or, for a LoRA checkpoint, merge) the actor of ``checkpoint`` into ``output_dir``.
 
-    The checkpoint is verified against its manifest first, and only the files it lists under ``actor/`` are
-    copied; the output holds safetensors weights, the config, the generation config and the tokenizer, and
-    loads with ``AutoModelForCausalLM`` and vLLM.
+    The checkpoint is verified against its manifest first, and only the actor's files it lists are copied (never
+    the optimizer, the state files or another model's); the output holds safetensors weights, the config, the
+    generation config and the tokenizer, and loads with ``AutoModelForCausalLM`` and vLLM.
     """
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     if not (checkpoint / "manifest.json").is_file() and any(checkpoint.glob("checkpoint-*")):
         newest = max(checkpoint.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
         raise CheckpointError(f"{checkpoint} is an output directory, not a checkpoint: give one, e.g. {newest}.")
     manifest = verify_checkpoint(checkpoint)
-    actor, files = checkpoint / ACTOR, listed_actor_files(checkpoint, manifest)
+    actor, files = checkpoint_actor(checkpoint, manifest)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise FileExistsError(f"{output_dir} exists and is not empty: choose a new directory for the export.")
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -119,10 +121,12 @@ def merged_lora_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return plain_state_dict(model, adapted_to="cpu")
 
 
-def save_merged_live(model: torch.nn.Module, actor: Path, output_dir: Path) -> None:
+def save_merged_live(model: torch.nn.Module, actor: Path, output_dir: Path, files: list[str] | None = None) -> None:
     """The live LoRA ``model`` merged into its base (``merged_lora_weights``), with the tokenizer files of its saved
-    ``actor`` directory (everything there but the adapter and its card)."""
+    ``actor`` directory: everything of ``files`` (by default the directory's regular files) but the adapter and its
+    card."""
     base = model.get_base_model()
     base.save_pretrained(output_dir, state_dict=merged_lora_weights(model), safe_serialization=True)
-    kept = [name for name in regular_files(actor) if not name.startswith("adapter_") and name != "README.md"]
+    names = regular_files(actor) if files is None else files
+    kept = [name for name in names if not name.startswith("adapter_") and name != "README.md"]
     copy_files(actor, kept, output_dir)

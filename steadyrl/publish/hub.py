@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..checkpoint import verify_checkpoint
 from ..version import __version__
-from .export import ACTOR, copy_files, listed_actor_files, merge_adapter, regular_files
+from .export import checkpoint_actor, copy_files, merge_adapter, regular_files
 
 
 class HubPushError(RuntimeError):
@@ -89,11 +89,11 @@ def push_command(
 
 
 def stage_actor(actor_dir: Path, out: Path, merged: bool, files: Iterable[str] | None = None) -> Path:
-    """The files to publish from a plain actor directory (a checkpoint's ``actor/`` or a saved model): a LoRA
-    adapter as it is (``adapter_config.json`` + weights), or with ``merged`` merged into its base model.
+    """The files to publish from an actor's directory (a checkpoint's, or a saved model): a LoRA adapter as it is
+    (``adapter_config.json`` + weights), or with ``merged`` merged into its base model.
 
-    ``files`` (names relative to ``actor_dir``, e.g. those a checkpoint's manifest lists) are copied; by default
-    the directory's regular files, never a symlink."""
+    ``files`` (names relative to ``actor_dir``: of a checkpoint, the actor's files its manifest lists, never its
+    optimizer or state files) are copied; by default the directory's regular files, never a symlink."""
     out.mkdir(parents=True, exist_ok=True)
     if merged and (actor_dir / "adapter_config.json").is_file():
         merge_adapter(actor_dir, out)
@@ -113,10 +113,10 @@ def name_base_model(adapter_config: Path) -> None:
 
 
 def actor_of(path: Path) -> tuple[Path, list[str]]:
-    """The actor directory of a checkpoint (verified against its manifest) or of a saved actor directory, and the
-    files to publish from it: those the manifest lists under ``actor/``, or the saved directory's regular files."""
+    """The actor's directory of a checkpoint (verified against its manifest) or a saved actor directory, and the
+    files to publish from it: the actor's files the manifest lists, or the saved directory's regular files."""
     if (path / "manifest.json").is_file() or (path / "manifest.json").is_symlink():
-        return path / ACTOR, listed_actor_files(path, verify_checkpoint(path))
+        return checkpoint_actor(path, verify_checkpoint(path))
     if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
         return path, regular_files(path)
     raise FileNotFoundError(

@@ -131,7 +131,7 @@ STEADYRL_FILES = (
     "optimizer.pt",
     "rng_state_0.json",
     "meter_0.json",
-    "actor/model.safetensors",
+    "model.safetensors",
 )
 
 

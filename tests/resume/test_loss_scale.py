@@ -35,7 +35,7 @@ def test_a_resumed_run_continues_from_the_saved_loss_scale(tmp_path):
     resumed = scaled_trainer(tmp_path / "resumed")
     resumed.train(resume_from_checkpoint=True)
     assert resumed.accelerator.scaler.get_scale() == 2.0**14, "the scale restarted at its initial value"
-    actor = "checkpoint-4/actor/model.safetensors"
+    actor = "checkpoint-4/model.safetensors"
     assert (tmp_path / "resumed" / actor).read_bytes() == (tmp_path / "run" / actor).read_bytes()
 
 

@@ -27,7 +27,7 @@ ONE_PROCESS = (
     "optimizer.pt",
     "rng_state_0.json",
     "meter_0.json",
-    "actor/model.safetensors",
+    "model.safetensors",
 )
 
 
@@ -94,6 +94,16 @@ def test_a_manifest_is_refused_when_a_required_file_or_a_process_is_missing(tmp_
     renamed = committed(tmp_path, 5).rename(tmp_path / "checkpoint-6")
     with pytest.raises(CheckpointError, match="says global_step 5, but the directory is named checkpoint-6"):
         verify_checkpoint(renamed)
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "adapter_model.safetensors", "actor/model.safetensors"])
+def test_the_actors_weights_are_required_in_either_layout(tmp_path, weights):
+    """At the top level (a full actor or a PEFT one's adapter), or under actor/ (checkpoints of earlier versions)."""
+    others = [name for name in ONE_PROCESS if name != "model.safetensors"]
+    write_manifest(fill(tmp_path / "checkpoint-1", [*others, weights]), 1)
+    without = fill(tmp_path / "checkpoint-2", [*others, "config.json", "actor.txt"])
+    with pytest.raises(CheckpointError, match=r"does not list the actor's weights \(model.safetensors or adapter_"):
+        write_manifest(without, 2)
 
 
 def test_a_plain_trainer_checkpoint_needs_only_its_trainer_state(tmp_path):
