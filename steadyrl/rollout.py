@@ -74,6 +74,8 @@ class Rollout(TokenBatch):
     tokens_per_micro_batch: torch.Tensor | None = None  # [N] the dapo loss's normaliser, the same in every row
     env_mask: torch.Tensor | None = None  # [N, C] long: 1 where the policy sampled the token, 0 where a tool or the
     #                                       environment wrote it (multi-turn); None: the policy sampled every token
+    prompt_index: torch.Tensor | None = None  # [N] long: the row of each sample's prompt in the dataset (a stream's:
+    #                                           its row in the epoch), to name the prompts of a step that failed
 
     @property
     def policy_mask(self) -> torch.Tensor:
@@ -268,6 +270,7 @@ class SampledRollout:
     scores: list[list[float | None]] | None  # [N, R], None where a function does not apply; None: not scored yet
     metrics: dict[str, float]
     generation_time: float
+    prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (older checkpoints: None)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -276,7 +279,8 @@ class SampledRollout:
     def from_state_dict(cls, state: dict) -> SampledRollout:
         """The rollout a checkpoint stored; one with other keys than ``state_dict`` writes is refused, naming them."""
         names = [f.name for f in dataclasses.fields(cls)]
-        unknown, missing = sorted(set(state) - set(names)), [name for name in names if name not in state]
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        unknown, missing = sorted(set(state) - set(names)), [name for name in required if name not in state]
         if unknown or missing:
             raise ValueError(
                 f"SampledRollout.from_state_dict: a rollout generated ahead (checkpoint part rollouts_ahead) has keys "

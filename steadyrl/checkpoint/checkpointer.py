@@ -51,6 +51,7 @@ from ..models.peft import is_distributed_weights, is_peft, load_distributed_adap
 from ..rng import RNGState
 from . import CheckpointError, begin_checkpoint, commit_checkpoint, newest_intact_checkpoint, rotate_checkpoints
 from .fingerprint import check_resumable
+from .health import CHECKED_KEY, refuse_nonfinite_state, refuse_nonfinite_weights
 from .layout import ACTOR, index_single_file, model_dir, save_dir, weight_files
 from .save_failure import save_failure_message
 from .state_registry import Stateful, StateRegistry, saved_processes
@@ -198,9 +199,13 @@ class Checkpointer:
         return on_every_process(self.accelerator, what, work, CheckpointError)
 
     def _write(self, tmp: Path, contents: CheckpointContents) -> None:
+        """Every process writes its files, each checked finite first (health.py): a NaN or an infinity in any weight,
+        optimizer moment or shared loop state fails the save, which then leaves no checkpoint."""
         for module in contents.modules:
             if is_partitioned(module.optimizer) or self.main:
-                torch.save(optimizer_state(module.optimizer), tmp / self._optimizer_file(module))
+                state = optimizer_state(module.optimizer)
+                refuse_nonfinite_state(state, f"the {module.name}'s optimizer state")
+                torch.save(state, tmp / self._optimizer_file(module))
             self._save_weights(tmp, module)
             if self.main:
                 torch.save(module.scheduler.state_dict(), tmp / module.scheduler_file)
@@ -211,13 +216,16 @@ class Checkpointer:
                 torch.save(contents.scaler.state_dict(), tmp / SCALER_NAME)
             contents.trainer_state.save_to_json(str(tmp / "trainer_state.json"))
             (tmp / SETTINGS_NAME).write_text(json.dumps(contents.free_settings, sort_keys=True))
-            shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint, **self.parts.shared_states()}
+            parts = self.parts.shared_states()
+            refuse_nonfinite_state(parts, "the run's loop state")
+            shared = {"format": STATE_FORMAT, "fingerprint": contents.fingerprint, **parts, CHECKED_KEY: True}
             (tmp / STATE_NAME).write_text(json.dumps(shared))
         self.parts.write_process_states(tmp, self.rank)
 
     def _save_weights(self, tmp: Path, module: TrainedModule | ModelWeights) -> None:
-        """Every process: ``module.save`` into the module's place (layout.save_dir); the main process then indexes a
-        one-file model, for vLLM (layout.index_single_file)."""
+        """Every process: ``module.save`` into the module's place (layout.save_dir), its own share of the weights
+        checked finite first; the main process then indexes a one-file model, for vLLM (layout.index_single_file)."""
+        refuse_nonfinite_weights(module.model, module.name)
         module.save(save_dir(tmp, module.name))
         if self.main:
             index_single_file(save_dir(tmp, module.name))

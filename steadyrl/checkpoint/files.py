@@ -18,6 +18,7 @@ from pathlib import Path
 from transformers.utils import logging
 
 from ..durable import fsync_dir
+from .health import nonfinite_in_checkpoint
 from .manifest import MANIFEST_NAME, STATE_FILE, CheckpointError, verify_checkpoint, write_manifest
 
 logger = logging.get_logger(__name__)
@@ -199,14 +200,27 @@ def newest_intact_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def find_resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint in ``output_dir``, warning about each newer one that is skipped."""
+    """The newest complete checkpoint in ``output_dir`` that holds finite numbers only, warning about each newer one
+    that is skipped (incomplete, damaged, or written non-finite by an earlier steadyrl: health.py)."""
     scan = scan_checkpoints(output_dir)
-    newest = scan.complete[-1][0] if scan.complete else -1
+    chosen = None
+    for step, path in reversed(scan.complete):
+        poisoned = nonfinite_in_checkpoint(path)
+        if not poisoned:
+            chosen = step, path
+            break
+        more = f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""
+        logger.warning(
+            f"Not resuming from {path}: it holds NaN or infinite values ({', '.join(poisoned[:3])}{more}; an earlier "
+            "steadyrl saved it without checking). Passed over for an older checkpoint; delete it once you no longer "
+            "need it."
+        )
+    newest = chosen[0] if chosen else -1
     for path, reason in scan.rejected:
         match = TEMP_PATTERN.match(path.name) or CHECKPOINT_PATTERN.match(path.name)
         if int(match.group(1)) > newest:
             logger.warning(f"Not resuming from {path}: {reason}")
-    return scan.newest
+    return chosen[1] if chosen else None
 
 
 def rotate_checkpoints(output_dir: str | os.PathLike, save_total_limit: int | None) -> list[Path]:

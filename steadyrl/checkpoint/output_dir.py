@@ -13,6 +13,7 @@ from transformers.utils import logging
 
 from ..distributed.processes import on_main_process
 from . import CheckpointError, find_resumable_checkpoint, recover_interrupted_commits, verify_checkpoint
+from .health import nonfinite_in_checkpoint
 from .ownership import OutputDirLock, refuse_other_runs
 from .shared_dir import create_marker, not_shared_error, remove_marker, view_of
 
@@ -44,6 +45,14 @@ def find_checkpoint(value, output_dir: str) -> Path | None:
     if not path.is_dir():
         raise CheckpointError(f"resume_from_checkpoint={value!r} is not a directory.")
     verify_checkpoint(path)
+    poisoned = nonfinite_in_checkpoint(path)
+    if poisoned:
+        more = f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""
+        raise CheckpointError(
+            f"resume_from_checkpoint={value!r} holds NaN or infinite values ({', '.join(poisoned[:3])}{more}): "
+            "training from it would spread them. Resume from an older checkpoint, or with resume_from_checkpoint=True "
+            "(the newest one that is finite)."
+        )
     return path
 
 

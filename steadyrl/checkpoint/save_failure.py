@@ -7,6 +7,7 @@ import errno
 import shutil
 from pathlib import Path
 
+from ..ops.finite import NonFiniteError
 from . import newest_intact_checkpoint
 
 
@@ -46,6 +47,12 @@ def save_failure_message(tmp: Path, err: Exception, newest: Path | None | str = 
     kept = f"the newest complete checkpoint, {newest}, is intact" if newest else "no earlier checkpoint exists"
     left = tmp.exists() if left is None else left
     partial = "could not be removed (it is never resumed from)" if left else "was removed"
+    if isinstance(err, NonFiniteError):  # refused, not failed: nothing about the disk to say
+        return (
+            f"{err} The checkpoint {tmp} was not written and {kept}: no checkpoint ever holds a non-finite number. "
+            "Something changed the weights outside the optimizer step, which refuses non-finite updates (a callback, "
+            "a weight sync): fix it, then resume with resume_from_checkpoint=True."
+        )
     failure = f"Could not write the checkpoint {tmp} ({type(err).__name__}: {err})"
     cause = os_error_in(err)
     code = cause.errno if cause is not None else None

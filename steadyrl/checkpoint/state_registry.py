@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from .manifest import CheckpointError
 
-RESERVED = ("format", "fingerprint")  # keys of steadyrl_state.json that are not parts
+RESERVED = ("format", "fingerprint", "finite_checked")  # keys of steadyrl_state.json that are not parts
 TENSOR_REF = "__tensor__"
 
 

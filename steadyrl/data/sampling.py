@@ -69,10 +69,15 @@ def make_sampler(
     return PromptSampler(len(dataset), seed=seed, shuffle=shuffle)
 
 
-def next_rows(sampler: PromptSampler | StreamSampler, dataset, count: int, part: slice) -> dict[str, list]:
+def next_rows(
+    sampler: PromptSampler | StreamSampler, dataset, count: int, part: slice
+) -> tuple[dict[str, list], list[int]]:
     """Draw the next ``count`` prompts of the rollout (every process draws all of them, so that the position is the
-    same everywhere) and return the rows of ``part`` of them as ``{column: values}``."""
+    same everywhere) and return the rows of ``part`` of them as ``{column: values}``, with each one's index in the
+    dataset (a stream's: its row in the epoch)."""
     if isinstance(sampler, StreamSampler):
-        rows = sampler.next(count)[part]
-        return {column: [row[column] for row in rows] for column in (rows[0] if rows else {})}
-    return dataset[sampler.next(count)[part]]
+        rows, places = sampler.next_indexed(count)
+        rows, places = rows[part], places[part]
+        return {column: [row[column] for row in rows] for column in (rows[0] if rows else {})}, places
+    indices = sampler.next(count)[part]
+    return dataset[indices], indices

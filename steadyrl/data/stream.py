@@ -104,9 +104,16 @@ class StreamSampler:
 
     def next(self, count: int) -> list[dict]:
         """The next ``count`` rows, across epochs."""
-        rows = [self._next_row() for _ in range(count)]
+        return self.next_indexed(count)[0]
+
+    def next_indexed(self, count: int) -> tuple[list[dict], list[int]]:
+        """The next ``count`` rows, across epochs, and each one's place in its epoch (its row in the stream)."""
+        rows, places = [], []
+        for _ in range(count):
+            rows.append(self._next_row())
+            places.append(self.rows_in_epoch - 1)
         self._position = self.dataset.state_dict()
-        return rows
+        return rows, places
 
     @property
     def epoch(self) -> float:

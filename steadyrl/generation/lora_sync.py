@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 
 from ..models.peft import is_peft
+from ..ops.finite import refuse_nonfinite
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def adapter_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict
             for part in ("A", "B")
         }
     tensors = {key: tensor.cpu().contiguous() for key, tensor in tensors.items()}
+    refuse_nonfinite(tensors.items(), "Refused to push the actor's LoRA adapter to vLLM")
     config = model.peft_config[name].to_dict()
     config.update(init_lora_weights=True, base_model_name_or_path=None, inference_mode=True)
     return tensors, json.loads(json.dumps(config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))

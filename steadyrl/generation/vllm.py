@@ -22,6 +22,7 @@ import torch
 from .. import compat
 from ..distributed.fsdp import is_sharded
 from ..models.peft import base_config
+from ..ops.finite import refuse_nonfinite
 from ..reporting.quiet import quiet_vllm_logs, quiet_vllm_weight_reload
 from ..rng import rng_untouched
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
@@ -224,6 +225,7 @@ class VLLMGenerationBackend(GenerationBackend):
         adapter_only = self.engine.lora_rank is not None
         if not (adapter_only and self._base_synced):
             with whole_weights(model, merged=not adapter_only) as weights:  # every process's engine: the whole actor
+                refuse_nonfinite(weights.items(), f"Refused to push the actor's weights of step {version} to vLLM")
                 compat.reload_weights(self.llm, list(weights.items()))
             self._base_synced = adapter_only
         if adapter_only:

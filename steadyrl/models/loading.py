@@ -190,9 +190,8 @@ def enable_gradient_checkpointing(model: PreTrainedModel, gradient_checkpointing
 
 def deepspeed_backward(engine, loss: torch.Tensor, boundary: bool) -> None:
     """One module's backward under DeepSpeed: the engine divides ``loss`` by its gradient_accumulation_steps
-    and, at the accumulation boundary, reduces, clips and steps. Each engine gets its own loss, since
+    and, at the accumulation boundary, reduces the gradients; its ``step()`` (clipping, the overflow check, the
+    update) is the learner's to call, after ``on_pre_optimizer_step``. Each engine gets its own loss, since
     accelerate's ``backward`` drives only the last prepared engine."""
     engine.set_gradient_accumulation_boundary(boundary)
     engine.backward(loss)
-    if boundary:
-        engine.step()

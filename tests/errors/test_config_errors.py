@@ -127,6 +127,7 @@ def _(ctx):
 
 
 config_error("off-policy-mask-threshold", "grpo", off_policy_mask_threshold=-0.5)
+config_error("nonfinite-limit", max_consecutive_nonfinite_steps=-1)
 config_error("adaptive-entropy-bounds", "grpo", use_adaptive_entropy=True, entropy_coef_min=0.5, entropy_coef_max=0.1)
 
 

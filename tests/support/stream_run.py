@@ -54,10 +54,10 @@ def record_prompts(trainer, path: Path) -> None:
     next_prompts = draw.next_prompts
 
     def recording_next_prompts():
-        prompts, columns, first = next_prompts()
+        prompts, columns, first, indices = next_prompts()
         with path.open("a") as f:
             f.write(json.dumps({"first": first, "prompts": prompts}) + "\n")
-        return prompts, columns, first
+        return prompts, columns, first, indices
 
     draw.next_prompts = recording_next_prompts
 

@@ -271,6 +271,16 @@ class CheckpointFields:
             "step lets the run complete (status 0). A second signal exits at once."
         },
     )
+    max_consecutive_nonfinite_steps: int = field(
+        default=3,
+        metadata={
+            "help": "A global step whose loss or gradient norm is not finite (NaN, inf) is skipped: no weight, "
+            "optimizer moment or learning-rate change, said in a warning and counted (nonfinite_skipped_steps in "
+            "the logs). Up to this many in a row are skipped; the next one stops the run with an error naming the "
+            "steps, modules and prompts, its newest checkpoint healthy. 0: stop at the first, as Megatron's NaN "
+            "check does (docs/faults.md)."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={

@@ -43,6 +43,7 @@ FREE_SETTINGS = frozenset(
         "save_on_each_node",
         "save_final_checkpoint",
         "stop_on_signal",
+        "max_consecutive_nonfinite_steps",
         "restore_callback_states_from_checkpoint",
         "eval_strategy",
         "eval_steps",

@@ -135,6 +135,12 @@ def check_saving(config) -> None:
             f"save_steps={config.save_steps} is invalid: a checkpoint is written every save_steps global steps, "
             "so it must be > 0 (or a ratio of max_steps below 1). Use save_strategy='no' for no checkpoints."
         )
+    limit = config.max_consecutive_nonfinite_steps
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(
+            f"max_consecutive_nonfinite_steps={limit!r} is invalid: it is how many global steps in a row with a "
+            "non-finite loss or gradient are skipped before the run stops, so an integer >= 0 (0: stop at the first)."
+        )
     if config.save_on_each_node:
         raise ValueError(
             "save_on_each_node=True is not supported: every process writes its part of each checkpoint into the one "

@@ -35,6 +35,7 @@ from ...data.json_columns import check_json_columns
 from ...distributed.processes import on_every_process
 from ...generation import Generation
 from ...generation.weights import whole_weights
+from ...ops.finite import refuse_nonfinite
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
 from .ahead_worker import AheadWorker
 from .scoring import Scorer
@@ -60,9 +61,10 @@ class Ahead:
     weights: dict[str, torch.Tensor] | None  # the actor's (merged) weights at ``version``
     result: SampledRollout | None = None
     future: Future | None = None  # None: not submitted yet (a request restored from a checkpoint)
+    prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (older checkpoints: None)
 
     def request_state(self) -> dict:
-        fields = ("prompts", "columns", "seeds", "prompt_ids", "truncated", "version", "state")
+        fields = ("prompts", "columns", "seeds", "prompt_ids", "truncated", "version", "state", "prompt_index")
         return {name: getattr(self, name) for name in fields}
 
 
@@ -110,23 +112,32 @@ class AheadSource(RolloutSource, TrainerStage):
         scores = None if sampled.scores is None else scores_from_rows(sampled.scores)  # None: scored by the trainer
         generation = Generation(sampled.completion_ids, sampled.logprobs)
         return Sampled(
-            sampled.prompts, sampled.columns, sampled.prompt_ids, generation, sampled.generation_time, metrics, scores
+            sampled.prompts,
+            sampled.columns,
+            sampled.prompt_ids,
+            generation,
+            sampled.generation_time,
+            metrics,
+            scores,
+            sampled.prompt_index,
         )
 
     def request(self) -> None:
         """Draw the next rollout's prompts and seeds, and have the worker generate and score it with a copy of the
         actor's current weights."""
         trainer = self.trainer
-        prompts, columns, seeds = self.draw()
+        prompts, columns, seeds, prompt_index = self.draw()
         check_json_columns(columns, self.args.max_staleness)  # a stream's rows: stored in checkpoints as JSON
         prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
         version = trainer.state.global_step
         if self.snapshot_version != version:  # every rollout requested at one step shares one copy
             with whole_weights(trainer.model, everywhere=False, merged=True) as weights:
                 self.snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
+            refuse_nonfinite(self.snapshot.items(), f"Refused to push the actor's weights of step {version} to vLLM")
             self.snapshot_version = version
         state = state_fields(trainer.state)  # what the reward functions read: this step's, whenever they run
         item = Ahead(prompts, columns, seeds, prompt_ids, truncated, version, state, self.snapshot)
+        item.prompt_index = prompt_index
         self.ahead.append(item)
         self.submit(item)
 
@@ -163,6 +174,7 @@ class AheadSource(RolloutSource, TrainerStage):
             scores,
             metrics,
             generation_time,
+            item.prompt_index,
         )
         with self.lock:
             item.result, item.weights = result, None

@@ -63,6 +63,7 @@ def sample_rows(sampled: Sampled, scores: torch.Tensor) -> list[dict]:
             "logprobs": None if generation.logprobs is None else generation.logprobs[i],
             "env_mask": None if env_mask is None else env_mask[i],
             "scores": scores[i].clone(),  # a row of its own (a view would pickle the whole tensor)
+            "prompt_index": None if sampled.prompt_index is None else sampled.prompt_index[i],
         }
         for i in range(len(sampled.prompts))
     ]
@@ -78,7 +79,8 @@ def sampled_from_rows(rows: list[dict], generation_time: float, metrics: dict) -
         generation = Trajectories(completion_ids, logprobs, env_mask=[row["env_mask"] for row in rows])
     columns = {name: [row["columns"][name] for row in rows] for name in rows[0]["columns"]}
     prompts, prompt_ids = [row["prompt"] for row in rows], [row["prompt_ids"] for row in rows]
-    sampled = Sampled(prompts, columns, prompt_ids, generation, generation_time, metrics)
+    indices = None if rows[0]["prompt_index"] is None else [row["prompt_index"] for row in rows]
+    sampled = Sampled(prompts, columns, prompt_ids, generation, generation_time, metrics, prompt_index=indices)
     return sampled, torch.stack([row["scores"] for row in rows])
 
 

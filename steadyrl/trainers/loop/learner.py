@@ -1,20 +1,38 @@
-"""The learner: one global step's update. The loss and its backward pass over micro-batches, clipping, the optimizer
-and scheduler steps of every trained module, and the reference's mixing under ``sync_ref_model``."""
+"""The learner: one global step's update. The loss and its backward pass over micro-batches, the gradient norm and
+clipping, the verdict on non-finite losses and gradients (update_guard.py), the optimizer and scheduler steps of every
+trained module, ``Trainer``'s callback events around them, and the reference's mixing under ``sync_ref_model``."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
+
+import torch
+from transformers.utils import logging
 
 from ...models.loading import deepspeed_backward
 from ...rollout import Rollout
 from .reference_sync import mix_into_reference, sync_due
 from .sources import TrainerStage
+from .update_guard import UpdateGuard, verdicts
+
+logger = logging.get_logger(__name__)
 
 
 class Learner(TrainerStage):
     """Trains the modules ``trained_modules()`` returns (the actor first) on one mini-batch per call, with the
-    algorithm's ``compute_loss_on_batch(model, micro_batch) -> (loss or {module: loss}, metrics)``."""
+    algorithm's ``compute_loss_on_batch(model, micro_batch) -> (loss or {module: loss}, metrics)``.
+
+    Events, in ``Trainer``'s order: ``on_substep_end`` after each micro-batch but the last, then (gradients clipped)
+    ``on_pre_optimizer_step``, the optimizer steps, ``on_optimizer_step``. A module whose loss or gradient norm is not
+    finite is not stepped (``UpdateGuard``, a checkpoint part registered here)."""
+
+    def __init__(self, trainer) -> None:
+        super().__init__(trainer)
+        self.guard = UpdateGuard(trainer.args.max_consecutive_nonfinite_steps, trainer.accelerator.is_main_process)
+        self.last_refused: dict[str, str] = {}  # the modules whose update the last step refused, with the reason
+        trainer.checkpointer.register("update_guard", self.guard, optional=True)
 
     def step(self, minibatch: Rollout) -> dict[str, float]:
         """One global step: the loss and its backward pass over micro-batches of ``micro_train_batch_size``
@@ -26,6 +44,7 @@ class Learner(TrainerStage):
             module.engine.train()
         num_micro = len(minibatch) // size
         metrics: dict[str, float] = defaultdict(float)
+        losses: dict[str, float] = defaultdict(float)  # each module's loss summed over the micro-batches
         pad_id = getattr(trainer.processing_class, "pad_token_id", None) or 0  # masked: any id keeps the numbers
         padding = {"multiple_of": trainer.args.pad_to_multiple_of, "pad_token_id": pad_id}
         for i in range(num_micro):
@@ -36,13 +55,15 @@ class Learner(TrainerStage):
                     for module in modules.values():
                         stack.enter_context(accelerator.no_sync(module.engine))
                 loss, batch_metrics = trainer.compute_loss_on_batch(trainer.model_wrapped, batch)
-                losses = loss if isinstance(loss, dict) else {"actor": loss}
-                total = sum(losses.values())
+                parts = loss if isinstance(loss, dict) else {"actor": loss}
+                total = sum(parts.values())
                 if trainer.is_deepspeed_enabled:
-                    for name, part in losses.items():
+                    for name, part in parts.items():
                         deepspeed_backward(modules[name].engine, part, last)
                 else:
                     accelerator.backward(total / num_micro)
+            for name, part in parts.items():
+                losses[name] += part.item()
             metrics["loss"] += total.item() / num_micro
             for key, value in batch_metrics.items():
                 if key.endswith("/min"):  # the extremes over the micro-batches; the rest: their mean
@@ -51,25 +72,90 @@ class Learner(TrainerStage):
                     metrics[key] = max(metrics.get(key, float(value)), float(value))
                 else:
                     metrics[key] += float(value) / num_micro
-        return {**metrics, **self.apply_gradients()}
+            if not last:
+                self.fire("on_substep_end")
+        return {**metrics, **self.apply_gradients(losses, minibatch)}
 
-    def apply_gradients(self) -> dict[str, float]:
-        """Clip the accumulated gradients, step every optimizer and scheduler, zero the gradients; their metrics."""
-        trainer, metrics = self.trainer, {}
-        max_norm = trainer.args.max_grad_norm
-        for module in trainer.trained_modules():
+    def apply_gradients(self, losses: dict[str, float], minibatch: Rollout) -> dict[str, float]:
+        """Clip the accumulated gradients and step every optimizer and scheduler whose module's loss and gradient norm
+        are finite on every process; zero the gradients. Its metrics: each module's grad_norm and learning_rate."""
+        trainer = self.trainer
+        modules, deepspeed = trainer.trained_modules(), trainer.is_deepspeed_enabled
+        norms = {m.name: None if deepspeed else self.clip(m) for m in modules}  # DeepSpeed clips in its step
+        refused = verdicts(*self.over_processes(losses, norms))
+        self.fire("on_pre_optimizer_step")
+        for module in modules:
+            if deepspeed:
+                norms[module.name] = self.deepspeed_step(module, refused)
+            elif module.name not in refused:
+                module.optimizer.step()
+            elif trainer.accelerator.scaler is not None:  # fp16: lower the loss scale as for a step that overflowed
+                trainer.accelerator.scaler.update()
+        self.fire("on_optimizer_step")
+        metrics = {}
+        for module in modules:
             prefix = "" if module.name == "actor" else f"{module.name}_"
-            if trainer.is_deepspeed_enabled:  # the engine clipped (gradient_clipping) and stepped at the boundary
-                norm = module.engine.get_global_grad_norm()
-                metrics[f"{prefix}grad_norm"] = float(norm) if norm is not None else 0.0
-            elif max_norm and max_norm > 0:
-                norm = trainer.accelerator.clip_grad_norm_(module.engine.parameters(), max_norm)
-                metrics[f"{prefix}grad_norm"] = float(norm)
+            if deepspeed or trainer.args.max_grad_norm:
+                metrics[f"{prefix}grad_norm"] = norms[module.name]
             metrics[f"{prefix}learning_rate"] = module.scheduler.get_last_lr()[0]
-            module.optimizer.step()
-            module.scheduler.step()
+            if module.name not in refused:
+                module.scheduler.step()
             module.optimizer.zero_grad(set_to_none=True)
+        self.last_refused = refused
+        prompts = self.prompts_of(minibatch) if refused else []
+        self.guard.record(trainer.state.global_step + 1, refused, prompts)
         return metrics
+
+    @staticmethod
+    def deepspeed_step(module, refused: dict[str, str]) -> float:
+        """Step ``module``'s DeepSpeed engine, which clips and skips an update whose gradient norm is not finite
+        itself (its overflow check, all-reduced); ``refused`` then holds what the engine refused, and only that.
+        Its gradient norm (inf for a skipped step, as DeepSpeed reports one)."""
+        module.engine.step()
+        reason = refused.pop(module.name, None)
+        if not module.engine.was_step_applied():
+            refused[module.name] = reason or "grad_norm not finite"
+            return math.inf
+        if reason is not None:  # a non-finite loss whose gradients were finite: the weights stay finite
+            logger.warning(f"The {module.name}'s {reason}, but its gradients were finite and DeepSpeed applied them.")
+        norm = module.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0
+
+    def clip(self, module) -> float:
+        """``module``'s global gradient norm (over every process and shard), its gradients clipped to
+        ``max_grad_norm`` (unclipped without one: a factor of 1 is exact)."""
+        max_norm = self.trainer.args.max_grad_norm
+        norm = self.trainer.accelerator.clip_grad_norm_(module.engine.parameters(), max_norm or math.inf)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def over_processes(
+        self, losses: dict[str, float], norms: dict[str, float | None]
+    ) -> tuple[dict[str, float], dict[str, float | None]]:
+        """Each module's loss and gradient norm summed over the processes (one all-reduce, in float64): finite where
+        every process's is, so that every process refuses the same updates."""
+        accelerator, names = self.trainer.accelerator, list(norms)
+        if accelerator.num_processes == 1:
+            return losses, norms
+        values = [losses.get(name, 0.0) for name in names] + [norms[name] or 0.0 for name in names]
+        summed = accelerator.reduce(torch.tensor(values, dtype=torch.float64, device=accelerator.device), "sum")
+        summed = summed.tolist()
+        total_norms = {name: None if norms[name] is None else v for name, v in zip(names, summed[len(names) :])}
+        return dict(zip(names, summed[: len(names)])), total_norms
+
+    def prompts_of(self, minibatch: Rollout) -> list[int]:
+        """The dataset rows of the mini-batch's prompts on every process, sorted, each once (every process calls it)."""
+        accelerator, own = self.trainer.accelerator, minibatch.prompt_index
+        rows = own.tolist() if own is not None else []
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            rows = gather_object(rows)
+        return sorted(set(rows))
+
+    def fire(self, event: str) -> None:
+        """Call the callbacks' ``event`` as ``Trainer`` does, keeping the control they return."""
+        trainer = self.trainer
+        trainer.control = getattr(trainer.callback_handler, event)(trainer.args, trainer.state, trainer.control)
 
     def sync_reference(self, global_step: int) -> None:
         """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +

@@ -47,7 +47,10 @@ class ReportingMixin:
         """Log and evaluate as the callbacks decided at this step's end (before any checkpoint of the step, so that
         its log history holds this step's evaluation)."""
         if self.control.should_log:
-            self.log(self.pending_means())
+            logs = self.pending_means()
+            if self.learner.guard.total:  # the running count of steps refused as non-finite, once there is one
+                logs["nonfinite_skipped_steps"] = self.learner.guard.total
+            self.log(logs)
             if self.args.log_completions:
                 self.log_completions()
             self.control.should_log = False

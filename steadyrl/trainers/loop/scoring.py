@@ -79,6 +79,9 @@ class ScoringPasses(TrainerStage):
         trainer, generation = self.trainer, sampled.generation
         engine, args = generation.logprobs is not None, trainer.args
         rollout = self.padded(sampled.prompt_ids, generation.completion_ids, scores, engine, generation)
+        if sampled.prompt_index is not None:
+            index = torch.tensor(sampled.prompt_index, dtype=torch.long, device=rollout.scores.device)
+            rollout = dataclasses.replace(rollout, prompt_index=index)
         names = [reward_func_name(func) for func in trainer.reward_funcs]
         metrics = {**rollout_metrics(rollout, scores, names, sampled.generation_time), **metrics}
         if engine:  # health of the weight sync (and the correction): engine vs trainer

@@ -37,6 +37,7 @@ class Sampled:
     generation_time: float
     metrics: dict[str, float] = field(default_factory=dict)
     scores: torch.Tensor | None = None  # [N, num_rewards] where the source scored them already (generated ahead)
+    prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (None: not from one)
 
 
 def repeat_rows(rows: dict[str, list], k: int, keep_columns: bool) -> tuple[list, dict[str, list]]:
@@ -58,21 +59,24 @@ class PromptDraw:
         self.sampler, self.dataset, self.args, self.accelerator = sampler, dataset, args, accelerator
         self.draws = 0  # batches of prompts drawn so far: part of every completion's sampling seed
 
-    def __call__(self) -> tuple[list, dict[str, list], list[int]]:
+    def __call__(self) -> tuple[list, dict[str, list], list[int], list[int]]:
+        """This process's share of the next draw: ``(prompts, columns, seeds, prompt_index)``, one entry per sample
+        (``prompt_index``: the prompt's row in the dataset)."""
         k, seed = self.args.n_samples_per_prompt, self.args.seed
-        prompts, columns, first_prompt = self.next_prompts()
+        prompts, columns, first_prompt, indices = self.next_prompts()
         seeds = [sampling_seed(seed, self.draws, first_prompt + i // k, i % k) for i in range(len(prompts))]
         self.draws += 1
-        return prompts, columns, seeds
+        return prompts, columns, seeds, [index for index in indices for _ in range(k)]
 
-    def next_prompts(self) -> tuple[list, dict[str, list], int]:
+    def next_prompts(self) -> tuple[list, dict[str, list], int, list[int]]:
         """This process's share of the next rollout's prompts and columns, each repeated ``n_samples_per_prompt``
-        times, and the index of its first prompt in the whole rollout."""
+        times, the index of its first prompt in the whole rollout, and its prompts' rows in the dataset."""
         args = self.args
         per_process = args.rollout_batch_size // self.accelerator.num_processes
         first = self.accelerator.process_index * per_process
-        rows = next_rows(self.sampler, self.dataset, args.rollout_batch_size, slice(first, first + per_process))
-        return *repeat_rows(rows, args.n_samples_per_prompt, not args.remove_unused_columns), first
+        part = slice(first, first + per_process)
+        rows, indices = next_rows(self.sampler, self.dataset, args.rollout_batch_size, part)
+        return *repeat_rows(rows, args.n_samples_per_prompt, not args.remove_unused_columns), first, indices
 
     def state_dict(self) -> dict:
         return {"count": self.draws}
@@ -129,7 +133,7 @@ class RolloutSource:
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
 
     def next(self) -> Sampled:
-        prompts, columns, seeds = self.draw()
+        prompts, columns, seeds, prompt_index = self.draw()
         start = time.time()
         complete = functools.partial(self.complete, prompts, columns, seeds)
         if self.generate.trainer.backend.capabilities.pushes_copies:  # each process's own requests to a server:
@@ -137,7 +141,8 @@ class RolloutSource:
             complete = functools.partial(on_every_process, self.draw.accelerator, "Generating a rollout", complete)
         prompts, prompt_ids, truncated, generation = complete()
         metrics = {**getattr(generation, "metrics", {}), "prompts_truncated": truncated / len(prompts)}
-        return Sampled(prompts, columns, prompt_ids, generation, time.time() - start, metrics)
+        elapsed = time.time() - start
+        return Sampled(prompts, columns, prompt_ids, generation, elapsed, metrics, prompt_index=prompt_index)
 
     def complete(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
         """``(prompts, prompt_ids, prompts truncated, generation)`` for prompt rows; HF generate runs in calls of

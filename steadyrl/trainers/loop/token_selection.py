@@ -8,6 +8,7 @@ them to a micro-batch (a mixin of GRPOTrainer). The math is ops/token_selection.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -210,8 +211,10 @@ class TokenSelectionMixin:
         args, state, total = self.args, self.algorithm_state, self.sum_over_processes()
         window = self._entropy_window if total is None else total(self._entropy_window)
         entropy = (window[0] / window[1].clamp(min=1.0)).item()
+        self._entropy_window = None
+        if self.learner.last_refused or not math.isfinite(entropy):  # a skipped step moves nothing, this neither
+            return
         control = EntropyControl(
             args.entropy_coef_min, args.entropy_coef_max, args.entropy_coef_delta, args.entropy_target
         )
         state.coef, state.last_entropy = adaptive_entropy_coef(state.coef, entropy, control), entropy
-        self._entropy_window = None
