@@ -209,12 +209,14 @@ def completion_divergence(
         reason = f"its forward called its output embedding {len(calls)} times, not once"
     warn_full_logits_once(model, reason or "the teacher's output embedding is not a plain nn.Linear giving logits")
     student_logits = completion_logits(model, *tokens)
-    return divergence_from_logits(student_logits, _teacher_logits(teacher, tokens), beta, temperature)
+    teacher_logits = _teacher_logits(teacher, tokens, student_logits.shape[-1])
+    return divergence_from_logits(student_logits, teacher_logits, beta, temperature)
 
 
 @torch.no_grad()
-def _teacher_logits(teacher: nn.Module, tokens) -> torch.Tensor:
-    return completion_logits(teacher, *tokens)
+def _teacher_logits(teacher: nn.Module, tokens, vocabulary: int) -> torch.Tensor:
+    """The teacher's [B, C, V] logits of the student's ``vocabulary`` rows: rows past them pad its embedding."""
+    return completion_logits(teacher, *tokens)[..., :vocabulary]
 
 
 def divergence_from_logits(
