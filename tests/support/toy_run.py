@@ -114,7 +114,16 @@ def half_constant_reward(prompts, completions, **kwargs) -> list[float]:
     ]
 
 
-TOY_REWARDS = {"half_constant": half_constant_reward}  # reward_funcs="<name>" (--set reward_funcs=half_constant)
+def half_constant_logging_on_process_0(prompts, completions, log_metric, **kwargs) -> list[float]:
+    """``half_constant_reward``, and a metric that only the first process logs (TRL's ``log_metric``), as a count of
+    format errors logged only when there are some: the processes' metrics must be reduced by name."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        log_metric("logged_on_process_0", 100.0)
+    return half_constant_reward(prompts, completions, **kwargs)
+
+
+# reward_funcs="<name>" (--set reward_funcs=half_constant)
+TOY_REWARDS = {"half_constant": half_constant_reward, "half_constant_logging_on_0": half_constant_logging_on_process_0}
 
 
 def recording(reward_func, path: str):
@@ -386,6 +395,7 @@ def main() -> None:
         "replies to this many held-out problems and its generate of the first (live_actor.json)",
     )
     parser.add_argument("--tools", choices=["tools", "environment"], help="multi-turn, on the tool fixture")
+    parser.add_argument("--poison-grad", help="STEP[,STEP...]: a NaN gradient element on process 0 in those steps")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
@@ -413,6 +423,10 @@ def main() -> None:
             per_device_eval_batch_size=4,
         )
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
+    if opts.poison_grad:
+        from poison import poison_gradient  # tests/support, this script's own folder
+
+        poison_gradient(trainer, [int(step) for step in opts.poison_grad.split(",")])
     if opts.kill_during_save:
         kill_during_save(trainer, opts.kill_during_save)
     if opts.fail_save:
