@@ -14,6 +14,12 @@ it is the outermost layer and sees every request before any route or other middl
   random id it keeps (``run_id``: ``.steadyrl-run-id``, made by its first trainer), so a restarted run of the same
   output_dir reclaims the server, and a run on another host whose output_dir has the same path does not. The claim
   lives in the server process: a restarted server is free.
+- The weights: a claim that announces a push (``{"push": LABEL, "pusher": ID}``) is told whether to push (``"push":
+  true``: the server holds other weights and no other process of the run is pushing LABEL), and ``POST
+  /steadyrl/weights`` with ``{"run", "weights": LABEL}`` records that the holder's weights LABEL are loaded. A request
+  with ``X-Steadyrl-Weights: LABEL`` (the trainer's completions) gets 412 unless this server process holds LABEL:
+  a restarted server (which holds its startup weights), or one released or being pushed to, answers no completion
+  with weights the trainer did not push.
 - ``POST /steadyrl/lora_adapter?name=NAME`` (``server_adapters``): the claiming run's LoRA adapter, loaded for its
   completions; refused (409) to a request that does not name the holder's run.
 
@@ -44,6 +50,8 @@ KEY_FILE_ENV = "STEADYRL_VLLM_SERVER_KEY_FILE"
 RUN_HEADER = "X-Steadyrl-Run"
 CLAIM_PATH = "/steadyrl/claim"
 RELEASE_PATH = "/steadyrl/release"
+WEIGHTS_PATH = "/steadyrl/weights"
+WEIGHTS_HEADER = "X-Steadyrl-Weights"
 OPEN_ROUTES = {("GET", "/health")}  # reveal nothing, change nothing
 
 
@@ -170,6 +178,9 @@ class ServerAuth:
         self.app = app
         self.key = (key or server_key()).encode()
         self.holder: dict | None = None
+        self.weights: str | None = None  # the label of the holder's weights, once pushed to this server process
+        self.pushing: dict | None = None  # {"weights": label, "by": pusher}: a push of the holder's under way
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S")
         self.adapters = AdapterStore()
 
     async def __call__(self, scope, receive, send) -> None:
@@ -187,16 +198,21 @@ class ServerAuth:
         if path == CLAIM_PATH and method == "POST":
             return await self.claim(scope, receive, send)
         if path == CLAIM_PATH and method == "GET":
-            return await reply(scope, receive, send, 200, {"holder": self.holder})
+            return await reply(scope, receive, send, 200, self.state())
         if path == RELEASE_PATH and method == "POST":
             body = await read_json(receive)
             released = self.holder is not None and self.holder.get("run") == body.get("run")
             if released:
-                self.holder = None
+                self.holder, self.weights, self.pushing = None, None, None
             return await reply(scope, receive, send, 200, {"released": released})
+        if path == WEIGHTS_PATH and method == "POST":
+            return await self.record_weights(scope, receive, send)
         run = headers.get(RUN_HEADER.lower())
         if run is not None and self.holder is not None and run != self.holder.get("run"):
             return await reply(scope, receive, send, 409, self.refusal())
+        expected = headers.get(WEIGHTS_HEADER.lower())
+        if expected is not None and expected != self.weights:
+            return await reply(scope, receive, send, 412, self.without_weights(expected))
         if path == ADAPTER_PATH and method == "POST":
             return await self.load_adapter(scope, receive, send, run)
         return await self.app(scope, receive, send)
@@ -234,10 +250,46 @@ class ServerAuth:
         if self.holder is not None and self.holder.get("run") != body["run"]:
             return await reply(scope, receive, send, 409, self.refusal())
         self.holder = {name: body.get(name) for name in ("run", "output_dir", "host", "pid", "since")}
-        return await reply(scope, receive, send, 200, {"holder": self.holder})
+        answer = self.state()
+        if isinstance(body.get("push"), str):
+            answer["push"] = self.take_push(body["push"], str(body.get("pusher")))
+        return await reply(scope, receive, send, 200, answer)
+
+    def take_push(self, label: str, pusher: str) -> bool:
+        """Whether ``pusher`` is to push the holder's weights ``label``: not where they are loaded, nor while another
+        process of the run pushes them (that one records them, and the others wait for it). Completions expecting
+        other weights are refused from here on."""
+        if self.weights == label:
+            return False
+        if self.pushing is not None and self.pushing["weights"] == label and self.pushing["by"] != pusher:
+            return False
+        self.weights, self.pushing = None, {"weights": label, "by": pusher}
+        return True
+
+    async def record_weights(self, scope, receive, send) -> None:
+        body = await read_json(receive)
+        if self.holder is None or body.get("run") != self.holder.get("run") or not isinstance(body.get("weights"), str):
+            problem = {"error": f"only the run that claimed the server records its weights: POST {CLAIM_PATH} first"}
+            return await reply(scope, receive, send, 409, problem)
+        self.weights, self.pushing = body["weights"], None
+        return await reply(scope, receive, send, 200, self.state())
+
+    def state(self) -> dict:
+        return {"holder": self.holder, "weights": self.weights, "started": self.started}
 
     def refusal(self) -> dict:
         return {"error": f"claimed by another run: {describe_holder(self.holder)}", "holder": self.holder}
+
+    def without_weights(self, expected: str) -> dict:
+        if self.holder is None:
+            why = "it started anew, or its run released it, since: it holds no run's weights"
+        else:
+            why = "the run's weights are not pushed to it" if self.weights is None else f"it holds {self.weights}"
+        return {
+            "error": f"this server (started {self.started}) does not hold the weights {expected} the request expects: "
+            f"{why}; claim it and push them (POST {CLAIM_PATH} with 'push')",
+            **self.state(),
+        }
 
 
 async def read_json(receive) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from .server_auth import (
     LOCAL_HOSTS,
     RELEASE_PATH,
     RUN_HEADER,
+    WEIGHTS_HEADER,
+    WEIGHTS_PATH,
     KeySource,
     claim_body,
     describe_holder,
@@ -79,11 +82,19 @@ class ServerClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         url = urlparse(self.base_url)
-        port = url.port or (443 if url.scheme == "https" else 80)
-        self.key = key if key is not None else trainer_key(port, url.hostname or "")
+        self.port, self.host = url.port or (443 if url.scheme == "https" else 80), url.hostname or ""
+        self.key_given = key is not None
+        self.key = key if key is not None else trainer_key(self.port, self.host)
         self.output_dir = output_dir
         self.opener = opener(url.hostname)
         self._run: str | None = None
+        self.weights: str | None = None  # the label of the run's weights its completions expect (None: any)
+
+    def reload_key(self) -> None:
+        """Read the key again where it was found (a restarted ``steadyrl vllm-serve`` writes a new one to its port's
+        key file); a key given to the client stays."""
+        if not self.key_given:
+            self.key = trainer_key(self.port, self.host)
 
     @property
     def run(self) -> str | None:
@@ -94,19 +105,21 @@ class ServerClient:
         return self._run
 
     def headers(self, content_type: str = "application/json") -> dict[str, str]:
-        headers = {"Content-Type": content_type}
+        headers: dict[str, str] = {"Content-Type": content_type}
         if self.key.key is not None:
             headers["Authorization"] = f"Bearer {self.key.key}"
         if self.output_dir is not None:  # a run without an id yet holds no claim: refused while another run does
             headers[RUN_HEADER] = self.run or "unclaimed"
         return headers
 
-    def request(self, method: str, path: str, body: dict | bytes | None = None, what: str = "") -> Any:
-        """The decoded JSON answer of ``method path`` with a JSON ``body`` (or raw bytes) (``None`` for an empty
-        answer); ``VLLMServerError`` otherwise."""
+    def request(
+        self, method: str, path: str, body: dict | bytes | None = None, what: str = "", headers: dict | None = None
+    ) -> Any:
+        """The decoded JSON answer of ``method path`` with a JSON ``body`` (or raw bytes) and ``headers`` besides the
+        key's and the run's (``None`` for an empty answer); ``VLLMServerError`` otherwise."""
         raw_body = isinstance(body, bytes)
         data = body if raw_body or body is None else json.dumps(body).encode()
-        headers = self.headers("application/octet-stream" if raw_body else "application/json")
+        headers = {**self.headers("application/octet-stream" if raw_body else "application/json"), **(headers or {})}
         req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         doing = what or f"{method} {path}"
         try:
@@ -166,15 +179,34 @@ class ServerClient:
                 "killed, restart the server, or resume that run (the same output_dir claims it again)",
                 status=status,
             )
+        if status == 412:
+            return VLLMServerError(
+                f"the vLLM server at {self.base_url} refused {doing} without this run's weights: "
+                f"{answer.get('error', detail)}",
+                status=status,
+            )
         return VLLMServerError(
             f"the vLLM server at {self.base_url} answered {status} to {doing}: {detail}", status=status
         )
 
-    def claim(self) -> None:
-        """Bind the server to this client's run (``output_dir``): refused while another run holds it."""
+    def claim(self, push: str | None = None, pusher: str = "") -> dict:
+        """Bind the server to this client's run (``output_dir``): refused while another run holds it. With ``push``
+        (the label of the weights this process is about to push, ``pusher`` its id), the answer's ``push`` says
+        whether to push them (``server_auth``); its ``weights`` is the label of the weights the server holds."""
         self._run = run_id(self.output_dir)
+        body = claim_body(self.output_dir, self.run)
+        if push is not None:
+            body.update(push=push, pusher=pusher)
         with self.claims_routed():
-            self.request("POST", CLAIM_PATH, claim_body(self.output_dir, self.run), what="claiming it for this run")
+            return self.request("POST", CLAIM_PATH, body, what="claiming it for this run") or {}
+
+    def pushed(self, label: str) -> None:
+        """Tell the server that it holds this run's weights ``label`` (completions expecting them pass from now)."""
+        self.request("POST", WEIGHTS_PATH, {"run": self.run, "weights": label}, what="recording the run's weights")
+
+    def claim_state(self) -> dict:
+        """The server's holder and the label of the weights it holds."""
+        return self.request("GET", CLAIM_PATH, what="reading its claim") or {}
 
     def check_unclaimed(self) -> None:
         """Refuse a server another run holds, without claiming it (a trainer claims as it first pushes weights, with
@@ -233,8 +265,20 @@ class ServerClient:
         return info["vllm_config"]
 
     def complete(self, body: dict) -> dict:
-        """One ``/v1/completions`` answer's first choice."""
-        return self.request("POST", "/v1/completions", body, what="a completion request")["choices"][0]
+        """One ``/v1/completions`` answer's first choice; refused (412) unless the server holds ``self.weights``."""
+        expect = {WEIGHTS_HEADER: self.weights} if self.weights is not None else None
+        return self.request("POST", "/v1/completions", body, what="a completion request", headers=expect)["choices"][0]
+
+    def wait_until_up(self, deadline: float, poll: float = 1.0) -> None:
+        """Return once ``/health`` answers; ``VLLMServerError`` (``unreachable``) if it has not by ``deadline``
+        (``time.monotonic()``)."""
+        while True:
+            try:
+                return self.health()
+            except VLLMServerError:
+                if time.monotonic() + poll > deadline:
+                    raise
+            time.sleep(poll)
 
     def load_adapter(self, name: str, blob: bytes) -> None:
         """Have the server serve the LoRA adapter ``blob`` (``lora_sync.adapter_bytes``) as the model ``name``, in

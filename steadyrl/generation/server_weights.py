@@ -42,6 +42,15 @@ class WeightTransfer(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the transfer holds."""
 
+    def reloads(self) -> bool:
+        """Whether ``reload`` can put the last pushed weights into the server again without the actor (a server
+        restarted between two weight syncs)."""
+        return False
+
+    def reload(self, version: int) -> None:
+        """Make the server generate again with the weights of ``version``, the last ones pushed (``reloads()``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot push weights again without the actor")
+
 
 def unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``weights`` on the CPU, a tensor that shares memory with an earlier one (tied embeddings) copied: safetensors
@@ -96,6 +105,18 @@ class FileTransfer(WeightTransfer):
         os.makedirs(tmp)
         save_file(unshared(weights), os.path.join(tmp, "model.safetensors"))
         os.replace(tmp, final)
+        self.load(final)
+        self.remove_versions(keep=f"v{version}")
+
+    def reloads(self) -> bool:
+        return True
+
+    def reload(self, version: int) -> None:
+        """The version this transfer wrote last stays on disk until the next push or ``close()``: the server reads it
+        again. Any process of the run may call it (the directory is the same on every one)."""
+        self.load(os.path.join(self.directory(create=True), f"v{version}"))
+
+    def load(self, final: str) -> None:
         try:
             self.client.collective_rpc("reload_weights", {"weights_path": final})
         except VLLMServerError as err:
@@ -106,7 +127,6 @@ class FileTransfer(WeightTransfer):
                 "directory (set vllm_server_weights_dir to a path both see) and serve the same architecture"
             ) from err
         self.client.reset_prefix_cache()
-        self.remove_versions(keep=f"v{version}")
 
     def remove_versions(self, keep: str | None = None) -> None:
         """Delete the versions this transfer wrote (``v<step>``, ``v<step>.tmp``) but ``keep``; anything else in

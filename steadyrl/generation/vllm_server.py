@@ -8,31 +8,31 @@ an update (``server_weights``; for a LoRA actor whose adapter the server serves,
 adapter only, over the authenticated API: ``server_adapters``), and sends one completion request per prompt row,
 each with its own sampling seed, concurrently: the server batches them, and every completion depends only on its
 seed and the weights, so a resumed run samples exactly what an uninterrupted one would, and the same as the
-colocated engine.
+colocated engine. Each completion names the weights it expects; a server that goes away or restarts meanwhile is
+waited for, claimed again and given the run's weights again before those requests are sent again
+(``server_recovery``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
-import socket
+import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from urllib.parse import urlparse
 
 import torch
 from accelerate import PartialState
 
-from .. import compat
 from ..distributed.fsdp import is_sharded
 from ..distributed.processes import on_main_process
+from ..ops.finite import refuse_nonfinite
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
-from .lora_sync import CPU_COST, adapter_bytes, adapter_rank, adapter_state
+from .lora_sync import adapter_bytes, adapter_rank, adapter_state
 from .server_adapters import ADAPTER_PREFIX
 from .server_client import ServerClient, VLLMServerError
+from .server_recovery import MAX_RECOVERIES, OnServer, complete_rows, gave_up, put_back, recoverable
+from .server_settings import ServerSettings, check_server, served_adapter_rank, server_settings
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
 from .vllm import engine_plan
 from .weights import whole_weights
@@ -40,139 +40,9 @@ from .weights import whole_weights
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class ServerSettings:
-    base_url: str
-    timeout: float
-    weight_transfer: str  # 'file' or 'nccl'
-    weights_dir: str
-    group_host: str  # the trainer's address for the NCCL rendezvous
-    group_port: int
-    model: str  # the trainer's model, as the server should name it
-    max_model_len: int  # the context the run needs
-    dtype: str  # the dtype the server should compute in
-    logprobs_mode: str
-    output_dir: str  # the run the server is claimed for
-    concurrency: int = 64  # requests in flight at once
-    adapter_rank: int | None = None  # adapter-only sync of a LoRA actor of this rank; None: merged weights
-    adapter_required: bool = False  # vllm_lora_sync='adapter': no fallback to merged weights
-    weights_per_run: bool = False  # a chosen vllm_server_weights_dir, which runs may share: each its run-<id>/
-
-
-def server_url(base_url: str | None, host: str, port: int) -> str:
-    """``vllm_server_base_url``, or ``http://host:port`` (TRL's precedence)."""
-    return base_url.rstrip("/") if base_url else f"http://{host}:{port}"
-
-
-def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
-    """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
-    weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
-    return ServerSettings(
-        base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
-        timeout=args.vllm_server_timeout,
-        weight_transfer=args.vllm_server_weight_transfer,
-        weights_dir=weights_dir,
-        weights_per_run=bool(args.vllm_server_weights_dir),
-        group_host=group_host(args.vllm_server_base_url, args.vllm_server_host),
-        group_port=args.vllm_group_port,
-        model=config._name_or_path,
-        max_model_len=max_model_len,
-        dtype=dtype,
-        logprobs_mode=logprobs_mode,
-        output_dir=args.output_dir,
-    )
-
-
-def group_host(base_url: str | None, host: str) -> str:
-    """The trainer's address for the NCCL rendezvous, as the server's workers reach it: the loopback address for a
-    server on this machine, else this machine's name."""
-    server_host = urlparse(base_url).hostname if base_url else host
-    return "127.0.0.1" if server_host in ("localhost", "127.0.0.1", "0.0.0.0", "::1") else socket.getfqdn()
-
-
-def same_model(served: str, wanted: str) -> bool:
-    """Whether the server's model path or name is the trainer's (paths compared once resolved)."""
-    if os.path.isdir(served) and os.path.isdir(wanted):
-        return os.path.realpath(served) == os.path.realpath(wanted)
-    return served == wanted
-
-
-def check_server(client: ServerClient, s: ServerSettings) -> tuple[str, dict]:
-    """Refuse a server that is down, refuses the key, serves something else than the run needs or another run (not
-    claiming it: a run claims it as it first pushes, with output_dir locked); return its served model name and its
-    ``vllm_config`` (its ``lora_config`` None where it serves no adapters)."""
-    client.health()
-    version = (client.request("GET", "/version", what="reading its version") or {}).get("version", "unknown")
-    # the development routes and reload_weights are vLLM internals, as in colocate mode
-    compat.require_tested_version("vllm", version, f"runs the vLLM server at {client.base_url}")
-    settings = client.server_settings()
-    config = settings["model_config"]
-    served, name = config.get("model"), (config.get("served_model_name") or config.get("model"))
-    if isinstance(name, list):
-        name = name[0]
-    command = f"steadyrl vllm-serve --model {s.model} --max-model-len {s.max_model_len} --dtype {s.dtype}"
-    if not same_model(served, s.model):
-        raise VLLMServerError(
-            f"the vLLM server at {client.base_url} serves {served!r}, not the trainer's model {s.model!r}: start "
-            f"it with '{command}', or point vllm_server_base_url at a server of that model"
-        )
-    if config.get("max_model_len", 0) < s.max_model_len:
-        raise VLLMServerError(
-            f"the vLLM server at {client.base_url} has max_model_len={config.get('max_model_len')}, and the run needs "
-            f"{s.max_model_len} (max_prompt_length + max_completion_length, or vllm_max_model_len): restart it with "
-            f"--max-model-len {s.max_model_len}"
-        )
-    served_dtype = str(config.get("dtype", "")).removeprefix("torch.")
-    if served_dtype != s.dtype:
-        raise VLLMServerError(
-            f"the vLLM server at {client.base_url} computes in {served_dtype}, and the run expects {s.dtype} (the "
-            f"actor's dtype, or vllm_dtype): restart it with --dtype {s.dtype}, or set vllm_dtype={served_dtype!r}"
-        )
-    if config.get("logprobs_mode", s.logprobs_mode) != s.logprobs_mode:
-        raise VLLMServerError(
-            f"the vLLM server at {client.base_url} reports log-probs as {config.get('logprobs_mode')}, and the run "
-            f"uses {s.logprobs_mode}: restart it with --logprobs-mode {s.logprobs_mode}"
-        )
-    client.check_unclaimed()
-    return name, settings
-
-
-def served_adapter_rank(settings: dict, s: ServerSettings, url: str) -> int | None:
-    """``s.adapter_rank`` if the server (its ``vllm_config``) serves adapters of that rank, on a GPU or where
-    ``vllm_lora_sync='adapter'``; else None (merged sync: logged, or refused where ``vllm_lora_sync='adapter'``)."""
-    rank, lora_config = s.adapter_rank, settings.get("lora_config")
-    if rank is None:
-        return None
-    limit = (lora_config or {}).get("max_lora_rank")
-    if limit is not None and rank <= limit:
-        device = settings.get("device_config") or {}
-        if s.adapter_required or "cpu" not in (str(device.get("device_type", "")), str(device.get("device", ""))):
-            return rank
-        logger.info(
-            "vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: %s.",
-            url,
-            CPU_COST,
-        )
-        return None
-    problem = (
-        f"the server's max_lora_rank={limit} is below the adapter's rank {rank}"
-        if lora_config
-        else "the server serves no LoRA adapters"
-    )
-    fix = f"restart it with 'steadyrl vllm-serve --model {s.model} --max-lora-rank {rank} ...'"
-    if s.adapter_required:
-        raise VLLMServerError(
-            f"vllm_lora_sync='adapter' needs the vLLM server at {url} to serve the actor's LoRA adapter, and "
-            f"{problem}: {fix}, or set vllm_lora_sync='auto' or 'merged' (merged weights)"
-        )
-    logger.info(
-        "vllm_lora_sync='auto': pushing merged weights to the vLLM server at %s, not the adapter only: %s "
-        "(to push the adapter only, %s).",
-        url,
-        problem,
-        fix,
-    )
-    return None
+def adapter_name(label: str, version: int) -> str:
+    """The served name of the adapter pushed as ``label``: never another push's, nor a killed run's."""
+    return f"{ADAPTER_PREFIX}{label}-v{version}"
 
 
 class VLLMServerBackend(GenerationBackend):
@@ -204,7 +74,9 @@ class VLLMServerBackend(GenerationBackend):
         self.served_name = self.base_name  # the base model's name, or the adapter's in adapter-only sync
         self.adapter_rank = served_adapter_rank(vllm_config, server, server.base_url)
         self._base_synced = False  # adapter-only sync: the base weights are on the server
-        self._adapter_tag = secrets.token_hex(4)  # the adapters' names: never another backend's, a killed run's
+        self._base_version: int | None = None  # adapter-only sync: the version whose base weights were pushed
+        self._pusher = secrets.token_hex(8)  # this process, to the server (which of a run's processes pushes)
+        self.on_server: OnServer | None = None  # the run's weights the server holds, once pushed
         self.claimed = False
         if transfer is None:
             transfer = (
@@ -239,20 +111,29 @@ class VLLMServerBackend(GenerationBackend):
             )
             self.adapter_rank, self.served_name = None, self.base_name
         adapter_only = self.adapter_rank is not None
-        name = f"{ADAPTER_PREFIX}{self._adapter_tag}-v{version}-{self.pushes}"
         # The main process pushes; the others wait for its outcome (no process generates before the server holds
         # the new weights), and a failed push raises on every process at once instead of leaving them at a barrier.
+        whole = not (adapter_only and self._base_synced)  # merged sync: every time; adapter-only: the base once
         with contextlib.ExitStack() as stack:
             weights = None
-            if not (adapter_only and self._base_synced):  # merged sync: every time; adapter-only: the base once
+            if whole:
                 weights = stack.enter_context(whole_weights(model, everywhere=False, merged=not adapter_only))
             adapter = adapter_state(model) if adapter_only else None  # gathered on every process under ZeRO-3
             stack.enter_context(self.stops_cleanly())
-            on_main_process(PartialState(), lambda: self.push(weights, version, adapter, name))
+            label = on_main_process(PartialState(), lambda: self.push(weights, version, adapter))
+        if whole:
+            self._base_version = version
         if adapter_only:
-            self.served_name, self._base_synced = name, True
+            self.served_name, self._base_synced = adapter_name(label, version), True
+        self.pushed(label, version, self._base_version if adapter_only else version, adapter)
         self._synced_version = version
         self.pushes += 1
+
+    def pushed(self, label: str, version: int, weights_version: int, adapter: tuple | None = None) -> None:
+        """The server holds the run's weights ``label`` (every process): its completions expect them."""
+        named = None if adapter is None else (adapter_name(label, version), *adapter)
+        self.on_server = OnServer(label, version, weights_version, named)
+        self.client.weights = label
 
     def push_copy(self, weights: dict[str, torch.Tensor], version: int) -> None:
         """Make the server sample with ``weights``, a copy of the actor's at ``version`` taken earlier (generation
@@ -262,24 +143,77 @@ class VLLMServerBackend(GenerationBackend):
         otherwise than the merged copy a resumed run pushes."""
         if version != self._synced_version or self.served_name != self.base_name:
             with self.stops_cleanly():
-                self.push(weights, version)
+                label = self.push(weights, version)
             self._synced_version, self.served_name, self._base_synced = version, self.base_name, False
+            self.pushed(label, version, version)
 
-    def push(
-        self,
-        weights: dict[str, torch.Tensor] | None,
-        version: int,
-        adapter: tuple | None = None,
-        adapter_name: str = "",
-    ) -> None:
-        # claimed again before its weights change: after close() released it, or a restart of the server freed it
-        self.client.claim()
-        self.claimed = True
+    def push(self, weights: dict[str, torch.Tensor] | None, version: int, adapter: tuple | None = None) -> str:
+        """Claim the server and push ``weights`` (None: the base weights it holds) and ``adapter``; return the label
+        the server now knows them by. A server that goes away meanwhile is waited for and pushed to again."""
         if weights is not None:
-            self.transfer.push(weights, version)
-        if adapter is not None:
-            self.client.load_adapter(adapter_name, adapter_bytes(*adapter))
-            self.client.reset_prefix_cache()
+            refusal = f"Refused to push the actor's weights of step {version} to the vLLM server"
+            refuse_nonfinite(weights.items(), refusal)
+        label, attempt = secrets.token_hex(8), 0
+        while True:
+            try:
+                # claimed again before its weights change: after close() released it, or a restart freed it
+                self.client.claim(push=label, pusher=self._pusher)
+                self.claimed = True
+                if weights is not None:
+                    self.transfer.push(weights, version)
+                elif attempt and self._base_version is not None:  # a restarted server lost the base weights too
+                    self.transfer.reload(self._base_version)
+                if adapter is not None:
+                    self.client.load_adapter(adapter_name(label, version), adapter_bytes(*adapter))
+                    self.client.reset_prefix_cache()
+                self.client.pushed(label)
+                return label
+            except VLLMServerError as err:
+                if not recoverable(err) or attempt >= MAX_RECOVERIES or not self.transfer.reloads():
+                    raise
+                attempt += 1
+                self.reconnect(err)
+                logger.warning(
+                    "The vLLM server at %s failed the weight push of global step %d (%s); it answers again: pushing "
+                    "the weights again.",
+                    self.server.base_url,
+                    version,
+                    err,
+                )
+
+    def reconnect(self, cause: VLLMServerError) -> float:
+        """Wait up to ``vllm_server_timeout`` for the server to answer again, with the key it has now, and check it
+        as at the start; return the deadline."""
+        deadline = time.monotonic() + self.server.timeout
+        try:
+            self.client.wait_until_up(deadline)
+        except VLLMServerError as err:
+            raise gave_up(cause, self.server.timeout) from err
+        self.client.reload_key()  # written before the server answers
+        check_server(self.client, self.server)
+        return deadline
+
+    def restore(self, cause: VLLMServerError, interrupted: int) -> None:
+        """After ``cause`` interrupted ``interrupted`` completion requests: have the server answer with the run's
+        weights again (pushed again by this process, or awaited from another of the run's)."""
+        deadline = self.reconnect(cause)
+        if self.on_server is None:  # nothing pushed: no weights to expect
+            return
+        if not self.transfer.reloads():
+            raise VLLMServerError(
+                f"{cause}. The server may have lost the run's weights, which vllm_server_weight_transfer="
+                f"{self.server.weight_transfer!r} cannot push again outside a weight sync"
+            )
+        if put_back(self.client, self.transfer, self.on_server, self._pusher, deadline):
+            logger.warning(
+                "The vLLM server at %s lost the run's weights during generation (%s): it answers again, holds the "
+                "weights of global step %d again, and the %d interrupted completion requests are sent again with "
+                "their seeds.",
+                self.server.base_url,
+                cause,
+                self.on_server.version,
+                interrupted,
+            )
 
     @contextlib.contextmanager
     def stops_cleanly(self) -> Iterator[None]:
@@ -289,7 +223,9 @@ class VLLMServerBackend(GenerationBackend):
         except VLLMServerError as err:
             raise VLLMServerError(
                 f"the run lost its vLLM server: {err}. It stopped here; the checkpoints already written are intact: "
-                "once the server answers again, resume with resume_from_checkpoint=True"
+                "once the server answers again, resume with resume_from_checkpoint=True",
+                unreachable=err.unreachable,
+                status=err.status,
             ) from err
 
     def request_body(self, prompt: list[int], seed: int) -> dict:
@@ -313,9 +249,8 @@ class VLLMServerBackend(GenerationBackend):
         return ids, list(choice["logprobs"]["token_logprobs"][: len(ids)])
 
     def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
-        workers = max(1, min(self.server.concurrency, len(prompt_ids)))
-        with self.stops_cleanly(), ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(self._one, prompt_ids, seeds))
+        with self.stops_cleanly():
+            results = complete_rows(self._one, prompt_ids, seeds, self.server.concurrency, self.restore)
         return Generation([ids for ids, _ in results], [logprobs for _, logprobs in results])
 
     def close(self) -> None:
@@ -329,6 +264,7 @@ class VLLMServerBackend(GenerationBackend):
     def release(self) -> None:
         """Free the server for other runs (a later ``sync_weights`` claims it again and pushes the weights anew)."""
         self._synced_version, self._base_synced = None, False  # another run may replace the weights meanwhile
+        self.on_server, self.client.weights = None, None
         # also where this process never claimed: a resumed run pushes under the claim its killed incarnation left
         if PartialState().is_main_process:
             self.client.release()

@@ -135,7 +135,7 @@ def _(ctx):
     from support.vllm_server_standin import model_config, start
 
     url, server = start(model_config())
-    trainer = make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url)
+    trainer = make_trainer(ctx.tmp_path, **SERVER, vllm_server_base_url=url, vllm_server_timeout=1)
     server.shutdown()
     server.server_close()
     trainer.train()

@@ -103,7 +103,8 @@ def test_every_route_but_health_needs_the_key_and_a_refused_request_changes_noth
             status, body = raw(standin.url, method, path, key, rpc if method == "POST" else None)
             assert status == 401 and body["error"].startswith(problem), (method, path, key, status, body)
     assert standin.rpc_calls == [], "a request without the key reached a route"
-    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key) == (200, {"holder": None})
+    status, claim = raw(standin.url, "GET", "/steadyrl/claim", standin.key)
+    assert status == 200 and claim["holder"] is None and claim["weights"] is None
     assert raw(standin.url, "GET", "/health")[0] == 200, "the liveness probe needs no key"
     assert raw(standin.url, "POST", "/collective_rpc", standin.key, rpc)[0] == 200
     assert standin.rpc_calls == [("reload_weights", {"weights_path": "/tmp/anyone"})]
@@ -145,7 +146,7 @@ def test_the_middleware_reads_its_key_from_the_environment(tmp_path, monkeypatch
 def test_one_run_holds_the_server_a_restarted_run_reclaims_it_and_it_is_free_once_released(standin, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(toy_model_path())
     first = backend(standin.url, tmp_path / "a", RecordingTransfer())
-    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1] == {"holder": None}, "claimed as it pushes"
+    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"] is None, "claimed as it pushes"
     first.sync_weights(model, version=0)
     holder = raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"]
     assert holder["output_dir"] == str((tmp_path / "a").resolve()) and holder["pid"] == os.getpid()
@@ -160,7 +161,7 @@ def test_one_run_holds_the_server_a_restarted_run_reclaims_it_and_it_is_free_onc
     assert restarted.transfer.versions == [1]
 
     restarted.close()  # the end of training: the server is free
-    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1] == {"holder": None}
+    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"] is None
     second = backend(standin.url, tmp_path / "b", RecordingTransfer())
     second.sync_weights(model, version=0)
     with pytest.raises(VLLMServerError, match=rf"serves another run, output_dir='{tmp_path / 'b'}'"):
@@ -179,7 +180,7 @@ def test_a_claim_is_released_only_by_its_run(standin, tmp_path):
     ServerClient(standin.url, 10, output_dir=str(tmp_path / "b")).release()
     assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"]["output_dir"].endswith("/a")
     a.release()
-    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1] == {"holder": None}
+    assert raw(standin.url, "GET", "/steadyrl/claim", standin.key)[1]["holder"] is None
 
 
 # ---- steadyrl vllm-serve ---------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """A stand-in for a vLLM server, for the error table and the fast tests of the key and the claim: a small Starlette
 app answering the requests steadyrl makes (``GET /health``, ``GET /version``, the development-mode
 ``GET /server_info?config_format=json``, ``POST /collective_rpc``, ``POST /reset_prefix_cache``, and
-``POST /v1/completions`` with one fixed token) with a version and a ``model_config`` of the test's choosing, or 404
-for ``/server_info`` as a server without VLLM_SERVER_DEV_MODE does.
+``POST /v1/completions`` with one fixed token) with a version and a ``model_config`` of the test's
+choosing, or 404 for ``/server_info`` as a server without VLLM_SERVER_DEV_MODE does. It records which weights (the
+path last reloaded) answered each completion, and restarts on its port as a new server process would.
 
 It is guarded by steadyrl's own middleware (``ServerAuth``, added with ``app.add_middleware`` as vLLM's
 ``--middleware`` adds it) unless ``auth=False``, and its key is written where ``steadyrl vllm-serve`` writes one
@@ -40,36 +41,60 @@ def model_config(**changes) -> dict:
 
 
 class StandIn:
-    """A running stand-in: ``url``, ``key``, the ``rpc_calls`` it received (method, kwargs); ``shutdown()`` stops it
-    and removes its key file."""
+    """A running stand-in: ``url``, ``key``, the ``rpc_calls`` it received (method, kwargs), the weights it
+    ``loaded`` (the last ``reload_weights`` path; None: its startup weights) and the ``answered`` completions
+    (seed, the weights they were computed with); ``shutdown()`` stops it and removes its key file, ``restart()``
+    starts it again on the same port, as a new server process (no claim, no weights pushed)."""
 
     def __init__(self, config: dict | None, version: str, auth: bool) -> None:
+        self.config, self.version, self.auth = config, version, auth
         self.rpc_calls: list[tuple[str, dict]] = []
+        self.answered: list[tuple[int, str | None]] = []
+        self.port = 0
+        self.serve(new_key=True)
+
+    def serve(self, new_key: bool) -> None:
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.key_file = default_key_file(self.port)
-        write_new_key(self.key_file)
-        atexit.register(self.key_file.unlink, missing_ok=True)  # also where a test never shuts it down
+        if new_key:
+            write_new_key(self.key_file)
+            atexit.register(self.key_file.unlink, missing_ok=True)  # also where a test never shuts it down
         self.key = read_key_file(self.key_file)
+        self.loaded: str | None = None
         app = Starlette(
             routes=[
                 Route("/health", lambda request: Response(b""), methods=["GET"]),
-                Route("/version", lambda request: JSONResponse({"version": version}), methods=["GET"]),
-                Route("/server_info", self.server_info(config), methods=["GET"]),
+                Route("/version", lambda request: JSONResponse({"version": self.version}), methods=["GET"]),
+                Route("/server_info", self.server_info(self.config), methods=["GET"]),
                 Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
                 Route("/reset_prefix_cache", lambda request: Response(b""), methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
             ]
         )
-        if auth:
+        if self.auth:
             app.add_middleware(ServerAuth, key=self.key)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         while not self.server.started:
             time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Stop answering (the port refuses connections), as a killed server does; the key file stays."""
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def restart(self, config: dict | None = None, new_key: bool = False) -> None:
+        """Start again on the same port: a new server process, reporting ``config`` if given, with a new key in its
+        port's key file if ``new_key`` (as ``steadyrl vllm-serve`` without --key-file does)."""
+        if self.thread.is_alive():
+            self.stop()
+        self.config = config or self.config
+        self.serve(new_key)
 
     @staticmethod
     def server_info(config: dict | None):
@@ -83,16 +108,18 @@ class StandIn:
     async def collective_rpc(self, request: Request) -> Response:
         body = await request.json()
         self.rpc_calls.append((body["method"], body.get("kwargs", {})))
+        if body["method"] == "reload_weights":
+            self.loaded = body.get("kwargs", {}).get("weights_path")
         return JSONResponse({"results": [None]})
 
-    @staticmethod
-    async def completions(request: Request) -> Response:
-        """One token, the same for every prompt (the tests of the claim need an answer, not a model's)."""
+    async def completions(self, request: Request) -> Response:
+        """One token, the same for every prompt (the tests of the claim need an answer, not a model's); the request's
+        seed is recorded with the weights that answered it."""
+        self.answered.append(((await request.json()).get("seed"), self.loaded))
         return JSONResponse({"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}}]})
 
     def shutdown(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.stop()
         self.key_file.unlink(missing_ok=True)
 
     def server_close(self) -> None:

@@ -73,7 +73,12 @@ class VLLMFields:
     vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "vllm_mode='server': the server's host."})
     vllm_server_port: int = field(default=8000, metadata={"help": "vllm_mode='server': the server's port."})
     vllm_server_timeout: float = field(
-        default=240.0, metadata={"help": "vllm_mode='server': seconds to wait for any one answer of the server."}
+        default=240.0,
+        metadata={
+            "help": "vllm_mode='server': seconds to wait for any one answer of the server, and for the server to "
+            "answer again when it goes away or restarts during the run (then the run claims it again, pushes its "
+            "weights again and goes on; docs/faults.md)."
+        },
     )
     vllm_server_weight_transfer: str = field(
         default="file",
