@@ -177,6 +177,13 @@ def check_deepspeed_support(deepspeed_config: dict, model: torch.nn.Module) -> i
             "1 or 2 without offload, zero_stage 3 with or without offload (examples/accelerate_configs/), or "
             "multi-process DDP (multi_gpu.yaml)."
         )
+    bf16 = deepspeed_config.get("bf16") or {}
+    if bf16.get("enabled", False) not in (False, "false") and bf16.get("check_grad_overflow", True) in (False, "false"):
+        raise ValueError(
+            "DeepSpeed's bf16.check_grad_overflow=false is not supported: steadyrl relies on DeepSpeed's check to "
+            "skip a ZeRO step whose gradients are not finite (max_consecutive_nonfinite_steps counts it), and without "
+            "it a NaN reaches the weights. Remove the setting (DeepSpeed's default is true)."
+        )
     return stage
 
 

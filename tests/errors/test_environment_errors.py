@@ -38,6 +38,14 @@ def fake_vllm(ctx: Context, head_sizes: list[int], version: str = "0.32.0") -> N
 # environment
 
 
+@trigger("deepspeed-overflow-check")
+def _(ctx):
+    from steadyrl.models.loading import check_deepspeed_support
+
+    config = {"zero_optimization": {"stage": 2}, "bf16": {"enabled": True, "check_grad_overflow": False}}
+    check_deepspeed_support(config, None)
+
+
 @trigger("output-dir-file")
 def _(ctx):
     (ctx.tmp_path / "out").write_text("")
