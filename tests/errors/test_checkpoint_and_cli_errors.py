@@ -45,7 +45,7 @@ def _(ctx):
 @trigger("resume-damaged")
 def _(ctx):
     copy = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
-    weights = copy / "actor" / "model.safetensors"
+    weights = copy / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit pattern, same size: only the hash can tell
     weights.write_bytes(bytes(data))
@@ -126,6 +126,27 @@ def _(ctx):
     shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
     state = checkpoint / "steadyrl_state.json"
     state.write_text(state.read_text().replace('"format": 5', '"format": 1'))
+    write_manifest(checkpoint, 2)
+    make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
+
+
+@trigger("resume-nonfinite")
+def _(ctx):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from steadyrl.checkpoint.files import write_manifest
+
+    checkpoint = ctx.tmp_path / "checkpoint-2"
+    shutil.copytree(ctx.run / "checkpoint-2", checkpoint)
+    weights = load_file(checkpoint / "model.safetensors")
+    next(iter(weights.values())).view(-1)[0] = float("nan")
+    save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
+    state = json.loads((checkpoint / "steadyrl_state.json").read_text())
+    del state["finite_checked"]  # as an earlier steadyrl wrote it
+    (checkpoint / "steadyrl_state.json").write_text(json.dumps(state))
+    (checkpoint / "manifest.json").unlink()
     write_manifest(checkpoint, 2)
     make_trainer(ctx.tmp_path).train(resume_from_checkpoint=str(checkpoint))
 
@@ -221,14 +242,14 @@ def _(ctx):
 @trigger("export-unlisted")
 def _(ctx):
     checkpoint = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
-    (checkpoint / "actor" / "notes.txt").write_text("my notes")
+    (checkpoint / "notes.txt").write_text("my notes")
     return ctx.cli("export", checkpoint, ctx.tmp_path / "actor")
 
 
 @trigger("export-symlink")
 def _(ctx):
     checkpoint = shutil.copytree(ctx.run / "checkpoint-2", ctx.tmp_path / "checkpoint-2")
-    tokenizer = checkpoint / "actor" / "tokenizer.json"
+    tokenizer = checkpoint / "tokenizer.json"
     shutil.move(tokenizer, ctx.tmp_path / "tokenizer.json")
     tokenizer.symlink_to(ctx.tmp_path / "tokenizer.json")
     return ctx.cli("export", checkpoint, ctx.tmp_path / "actor")
