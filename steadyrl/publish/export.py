@@ -13,17 +13,20 @@ import numpy as np
 import torch
 
 from ..checkpoint import CheckpointError, verify_checkpoint
-from ..checkpoint.layout import ACTOR, actor_files, model_dir
+from ..checkpoint.layout import ACTOR, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, actor_files, model_dir
 from ..distributed.zero import whole_at_load
 from ..generation.weights import plain_state_dict
 
 
 def checkpoint_actor(checkpoint: Path, manifest: dict) -> tuple[Path, list[str]]:
     """The actor's directory in a verified steadyrl checkpoint (its top level, or actor/ in one of an earlier version)
-    and the files its manifest lists there, relative to it; none is an error, and so is a plain transformers.Trainer
-    checkpoint (its model is no steadyrl actor: it loads with ``from_pretrained`` as it is)."""
+    and the files its manifest lists there to export or push, relative to it: what ``save_model`` writes, without the
+    index of a one-file model that the checkpoint keeps for vLLM (layout.index_single_file). None is an error, and so
+    is a plain transformers.Trainer checkpoint (its model is no steadyrl actor: it loads with ``from_pretrained``)."""
     layout = manifest.get("layout", "steadyrl")
     names = actor_files(manifest["files"]) if layout == "steadyrl" else []
+    if WEIGHTS_NAME in names:
+        names = [name for name in names if name != WEIGHTS_INDEX_NAME]
     if not names:
         raise CheckpointError(
             f"{checkpoint} has no actor: its manifest ({layout} layout) lists no actor file to export or push."

@@ -38,12 +38,12 @@ def test_train_from_yaml_with_overrides_then_list_damage_and_export(tmp_path, to
     assert lines[1].split()[0] == "2" and "complete" in lines[1] and "<-" not in lines[1]
     assert lines[2].split()[0] == "4" and "complete" in lines[2] and "resume_from_checkpoint=True" in lines[2]
 
-    weights = run / "checkpoint-4" / "actor" / "model.safetensors"
+    weights = run / "checkpoint-4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     code, table = steadyrl(capsys, "checkpoints", run)
     assert code == 1
     row4 = next(line for line in table.splitlines() if line.split()[0] == "4")
-    assert "damaged" in row4 and "actor/model.safetensors" in row4 and "<-" not in row4
+    assert "damaged" in row4 and "file model.safetensors has 100 bytes" in row4 and "<-" not in row4
     assert "resume_from_checkpoint=True" in next(line for line in table.splitlines() if line.split()[0] == "2")
 
     code, output = steadyrl(capsys, "export", run / "checkpoint-2", tmp_path / "actor")

@@ -15,6 +15,7 @@ import pytest
 import torch
 from peft import LoraConfig
 from safetensors.torch import load_file
+from support.old_layout import to_old_layout
 from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM
 
@@ -64,9 +65,9 @@ def test_push_sends_exactly_the_actor_and_its_card(hub, tmp_path, toy_path, capl
     trainer.train()
     trainer.save_model(str(tmp_path / "run" / "final"))  # with push_to_hub, save_model publishes too
 
-    actor_files = {p.name for p in (tmp_path / "run" / "checkpoint-4" / "actor").iterdir()}
-    expected = actor_files | {"README.md"}
-    assert {"model.safetensors", "config.json", "tokenizer.json"} <= actor_files
+    saved = {p.name for p in (tmp_path / "run" / "final").iterdir()}  # a checkpoint's push sends the same files
+    expected = saved | {"README.md"}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= saved
     checkpoint_commits = [c for c in hub.commits if c.message.startswith("Training in progress")]
     assert len(checkpoint_commits) == (0 if strategy == "end" else {"every_save": 2}.get(strategy, 4))
     assert hub.commits[-1].message == "Model save"
@@ -124,12 +125,18 @@ def test_lora_run_pushes_merged_model_or_adapter_alone(hub, tmp_path, toy_path, 
         assert adapter and all("lora_" in name for name in adapter)
 
 
-def test_steadyrl_push_publishes_a_checkpoint_after_the_fact(hub, tmp_path, toy_path, capsys, monkeypatch):
+@pytest.mark.parametrize("layout", ["top level", "actor/"])
+def test_steadyrl_push_publishes_a_checkpoint_after_the_fact(hub, tmp_path, toy_path, capsys, monkeypatch, layout):
+    """From a checkpoint of either layout: the actor's files at its top level, or under actor/ (an earlier
+    version's)."""
     make_trainer(tmp_path / "run", max_steps=2, save_steps=2).train()
+    if layout == "actor/":
+        to_old_layout(tmp_path / "run" / "checkpoint-2")
     monkeypatch.setenv("HF_TOKEN", TOKEN)  # the usual place: the environment
     assert main(["push", str(tmp_path / "run" / "checkpoint-2"), "someone/after"]) == 0
     files = hub.files("someone/after")
-    assert set(files) == {p.name for p in (tmp_path / "run" / "checkpoint-2" / "actor").iterdir()} | {"README.md"}
+    actor = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert set(files) == actor | {"README.md"}
     assert "- rloo" in files["README.md"].decode() and "2 optimizer steps" in files["README.md"].decode()
     assert set(hub.authorizations) == {f"Bearer {TOKEN}"}
     assert main(["push", str(tmp_path / "run"), "someone/after"]) == 2  # an output dir is not a checkpoint
@@ -354,7 +361,7 @@ def test_the_card_names_a_hub_base_model_never_a_local_path(hub, tmp_path, toy_p
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]),
     )
     lora.train()
-    adapter_config = (tmp_path / "lora" / "checkpoint-2" / "actor" / "adapter_config.json").read_text()
+    adapter_config = (tmp_path / "lora" / "checkpoint-2" / "adapter_config.json").read_text()
     assert toy_path in adapter_config  # PEFT names the base by the path it was loaded from
     assert main(["push", str(tmp_path / "lora" / "checkpoint-2"), "someone/adapter", "--token", TOKEN]) == 0
     assert "base_model" not in hub.card_metadata[-1]
@@ -466,6 +473,7 @@ def test_merged_pushes_during_training_leave_the_run_as_if_it_did_not_push(
 
     files = hub.files("someone/m")
     assert "adapter_config.json" not in files and {"model.safetensors", "tokenizer.json"} <= set(files)
+    assert not any(word in name for name in files for word in FORBIDDEN)
     pushed = load_pushed(files, tmp_path / "pushed").state_dict()
     merged = copy.deepcopy(pushing.model).merge_and_unload().state_dict()
     assert pushed.keys() == merged.keys()
@@ -485,6 +493,6 @@ def test_merged_pushes_during_training_leave_the_run_as_if_it_did_not_push(
 
 def checkpoint_hashes(checkpoint) -> dict[str, str]:
     files = json.loads((checkpoint / "manifest.json").read_text())["files"]
-    names = ("rng_state_0.json", "actor/adapter_model.safetensors", "optimizer.pt", "scheduler.pt")
+    names = ("rng_state_0.json", "adapter_model.safetensors", "optimizer.pt", "scheduler.pt")
     assert set(names) <= set(files)
     return {name: files[name]["sha256"] for name in names}

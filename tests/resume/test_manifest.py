@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.old_layout import to_old_layout
 from support.toy_run import make_trainer
 
 from steadyrl.checkpoint import (
@@ -147,7 +148,10 @@ DAMAGE = {
     ),
     "no-optimizer": (lambda c: unlist(c, "optimizer.pt"), "does not list optimizer.pt or optimizer_0.pt, which"),
     "no-rng-state": (lambda c: unlist(c, "rng_state_0.json"), "does not list rng_state_0.json, which"),
-    "no-actor": (lambda c: unlist(c, "actor"), "the manifest does not list a file under actor/, which"),
+    "no-actor": (
+        lambda c: unlist(c, "model.safetensors"),  # and its index
+        "the manifest does not list the actor's weights (model.safetensors or adapter_model.safetensors, or actor/),",
+    ),
     "rank-files": (  # a manifest that does not record its process count (written before it was): the files tell
         lambda c: (edit_manifest(c, lambda m: m.pop("processes")), add_listed(c, "rng_state_1.json", b"{}")),
         "the manifest lists files of 2 processes but no meter file of process(es) [1]",
@@ -165,15 +169,29 @@ DAMAGE = {
         lambda c: (c / "notes.txt").write_text("mine"),
         "checkpoint-2: file notes.txt is not listed in the manifest; a checkpoint holds only the files it lists",
     ),
-    "unlisted-nested": (lambda c: (c / "actor" / "x.bin").write_bytes(b""), "file actor/x.bin is not listed in the"),
+    # nested files: in a checkpoint of the earlier layout, whose actor is under actor/ (support/old_layout.py)
+    "unlisted-nested": (
+        lambda c: (to_old_layout(c) / "actor" / "x.bin").write_bytes(b""),
+        "file actor/x.bin is not listed in the",
+    ),
     "symlink-file": (
-        lambda c: symlink_to_copy(c, "actor/tokenizer.json"),
+        lambda c: symlink_to_copy(c, "tokenizer.json"),
+        "checkpoint-2: tokenizer.json is a symlink; a checkpoint holds only regular files",
+    ),
+    "symlink-nested": (
+        lambda c: symlink_to_copy(to_old_layout(c), "actor/tokenizer.json"),
         "checkpoint-2: actor/tokenizer.json is a symlink; a checkpoint holds only regular files",
     ),
-    "symlink-dir": (lambda c: symlink_to_copy(c, "actor"), "checkpoint-2: actor is a symlink; a checkpoint holds only"),
+    "symlink-dir": (
+        lambda c: symlink_to_copy(to_old_layout(c), "actor"),
+        "checkpoint-2: actor is a symlink; a checkpoint holds only",
+    ),
     "symlink-manifest": (lambda c: symlink_to_copy(c, "manifest.json"), "checkpoint-2: manifest.json is a symlink"),
     "symlink-unlisted": (lambda c: (c / "link").symlink_to("/etc/hostname"), "checkpoint-2: link is a symlink"),
-    "fifo": (lambda c: os.mkfifo(c / "actor" / "pipe"), "checkpoint-2: actor/pipe is not a regular file"),
+    "fifo": (
+        lambda c: os.mkfifo(to_old_layout(c) / "actor" / "pipe"),
+        "checkpoint-2: actor/pipe is not a regular file",
+    ),
 }
 
 
@@ -231,12 +249,12 @@ def test_write_manifest_detects_the_layout_and_refuses_what_could_not_verify(out
 
     checkpoint = out / "checkpoint-2"
     (checkpoint / "manifest.json").unlink()
-    symlink_to_copy(checkpoint, "actor/config.json")
-    with pytest.raises(CheckpointError, match="actor/config.json is a symlink"):
+    symlink_to_copy(checkpoint, "config.json")
+    with pytest.raises(CheckpointError, match="config.json is a symlink"):
         write_manifest(checkpoint, 2)
     assert not (checkpoint / "manifest.json").exists()
-    (checkpoint / "actor" / "config.json").unlink()
-    shutil.copy2(tmp_path / "outside-actor_config.json", checkpoint / "actor" / "config.json")
+    (checkpoint / "config.json").unlink()
+    shutil.copy2(tmp_path / "outside-config.json", checkpoint / "config.json")
     (checkpoint / "manifest.json.tmp").write_text("left by a killed write")
     write_manifest(checkpoint, 2)
     assert "manifest.json.tmp" not in verify_checkpoint(checkpoint)["files"]
@@ -280,7 +298,7 @@ def test_an_incomplete_tmp_checkpoint_is_left_as_it_is(out, how):
     elif how == "file-missing":
         (tmp / "optimizer.pt").unlink()
     elif how == "truncated":
-        (tmp / "actor" / "model.safetensors").write_bytes(b"")
+        (tmp / "model.safetensors").write_bytes(b"")
     else:
         os.rename(tmp, out / "tmp-checkpoint-3")
         tmp = out / "tmp-checkpoint-3"
@@ -394,25 +412,36 @@ def test_a_commit_replaces_a_leftover_aside_copy(real_run, out):
 # ---- export and push ------------------------------------------------------------------------------------------------
 
 
-def test_export_refuses_a_checkpoint_with_an_unlisted_file_and_copies_only_listed_ones(out, tmp_path, capsys):
-    (out / "checkpoint-2" / "actor" / "notes.txt").write_text("not part of the model")
-    assert steadyrl_main(["export", str(out / "checkpoint-2"), str(tmp_path / "model")]) == 2
-    assert "file actor/notes.txt is not listed in the manifest" in capsys.readouterr().err
+ACTOR_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+
+
+@pytest.mark.parametrize("layout", ["top level", "actor/"])
+def test_export_refuses_a_checkpoint_with_an_unlisted_file_and_copies_only_the_actors(out, tmp_path, capsys, layout):
+    """Of either layout: the actor's files at the checkpoint's top level, or under actor/ (an earlier version's)."""
+    checkpoint = out / "checkpoint-2"
+    actor = checkpoint if layout == "top level" else to_old_layout(checkpoint) / "actor"
+    (actor / "notes.txt").write_text("not part of the model")
+    assert steadyrl_main(["export", str(checkpoint), str(tmp_path / "model")]) == 2
+    notes = (actor / "notes.txt").relative_to(checkpoint).as_posix()
+    assert f"file {notes} is not listed in the manifest" in capsys.readouterr().err
     assert not (tmp_path / "model").exists()
-    (out / "checkpoint-2" / "actor" / "notes.txt").unlink()
-    assert steadyrl_main(["export", str(out / "checkpoint-2"), str(tmp_path / "model")]) == 0
-    listed = {n.removeprefix("actor/") for n in verify_checkpoint(out / "checkpoint-2")["files"] if "actor/" in n}
-    assert {p.name for p in (tmp_path / "model").iterdir()} == listed
+    (actor / "notes.txt").unlink()
+    assert steadyrl_main(["export", str(checkpoint), str(tmp_path / "model")]) == 0
+    assert {p.name for p in (tmp_path / "model").iterdir()} == ACTOR_FILES  # the top level's weights index stays
 
 
 def test_export_refuses_a_checkpoint_without_an_actor(tmp_path, capsys):
-    checkpoint = tmp_path / "checkpoint-3"  # a plain transformers.Trainer checkpoint: it verifies, but holds no actor/
+    checkpoint = (
+        tmp_path / "checkpoint-3"
+    )  # a plain transformers.Trainer checkpoint: it verifies, but is no steadyrl one
     checkpoint.mkdir()
     (checkpoint / "trainer_state.json").write_text("{}")
     (checkpoint / "model.safetensors").write_bytes(b"weights")
     write_manifest(checkpoint, 3)
     assert steadyrl_main(["export", str(checkpoint), str(tmp_path / "model")]) == 2
-    assert "checkpoint-3 has no actor/: its manifest lists no actor file" in capsys.readouterr().err
+    assert (
+        "checkpoint-3 has no actor: its manifest (transformers layout) lists no actor file" in capsys.readouterr().err
+    )
     assert not (tmp_path / "model").exists()
 
 
@@ -420,16 +449,17 @@ def test_push_refuses_a_damaged_checkpoint_before_any_upload(out, monkeypatch, c
     from steadyrl.publish import hub
 
     monkeypatch.setattr(hub, "upload", lambda *a, **k: pytest.fail("a damaged checkpoint was uploaded"))
-    symlink_to_copy(out / "checkpoint-2", "actor/model.safetensors")
+    symlink_to_copy(out / "checkpoint-2", "model.safetensors")
     assert steadyrl_main(["push", str(out / "checkpoint-2"), "someone/model"]) == 2
-    assert "actor/model.safetensors is a symlink" in capsys.readouterr().err
+    assert "model.safetensors is a symlink" in capsys.readouterr().err
 
 
 def test_a_saved_actor_directory_is_staged_without_its_symlinks(real_run, tmp_path):
+    from steadyrl.publish.export import export_actor
     from steadyrl.publish.hub import actor_of, stage_actor
 
-    actor = tmp_path / "actor"
-    shutil.copytree(real_run / "checkpoint-2" / "actor", actor)
+    actor = export_actor(real_run / "checkpoint-2", tmp_path / "actor")
+    saved = {p.name for p in actor.iterdir()}
     (tmp_path / "secret.txt").write_text("token")
     (actor / "notes.txt").symlink_to(tmp_path / "secret.txt")
     (actor / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
@@ -440,5 +470,5 @@ def test_a_saved_actor_directory_is_staged_without_its_symlinks(real_run, tmp_pa
     default = stage_actor(path, tmp_path / "staged-default", merged=False)
     for directory in (staged, default):
         names = {p.name for p in directory.iterdir()}
-        assert names == {p.name for p in (real_run / "checkpoint-2" / "actor").iterdir()}
+        assert names == saved
         assert not any(p.is_symlink() for p in directory.rglob("*"))

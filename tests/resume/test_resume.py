@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 from conftest import read_logs, run_toy, step_entries
+from support.old_layout import to_old_layout
 
 from steadyrl.checkpoint import CheckpointError, find_resumable_checkpoint, scan_checkpoints, verify_checkpoint
+from steadyrl.checkpoint.layout import actor_files
 
 # toy_run defaults: 4 optimizer steps per rollout (2 PPO epochs x 2 mini-batches), save_steps=3, max_steps=12,
 # gradient accumulation 2: checkpoints 3, 6 and 9 all fall in the middle of a rollout.
@@ -99,6 +101,20 @@ def test_sigkill_during_checkpoint_write_falls_back_and_resumes_identically(unin
     assert_same_result(uninterrupted, tmp_path, after_step=6)
 
 
+@pytest.mark.parametrize("algorithm", ["ppo"], indirect=True)
+def test_a_checkpoint_of_the_earlier_layout_resumes_identically(uninterrupted, tmp_path, algorithm):
+    """A mid-rollout checkpoint as an earlier steadyrl wrote it (the actor under actor/, support/old_layout.py; PPO's
+    critic under critic/, as now) resumes to the uninterrupted run's weights and logs."""
+    old = to_old_layout(shutil.copytree(uninterrupted / "checkpoint-9", tmp_path / "checkpoint-9"))
+    assert (old / "actor" / "model.safetensors").is_file() and not (old / "model.safetensors").exists()
+    _, output = run_toy(tmp_path, "--algorithm", algorithm, "--resume")
+    assert "Resuming from" in output and "checkpoint-9" in output
+    assert_same_result(uninterrupted, tmp_path, after_step=9)
+    assert (tmp_path / "checkpoint-12" / "model.safetensors").read_bytes() == (
+        uninterrupted / "checkpoint-12" / "model.safetensors"
+    ).read_bytes()
+
+
 def checkpoint_files(checkpoint: Path) -> list[str]:
     return sorted(p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file())
 
@@ -106,10 +122,13 @@ def checkpoint_files(checkpoint: Path) -> list[str]:
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_any_damaged_file_is_refused(uninterrupted, tmp_path, damage, algorithm):
     files = checkpoint_files(uninterrupted / "checkpoint-12")
-    expected = {"manifest.json", "optimizer.pt", "scheduler.pt", "actor/model.safetensors", "rng_state_0.json"}
+    expected = {"manifest.json", "optimizer.pt", "scheduler.pt", "model.safetensors", "rng_state_0.json"}
     if algorithm == "ppo":
         expected |= {"critic/model.safetensors", "critic/config.json", "critic_optimizer.pt", "critic_scheduler.pt"}
     assert expected <= set(files)
+    # the actor's files at the top level are exactly what save_model writes (+ the weights index vLLM needs)
+    saved = {p.name for p in (uninterrupted / "final-actor").iterdir()}
+    assert set(actor_files(files)) == saved | {"model.safetensors.index.json"}
     for name in files:
         run = tmp_path / name.replace("/", "_")
         for step in (9, 12):
