@@ -38,6 +38,7 @@ from real_shapes import task  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 
 import steadyrl  # noqa: E402
+from steadyrl.checkpoint.layout import actor_files  # noqa: E402
 
 SETTINGS = {  # per registry name (steadyrl.ALGORITHMS)
     "rloo": dict(rollout_batch_size=8, n_samples_per_prompt=4, micro_rollout_batch_size=32, num_ppo_epochs=2),
@@ -94,6 +95,12 @@ def size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**20
 
 
+def actor_mb(checkpoint: Path) -> float:
+    """The actor's files of a checkpoint (at its top level, beside the optimizer and the run's state)."""
+    names = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    return sum((checkpoint / name).stat().st_size for name in actor_files(names)) / 2**20
+
+
 def bench(algorithm: str, model: str, steps: int, completion_length: int, out: Path) -> dict:
     directory = out / f"{model}-{algorithm}"
     shutil.rmtree(directory, ignore_errors=True)
@@ -116,7 +123,7 @@ def bench(algorithm: str, model: str, steps: int, completion_length: int, out: P
     saving = sum(seconds for begin, seconds in saves if begin > measured_from)
     step_s = (clock.step_ends[-1] - measured_from - saving) / (steps - per_rollout)
     checkpoint, mid = directory / f"checkpoint-{steps}", directory / f"checkpoint-{steps - 2}"
-    sizes = dict(size_mb=size_mb(checkpoint), size_mid_rollout_mb=size_mb(mid), actor_mb=size_mb(checkpoint / "actor"))
+    sizes = dict(size_mb=size_mb(checkpoint), size_mid_rollout_mb=size_mb(mid), actor_mb=actor_mb(checkpoint))
     del trainer
 
     resume_clock = Clock()

@@ -35,7 +35,7 @@ def test_lora_run_resumes_exactly_and_checkpoints_the_adapter(tmp_path, algorith
     full = lora_trainer(tmp_path / "full", algorithm)
     assert full.ref_model is None
     full.train()
-    actor_dir = tmp_path / "full" / "checkpoint-4" / "actor"
+    actor_dir = tmp_path / "full" / "checkpoint-4"  # the adapter at the top level, as Trainer's PEFT checkpoint
     assert (actor_dir / "adapter_model.safetensors").is_file() and not (actor_dir / "model.safetensors").exists()
 
     first = lora_trainer(tmp_path / "resumed", algorithm, max_steps=2)

@@ -39,7 +39,8 @@ def synced(tmp_path_factory, toy_path) -> Path:
 
 
 def weights(checkpoint: Path, name: str) -> dict[str, torch.Tensor]:
-    return load_file(checkpoint / name / "model.safetensors")
+    """A checkpoint's weights of the actor (at its top level) or the reference (under reference/)."""
+    return load_file(checkpoint / ("" if name == "actor" else name) / "model.safetensors")
 
 
 def assert_trls_mix_at_each_sync_step(output_dir: Path, last_step: int) -> None:

@@ -55,7 +55,9 @@ def test_fsdp2_rloo_trains_like_ddp_and_checkpoints_each_optimizer_shard(rloo_ru
     names = {p.name for p in checkpoint.iterdir()}
     assert {"optimizer_0.pt", "optimizer_1.pt", "rollout_buffer_0.safetensors", "rollout_buffer_1.safetensors"} <= names
     assert "optimizer.pt" not in names
-    whole = sum(t.numel() for t in load_file(checkpoint / "actor" / "model.safetensors").values())
+    # the whole actor at the top level, gathered from the shards (the checkpoint loads as the model)
+    assert {"config.json", "model.safetensors", "model.safetensors.index.json", "tokenizer.json"} <= names
+    whole = sum(t.numel() for t in load_file(checkpoint / "model.safetensors").values())
     sizes = [shard_sizes(checkpoint / f"optimizer_{rank}.pt") for rank in (0, 1)]
     assert 0.9 * whole < sum(sizes) <= whole and max(sizes) <= whole // 2 + 1024, (sizes, whole)  # each about half
     settings = json.loads((checkpoint / "settings.json").read_text())  # a resume may change them (logged)
@@ -128,7 +130,7 @@ def test_fsdp2_distillation_shards_the_student_and_trains_like_ddp(tmp_path, ddp
     the chunked divergence, and the student trains as under DDP."""
     run_toy(tmp_path, "--algorithm", "distillation", *TWO_PROCESSES, accelerate_config=FSDP2)
     assert_trains_like_ddp(tmp_path, ddp_runs("distillation"), ("loss", "grad_norm", "divergence"))
-    student = sum(t.numel() for t in load_file(tmp_path / "checkpoint-6" / "actor" / "model.safetensors").values())
+    student = sum(t.numel() for t in load_file(tmp_path / "checkpoint-6" / "model.safetensors").values())
     assert (
         max(shard_sizes(tmp_path / "checkpoint-6" / f"optimizer_{rank}.pt") for rank in (0, 1)) <= student // 2 + 1024
     )

@@ -67,7 +67,7 @@ def test_sigkill_after_a_checkpoint_resumes_identically(runs):
     _, full, resumed, _ = runs
     assert (resumed / "checkpoint-3" / "rollout_buffer_0.safetensors").is_file(), "the save at 3 is mid-rollout"
     assert adapter_file(resumed / "final-actor") == adapter_file(full / "final-actor")
-    assert adapter_file(resumed / "checkpoint-6" / "actor") == adapter_file(full / "checkpoint-6" / "actor")
+    assert adapter_file(resumed / "checkpoint-6") == adapter_file(full / "checkpoint-6")
     expected, actual = read_logs(full), read_logs(resumed)
     assert sorted(actual) == sorted(expected) == list(range(1, 7))
     for step in range(4, 7):
@@ -79,9 +79,9 @@ def test_sigkill_after_a_checkpoint_resumes_identically(runs):
 def test_checkpoint_holds_the_adapter_and_its_optimizer_state_only(runs):
     backend, full, _, _ = runs
     checkpoint = full / "checkpoint-3"
-    actor = {p.name for p in (checkpoint / "actor").iterdir()}
-    assert {"adapter_config.json", "adapter_model.safetensors"} <= actor and "model.safetensors" not in actor
-    adapter = sum(t.numel() for t in load_file(checkpoint / "actor" / "adapter_model.safetensors").values())
+    names = {p.name for p in checkpoint.iterdir()}  # the adapter at the top level, as Trainer's PEFT checkpoint
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names and "model.safetensors" not in names
+    adapter = sum(t.numel() for t in load_file(checkpoint / "adapter_model.safetensors").values())
     states = [torch.load(checkpoint / f"optimizer_{rank}.pt", weights_only=True) for rank in (0, 1)]
     if backend == "zero3":  # each process: the fp32 master weights of its half of the adapter
         sizes = [sum(p.numel() for p in state["fp32_partitions"]) for state in states]
@@ -95,15 +95,13 @@ def test_export_of_a_checkpoint_equals_the_live_model(runs, tmp_path):
 
     _, full, _, _ = runs
     live = load_file(full / "live-actor-3.safetensors")  # the PeftModel's parameters, gathered after step 3
-    saved = load_file(full / "checkpoint-3" / "actor" / "adapter_model.safetensors")
+    saved = load_file(full / "checkpoint-3" / "adapter_model.safetensors")
     assert saved and len(saved) == sum("lora_" in name for name in live)
     for name, weights in saved.items():
         assert torch.equal(live[name.replace(".weight", ".default.weight")], weights), name
     export_actor(full / "checkpoint-3", tmp_path / "merged")  # what `steadyrl export` runs
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
-    model = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(toy_model_path()), full / "checkpoint-3" / "actor"
-    )
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(toy_model_path()), full / "checkpoint-3")
     assert not model.load_state_dict(live, strict=False).unexpected_keys
     merged = model.merge_and_unload().state_dict()
     assert exported.keys() == merged.keys()

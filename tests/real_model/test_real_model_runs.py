@@ -79,7 +79,7 @@ def test_a_real_model_run_killed_mid_rollout_resumes_byte_identical(tmp_path, un
     buffer = json.loads((tmp_path / "killed" / "checkpoint-1" / "rollout_buffer_0.json").read_text())
     assert buffer["cursor"] < len(buffer["schedule"]), "checkpoint-1 must fall in the middle of a rollout"
     run_toy(tmp_path / "killed", *GRPO, "--resume")
-    for name in ("final-actor/model.safetensors", "checkpoint-2/actor/model.safetensors"):
+    for name in ("final-actor/model.safetensors", "checkpoint-2/model.safetensors"):
         assert (tmp_path / "killed" / name).read_bytes() == (uninterrupted / name).read_bytes(), name
     whole, resumed = read_logs(uninterrupted), read_logs(tmp_path / "killed")
     assert whole.keys() == resumed.keys() == {1, 2}

@@ -31,7 +31,7 @@ from steadyrl.checkpoint import scan_checkpoints  # noqa: E402
 from steadyrl.generation.server_auth import RUN_ID_NAME  # noqa: E402
 from support.toy_run import make_trainer, parse_overrides  # noqa: E402
 
-COMPARED = ("actor/model.safetensors", "optimizer.pt", "scheduler.pt", "steadyrl_state.json", "rng_state_0.json")
+COMPARED = ("model.safetensors", "optimizer.pt", "scheduler.pt", "steadyrl_state.json", "rng_state_0.json")
 
 
 def train_in_child(output_dir: Path, algorithm: str, overrides: dict, resume: bool) -> int:
