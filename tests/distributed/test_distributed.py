@@ -317,10 +317,12 @@ def test_dynamic_sampling_trains_the_same_groups_on_two_processes_as_on_one(tmp_
     """The keep/drop decision is each group's, the fill-up global: both processes draw until the rollout's 4 groups
     whose rewards differ are kept, and train the first 4 in draw order, each its 2; one process trains the same ones.
     The reward is constant for half the prompts (toy_run.half_constant_reward), so which groups are kept depends on
-    the prompts alone, not on the completions (HF generate samples differently on one process)."""
+    the prompts alone, not on the completions (HF generate samples differently on one process). The reward function
+    logs a metric on the first process only: it is logged under its name, and the others under theirs."""
     import json
 
-    settings = [*TWO_PROCESSES[1:], "reward_funcs=half_constant", "dynamic_sampling=true", "log_completions=true"]
+    reward = "reward_funcs=half_constant_logging_on_0"
+    settings = [*TWO_PROCESSES[1:], reward, "dynamic_sampling=true", "log_completions=true"]
     settings += ["max_steps=8", "save_steps=8"]
     runs = {"one": tmp_path / "one", "two": tmp_path / "two"}
     run_toy(runs["one"], "--algorithm", "grpo", overrides=settings)
@@ -335,3 +337,5 @@ def test_dynamic_sampling_trains_the_same_groups_on_two_processes_as_on_one(tmp_
     assert trained["two"] == trained["one"]
     assert all(prompt[0] >= "n" for _, prompt in trained["two"])
     assert counts["two"] == counts["one"] and counts["one"][0]["dynamic_sampling/draws"] >= 2, counts
+    for entry in read_logs(runs["two"]).values():  # by name: the other process's metrics do not shift onto it
+        assert entry["logged_on_process_0"] == 100.0 and 0 <= entry["reward"] < 1, entry
