@@ -3,13 +3,21 @@ gradient checkpointing and DeepSpeed's backward pass."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
+from transformers.utils.hub import cached_files
 
 from ..distributed.sharded_loading import load_split, on_main_only
 from ..distributed.zero import check_whole, copy_model
 from ..redaction import redact_secrets
 from .scalar_head import RewardModelFunction, check_same_vocabulary, load_scalar_model, same_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# a saved tokenizer has one of these; a directory with none still "loads" (an empty tokenizer built from config.json)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "vocab.json", "tokenizer.model")
 
 
 def policy_init_kwargs(args) -> dict:
@@ -114,16 +122,49 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
 
 
+def saved_tokenizer(name_or_path: str, trust_remote_code: bool, revision: str | None = None):
+    """The tokenizer saved with a model, as TRL loads a reward model's: ``name_or_path`` (a path, or its config's
+    ``_name_or_path``) is a directory, or a Hub id read through the HF cache or the Hub as ``from_pretrained`` reads
+    it. None where it names no tokenizer: empty (a model built from a config), a directory or repository without
+    tokenizer files, or a Hub that cannot be reached and a cache without them."""
+    if not name_or_path:
+        return None
+    try:
+        found = cached_files(
+            name_or_path,
+            list(TOKENIZER_FILES),
+            revision=revision,
+            _raise_exceptions_for_gated_repo=False,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+        )
+    except OSError:  # not a directory, and not a valid Hub id (a directory since removed, say)
+        return None
+    if not found:
+        return None
+    return AutoTokenizer.from_pretrained(name_or_path, revision=revision, trust_remote_code=trust_remote_code)
+
+
 def reward_model_scorer(
     reward_model, reward_tokenizer, policy: PreTrainedModel, tokenizer, args, conversational: bool
 ) -> RewardModelFunction:
     """A reward model (path or model) as a reward function: on the policy's own token ids when it shares the
-    policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template."""
-    if isinstance(reward_model, str) and reward_tokenizer is None:
-        reward_tokenizer = AutoTokenizer.from_pretrained(reward_model, trust_remote_code=args.trust_remote_code)
+    policy's tokenizer, else on the text re-rendered with its own tokenizer and chat template. Its tokenizer is
+    ``reward_tokenizer``, else the one saved with it (``saved_tokenizer`` of its path or ``config._name_or_path``,
+    as TRL loads it); with neither it must have the policy's vocab_size, and is read on the policy's ids."""
+    name = reward_model if isinstance(reward_model, str) else getattr(reward_model.config, "_name_or_path", "")
+    if reward_tokenizer is None:
+        reward_tokenizer = saved_tokenizer(name, args.trust_remote_code)
     model = load_scalar_model(reward_model, "reward_model", from_pretrained_kwargs(args), args)
     if reward_tokenizer is None or same_tokenizer(tokenizer, reward_tokenizer, conversational):
         check_same_vocabulary(model, "reward_model", policy, tokenizer, tokenizer_checked=reward_tokenizer is not None)
+        if reward_tokenizer is None:
+            logger.warning(
+                "reward_model has no tokenizer of its own (reward_processing_class is unset, and %s): it is read on "
+                "the policy's token ids, as its vocab_size is the policy's. If it was trained with another tokenizer, "
+                "pass that one as reward_processing_class.",
+                f"none is saved at {name!r}" if name else "it was not loaded from a path or Hub id",
+            )
         reward_tokenizer = None  # the fast path: the policy's token ids as they are
     else:
         if conversational and not getattr(reward_tokenizer, "chat_template", None):

@@ -71,9 +71,9 @@ def check_same_vocabulary(
         return
     if vocab != policy_vocab:
         hint = (
-            " If it has a tokenizer of its own, pass it as reward_processing_class (or give the reward model as a "
-            "path, which loads its tokenizer): completions are then re-rendered for it, or read as they are if it is "
-            "the policy's."
+            " If it has a tokenizer of its own, pass it as reward_processing_class (or save it beside the reward "
+            "model, where its path or config._name_or_path points): completions are then re-rendered for it, or "
+            "read as they are if it is the policy's."
             if role == "reward_model"
             else ""
         )
