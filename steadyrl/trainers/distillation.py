@@ -13,22 +13,21 @@ Shapes: N sequences (one completion per prompt by default), C completion tokens,
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ..checkpoint.fingerprint import model_identity
 from ..distributed.placement import frozen_output_embedding, offloaded, place_frozen_models
 from ..distributed.sharded_loading import load_split
 from ..distributed.zero import check_whole
-from ..models.loading import disable_dropout, from_pretrained_kwargs
-from ..models.scalar_head import check_same_vocabulary
+from ..models.loading import disable_dropout, from_pretrained_kwargs, saved_tokenizer
 from ..ops import masked_mean
 from ..ops.divergence import completion_divergence
+from ..redaction import redact_secrets
 from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
 from .config.field_groups import inherited_field
@@ -107,9 +106,10 @@ class DistillationTrainer(OnPolicyTrainer):
     Args:
         model: the student to train (``PreTrainedModel``, or a path or Hub id).
         teacher_model: the frozen teacher (``PreTrainedModel``, or a path or Hub id loaded with
-            ``teacher_model_init_kwargs``); default ``args.teacher_model_name_or_path``. It must share the student's
-            tokenizer (its embedding may have more rows, padding past the tokenizer, as Qwen2.5's 7B has over its
-            0.5B's); a teacher given by path has its tokenizer compared with the student's.
+            ``teacher_model_init_kwargs``, which a model object refuses); default ``args.teacher_model_name_or_path``.
+            It must share the student's tokenizer (its embedding may have more rows, padding past the tokenizer, as
+            Qwen2.5's 7B has over its 0.5B's): the tokenizer saved at its path, Hub id or ``config._name_or_path`` is
+            compared with the student's.
         args: a ``DistillationConfig`` (or TRL's, converted field by field).
         train_dataset, eval_dataset, processing_class, callbacks, optimizers, quantization_config, peft_config,
             tools: as ``OnPolicyTrainer``'s; ``evaluate()`` reports the divergence of the
@@ -233,25 +233,37 @@ class DistillationTrainer(OnPolicyTrainer):
 
 def load_teacher(teacher, policy: PreTrainedModel, tokenizer, args: DistillationConfig) -> torch.nn.Module:
     """The teacher (a path, Hub id or model), frozen, checked to read the student's token ids as the same tokens; from
-    a path it is split over the processes where the run splits its models (``load_split``)."""
+    a path it is split over the processes where the run splits its models (``load_split``). Its tokenizer is the one
+    saved with it (``saved_tokenizer``: at its path, or at a model object's ``config._name_or_path``, a directory or a
+    Hub id read through the HF cache or the Hub)."""
     if isinstance(teacher, str):
-        kwargs = teacher_init_kwargs(args)
-        teacher_tokenizer = AutoTokenizer.from_pretrained(
-            teacher, revision=args.teacher_model_revision, trust_remote_code=args.trust_remote_code
-        )
-        teacher = load_split(AutoModelForCausalLM, teacher, kwargs, args, frozen=True)
+        teacher_tokenizer = saved_tokenizer(teacher, args.trust_remote_code, args.teacher_model_revision)
+        teacher = load_split(AutoModelForCausalLM, teacher, teacher_init_kwargs(args), args, frozen=True)
     else:
-        check_whole(teacher, "teacher_model")
-        student_parameters = {id(p) for p in policy.parameters()}
-        if any(id(p) in student_parameters for p in teacher.parameters()):
-            raise ValueError(
-                "teacher_model is the student itself (it shares model's parameters): frozen as the teacher it would "
-                "freeze the student, and training would update nothing. Pass a separate teacher model."
-            )
-        directory = getattr(teacher.config, "_name_or_path", "")
-        teacher_tokenizer = AutoTokenizer.from_pretrained(directory) if _has_tokenizer(directory) else None
+        check_loaded_teacher(teacher, policy, args)
+        name = getattr(teacher.config, "_name_or_path", "")
+        teacher_tokenizer = saved_tokenizer(name, args.trust_remote_code)
     check_teacher_vocabulary(teacher, teacher_tokenizer, policy, tokenizer)
     return teacher.eval().requires_grad_(False)
+
+
+def check_loaded_teacher(teacher: PreTrainedModel, policy: PreTrainedModel, args: DistillationConfig) -> None:
+    """Refuse a teacher object that is the student, split over the processes, or given loading settings it was
+    loaded without (``teacher_model_init_kwargs``, as TRL refuses it)."""
+    check_whole(teacher, "teacher_model")
+    student_parameters = {id(p) for p in policy.parameters()}
+    if any(id(p) in student_parameters for p in teacher.parameters()):
+        raise ValueError(
+            "teacher_model is the student itself (it shares model's parameters): frozen as the teacher it would "
+            "freeze the student, and training would update nothing. Pass a separate teacher model."
+        )
+    if args.teacher_model_init_kwargs is not None:
+        kwargs = redact_secrets(args.teacher_model_init_kwargs)
+        raise ValueError(
+            f"teacher_model_init_kwargs={kwargs!r} was given, but teacher_model is an already loaded model, so they "
+            "would be ignored (TRL refuses them too). Pass those settings to your own from_pretrained call and leave "
+            "teacher_model_init_kwargs unset, or give teacher_model as a path or Hub id."
+        )
 
 
 def teacher_init_kwargs(args: DistillationConfig) -> dict:
@@ -262,15 +274,12 @@ def teacher_init_kwargs(args: DistillationConfig) -> dict:
     return {"dtype": torch.float32, **from_pretrained_kwargs(own), **revision}
 
 
-def _has_tokenizer(directory: str) -> bool:
-    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-    return bool(directory) and any(os.path.isfile(os.path.join(directory, name)) for name in files)
-
-
 def check_teacher_vocabulary(teacher, teacher_tokenizer, policy: PreTrainedModel, tokenizer) -> None:
     """Refuse a teacher whose token ids are not the student's: a tokenizer with another vocabulary, or (without a
     tokenizer of its own) another vocab_size; or fewer embedding rows than the student, so that some token the
-    student can sample has no teacher probability."""
+    student can sample has no teacher probability. With the student's tokenizer, rows past it are padding."""
+    teacher_rows = teacher.config.get_text_config().vocab_size
+    student_rows = policy.config.get_text_config().vocab_size
     if teacher_tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(
             f"teacher_model's tokenizer has another vocabulary than the student's ({len(teacher_tokenizer)} tokens "
@@ -278,9 +287,16 @@ def check_teacher_vocabulary(teacher, teacher_tokenizer, policy: PreTrainedModel
             "distributions token id by token id, so the teacher must share the student's tokenizer. Use a teacher "
             "of the student's model family."
         )
-    check_same_vocabulary(teacher, "teacher_model", policy, tokenizer, tokenizer_checked=teacher_tokenizer is not None)
-    teacher_rows = teacher.config.get_text_config().vocab_size
-    student_rows = policy.config.get_text_config().vocab_size
+    if teacher_tokenizer is None and teacher_rows != student_rows:
+        name = getattr(teacher.config, "_name_or_path", "")
+        where = f"none is saved at {name!r}" if name else "it was not loaded from a path or Hub id"
+        raise ValueError(
+            f"teacher_model has vocab_size={teacher_rows} but the student has vocab_size={student_rows}, and the "
+            f"teacher has no tokenizer to compare with the student's ({where}): distillation compares their "
+            "next-token distributions token id by token id, so a teacher without a tokenizer must have the "
+            "student's vocab_size. Save the teacher with its tokenizer (save_pretrained of both into one directory) "
+            "and pass that directory as teacher_model, or use a teacher of the student's vocab_size."
+        )
     if teacher_rows < student_rows:
         raise ValueError(
             f"teacher_model has vocab_size={teacher_rows}, fewer embedding rows than the student's "

@@ -2,12 +2,15 @@
 next-token distributions (the teacher, same tokenizer) on-policy; the divergence falls, no reward is involved, the
 teacher is part of the run's fingerprint, and the saved model and checkpoints hold the student only."""
 
+import pytest
 import torch
 from conftest import read_logs, run_toy
 from safetensors.torch import load_file
-from support.toy_run import make_trainer
+from support.toy_run import make_config, make_trainer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from steadyrl.toy import chat_model_path
+from steadyrl import DistillationTrainer
+from steadyrl.toy import chat_dataset, chat_model_path, untrained_chat_model_path
 
 
 def mean(values):
@@ -58,3 +61,37 @@ def test_evaluate_reports_the_divergence_of_the_students_completions_as_eval_los
     assert [entry["step"] for entry in evaluations] == [2, 4]
     assert all(entry["eval_loss"] > 0 and entry["eval_completions/mean_length"] > 0 for entry in evaluations)
     assert not any(key.startswith("eval_reward") for entry in evaluations for key in entry)
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """The Hub stand-in (support/hub_server.py), uploads and downloads, with an empty HF cache of this test's own."""
+    import huggingface_hub.constants as constants
+    from support.hub_server import start
+
+    hub, server = start()
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    yield hub
+    server.shutdown()
+    assert not hub.unexpected, f"requests the stand-in does not implement: {hub.unexpected}"
+
+
+def test_a_teacher_object_from_a_hub_id_with_an_embedding_padded_past_its_tokenizer_is_accepted(tmp_path, hub):
+    """As Qwen2.5-7B's 152,064 rows for 151,665 tokens: the teacher's tokenizer is read from the Hub id its config
+    names (it was looked for in local directories only, and the teacher refused for its vocab_size), found to be the
+    student's, and the rows past the student's are left out."""
+    teacher = AutoModelForCausalLM.from_pretrained(chat_model_path())
+    rows = teacher.config.vocab_size
+    teacher.resize_token_embeddings(rows + 12)
+    teacher.push_to_hub("org/padded-teacher", token="hf_test")
+    AutoTokenizer.from_pretrained(chat_model_path()).push_to_hub("org/padded-teacher", token="hf_test")
+    loaded = AutoModelForCausalLM.from_pretrained("org/padded-teacher")
+    assert loaded.config._name_or_path == "org/padded-teacher" and loaded.config.vocab_size == rows + 12
+
+    args = make_config(tmp_path / "run", "distillation")
+    trainer = DistillationTrainer(untrained_chat_model_path(), loaded, args, chat_dataset("train"))
+    weight, _ = trainer.teacher_head()
+    assert torch.equal(weight, teacher.lm_head.weight[:rows]), "the student's rows of the teacher's head"

@@ -18,7 +18,14 @@ from transformers import (
 
 from errors.error_table import Context, Triggers, chat_tokenizer, conversations, rloo
 from steadyrl import DistillationTrainer, GRPOTrainer
-from steadyrl.toy import chat_model_path, letters_reward, toy_dataset, toy_model_path
+from steadyrl.toy import (
+    chat_dataset,
+    chat_model_path,
+    letters_reward,
+    toy_dataset,
+    toy_model_path,
+    untrained_chat_model_path,
+)
 
 trigger = Triggers(__file__)
 
@@ -78,6 +85,22 @@ def _(ctx):
 @trigger("teacher-vocabulary")
 def _(ctx):
     DistillationTrainer(toy_model_path(), chat_model_path(), make_config(ctx.tmp_path, "distillation"), toy_dataset())
+
+
+@trigger("teacher-vocab-size")
+def _(ctx):
+    small = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    teacher = Qwen2ForCausalLM(Qwen2Config(vocab_size=112, num_key_value_heads=1, **small))
+    DistillationTrainer(
+        untrained_chat_model_path(), teacher, make_config(ctx.tmp_path, "distillation"), chat_dataset("train")
+    )
+
+
+@trigger("teacher-init-kwargs-loaded")
+def _(ctx):
+    teacher = AutoModelForCausalLM.from_pretrained(chat_model_path())
+    args = make_config(ctx.tmp_path, "distillation", teacher_model_init_kwargs={"dtype": "bfloat16"})
+    DistillationTrainer(untrained_chat_model_path(), teacher, args, chat_dataset("train"))
 
 
 @trigger("reward-model-rows")

@@ -5,7 +5,9 @@ uses to create a repository and commit files to it: ``POST /api/repos/create``, 
 (the model card's metadata header must parse),
 ``POST /api/models/<repo>/preupload/<rev>`` (every file is declared a regular upload, so its content travels
 inside the commit) and ``POST /api/models/<repo>/commit/<rev>`` (NDJSON: a header, then base64 files); the same two
-under ``/api/datasets/`` for a dataset repository. Any other
+under ``/api/datasets/`` for a dataset repository. A model repository's files can be read back as ``from_pretrained``
+reads them: ``GET``/``HEAD /<repo>/resolve/<rev>/<file>`` and the listings ``/api/models/<repo>[/revision/<rev>]``,
+``/api/models/<repo>/tree/<rev>[/<folder>]`` (the repository as its commits left it, whatever the revision). Any other
 request is answered 404 and recorded, so a test sees it. ``FakeHub.fail_next`` makes the next requests fail as the
 Hub or the network can: a 5xx, a 429 rate limit, or a connection dropped without an answer.
 """
@@ -13,6 +15,7 @@ Hub or the network can: a 5xx, a 429 rate limit, or a connection dropped without
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import threading
@@ -81,9 +84,67 @@ def _handler(hub: FakeHub):
             self.wfile.write(data)
 
         def do_GET(self):
+            if self._download(body=True) or self._listing():
+                return
             if not self.path.startswith("/api/agent-harnesses"):  # huggingface_hub's user-agent registry: optional
                 hub.unexpected.append(f"GET {self.path}")
             self._reply(404, {"error": "not in the stand-in"})
+
+        def do_HEAD(self):
+            if not self._download(body=False):
+                hub.unexpected.append(f"HEAD {self.path}")
+                self._reply(404, {"error": "not in the stand-in"})
+
+        def _listing(self) -> bool:
+            """``/api/models/<repo>[/revision/<rev>]`` (its info: commit, files) and
+            ``/api/models/<repo>/tree/<rev>[/<folder>]`` (the files under a folder), which transformers reads when it
+            loads a tokenizer."""
+            path = self.path.split("?")[0]
+            match = re.fullmatch(r"/api/models/(.+?)(?:/revision/[^/]+|/tree/[^/]+(/.*)?)?", path)
+            files = hub.files(match.group(1)) if match else {}
+            if not files:
+                return False
+            sha = f"{len(hub.commits):040x}"
+            if "/tree/" not in path:
+                siblings = [{"rfilename": name} for name in files]
+                self._reply(200, {"id": match.group(1), "sha": sha, "siblings": siblings, "tags": []})
+                return True
+            folder = (match.group(2) or "").strip("/")
+            inside = [name for name in files if not folder or name.startswith(folder + "/")]
+            if folder and not inside:
+                self.send_response(404)
+                self.send_header("X-Error-Code", "EntryNotFound")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+            entries = [{"type": "file", "path": name, "size": len(files[name]), "oid": sha} for name in inside]
+            self._reply(200, entries)
+            return True
+
+        def _download(self, body: bool) -> bool:
+            """``/<repo>/resolve/<revision>/<file>``: a file of a model repository as its commits left it, with the
+            headers ``hf_hub_download`` reads (commit, ETag, size); a missing one is ``EntryNotFound``."""
+            match = re.fullmatch(r"/(.+)/resolve/[^/]+/(.+)", self.path.split("?")[0])
+            if match is None:
+                return False
+            repo_id, name = match.groups()
+            files = hub.files(repo_id)
+            if not files or name not in files:
+                self.send_response(404)
+                known = files or repo_id in hub.repos
+                self.send_header("X-Error-Code", "EntryNotFound" if known else "RepoNotFound")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return True
+            data = files[name]
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", f"{len(hub.commits):040x}")
+            self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+            return True
 
         def _fail(self, how: int | str) -> None:
             hub.failed.append(f"POST {self.path.split('?')[0]} -> {how}")
