@@ -103,7 +103,10 @@ class Learner(TrainerStage):
             module.optimizer.zero_grad(set_to_none=True)
         self.last_refused = refused
         prompts = self.prompts_of(minibatch) if refused else []
-        self.guard.record(trainer.state.global_step + 1, refused, prompts)
+        loss_scaled = trainer.accelerator.scaler is not None or any(
+            deepspeed and m.engine.fp16_enabled() and m.engine.dynamic_loss_scale() for m in modules
+        )
+        self.guard.record(trainer.state.global_step + 1, refused, prompts, loss_scaled)
         return metrics
 
     @staticmethod

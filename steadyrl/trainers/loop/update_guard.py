@@ -56,13 +56,18 @@ class UpdateGuard:
         self.total = 0  # refused steps in the whole run
         self.in_a_row: list[RefusedStep] = []  # the refused steps since the last applied one
 
-    def record(self, step: int, refused: dict[str, str], prompts: list[int]) -> None:
+    def record(self, step: int, refused: dict[str, str], prompts: list[int], loss_scaled: bool = False) -> None:
         """Note global step ``step``'s verdict: nothing refused ends a streak; a refusal is said (main process) and
-        counted, and one past ``limit`` in a row raises."""
+        counted, and one past ``limit`` in a row raises. ``loss_scaled``: fp16 loss scaling is on, whose scale search
+        overflows the gradients now and then: such a step (finite losses) is skipped and counted, but is no fault."""
         if not refused:
             self.in_a_row = []
             return
         self.total += 1
+        if loss_scaled and all(reason.startswith("grad_norm") for reason in refused.values()):
+            if self.main_process:
+                logger.info(f"Step {step}: the fp16 loss scale overflowed the gradients; the step was skipped.")
+            return
         self.in_a_row.append(RefusedStep(step, refused, prompts))
         if len(self.in_a_row) > self.limit:
             raise NonFiniteUpdateError(self.stop_message())
