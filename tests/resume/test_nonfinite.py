@@ -56,13 +56,21 @@ def checkpoints(output_dir) -> list[str]:
     return sorted(p.name for p in output_dir.glob("checkpoint-*"))
 
 
-@pytest.mark.parametrize(("step", "value"), [(4, math.nan), (3, math.inf)], ids=["nan-at-a-save-step", "inf"])
-def test_a_non_finite_gradient_skips_its_step_and_the_run_finishes(tmp_path, caplog, step, value):
-    """A NaN (or inf) gradient element in one step, also a step that saves: that step changes no weight, moment or
-    learning rate, says so once, and every checkpoint holds finite numbers only; the reference that sync_ref_model
-    mixes the policy into stays finite too."""
+@pytest.mark.parametrize(
+    ("step", "value", "max_grad_norm"), [(4, math.nan, 1.0), (3, math.inf, 0.0)], ids=["nan-at-a-save-step", "inf"]
+)
+def test_a_non_finite_gradient_skips_its_step_and_the_run_finishes(tmp_path, caplog, step, value, max_grad_norm):
+    """A NaN (or inf) gradient element in one step, also a step that saves, with clipping or without: that step
+    changes no weight, moment or learning rate, says so once, and every checkpoint holds finite numbers only; the
+    reference that sync_ref_model mixes the policy into stays finite too."""
     trainer = make_trainer(
-        tmp_path, algorithm="grpo", max_steps=6, save_steps=2, sync_ref_model=True, ref_model_sync_steps=1
+        tmp_path,
+        algorithm="grpo",
+        max_steps=6,
+        save_steps=2,
+        sync_ref_model=True,
+        ref_model_sync_steps=1,
+        max_grad_norm=max_grad_norm,
     )
     poison_gradient(trainer, [step], value=value)
     seen = snapshots(trainer)
@@ -74,7 +82,8 @@ def test_a_non_finite_gradient_skips_its_step_and_the_run_finishes(tmp_path, cap
     said = [r.getMessage() for r in caplog.records if "skipped the update" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"Step {step}: skipped the update of the actor (grad_norm ")
     logged = {entry["step"]: entry for entry in trainer.state.log_history if "loss" in entry}
-    assert not math.isfinite(logged[step]["grad_norm"]) and math.isfinite(logged[step + 1]["grad_norm"])
+    if max_grad_norm:  # logged where it clips, as before
+        assert not math.isfinite(logged[step]["grad_norm"]) and math.isfinite(logged[step + 1]["grad_norm"])
     assert logged[step]["nonfinite_skipped_steps"] == 1 and "nonfinite_skipped_steps" not in logged[step - 1]
     assert checkpoints(tmp_path) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
     for directory in tmp_path.glob("checkpoint-*"):

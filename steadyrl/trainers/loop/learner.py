@@ -126,9 +126,12 @@ class Learner(TrainerStage):
 
     def clip(self, module) -> float:
         """``module``'s global gradient norm (over every process and shard), its gradients clipped to
-        ``max_grad_norm`` (unclipped without one: a factor of 1 is exact)."""
+        ``max_grad_norm`` if set."""
         max_norm = self.trainer.args.max_grad_norm
-        norm = self.trainer.accelerator.clip_grad_norm_(module.engine.parameters(), max_norm or math.inf)
+        if max_norm:
+            norm = self.trainer.accelerator.clip_grad_norm_(module.engine.parameters(), max_norm)
+        else:  # the norm alone (all-reduced gradients: the same on every process; FSDP2 shards: a DTensor)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in module.engine.parameters() if p.grad is not None])
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def over_processes(
