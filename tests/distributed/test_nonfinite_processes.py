@@ -1,19 +1,21 @@
-"""A NaN gradient on one of two processes, under DDP and DeepSpeed ZeRO-2: every process skips the same steps, no
-checkpoint holds a non-finite number, and the run finishes max_steps."""
+"""A NaN gradient on one of two processes, under DDP, DeepSpeed ZeRO-2 and FSDP2: every process skips the same steps,
+no checkpoint holds a non-finite number, and the run finishes max_steps."""
 
 import pytest
 import torch
-from conftest import MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
+from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
 from safetensors.torch import load_file
 from support.poison import nonfinite_tensors
 
+ENGINES = {"ddp": MULTI_CPU, "zero2": ZERO["zero2"], "fsdp2": CONFIGS / "fsdp2.yaml"}
 
-@pytest.mark.parametrize("engine", ["ddp", "zero2"])
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_a_nan_gradient_on_one_process_skips_the_step_on_every_process(tmp_path, toy_path, engine):
-    """Process 0's gradient holds a NaN in steps 3 and 4 (its all-reduce, or ZeRO-2's reduce-scatter and global norm,
-    spread it): neither step changes a weight or an optimizer moment, so checkpoint-4 holds checkpoint-2's weights and
-    optimizer state, and the run trains on to step 6."""
-    config = MULTI_CPU if engine == "ddp" else ZERO[engine]
+    """Process 0's gradients hold a NaN in steps 3 and 4, which the all-reduce (DDP) or reduce-scatter (ZeRO-2,
+    FSDP2) spreads: neither step changes a weight or an optimizer moment on any process, so checkpoint-4 holds
+    checkpoint-2's weights and optimizer state, and the run trains on to step 6."""
+    config = ENGINES[engine]
     flags = ["--poison-grad", "3,4", *TWO_PROCESSES, "max_steps=6", "save_steps=2"]
     _, output = run_toy(tmp_path, *flags, accelerate_config=config)
     for step in (3, 4):

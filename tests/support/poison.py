@@ -12,27 +12,33 @@ from transformers import TrainerCallback
 
 
 class PoisonGradient(TrainerCallback):
-    """During the steps that make the global steps ``steps``, one element of one trained parameter's gradient becomes
-    ``value`` on process ``rank`` (its all-reduce or reduce-scatter then spreads it to every process): a hook on the
-    parameter, which runs before DDP's or DeepSpeed's own. ``module``: "actor" (the policy) or "critic" (PPO)."""
+    """During the steps that make the global steps ``steps``, the gradient reaching the output of the model's final
+    norm gets one ``value`` element on process ``rank``, so every parameter before it gets a NaN (or inf) gradient
+    there, and the all-reduce or reduce-scatter spreads it to every process. A hook on the activation, not on a
+    parameter: FSDP2 and ZeRO-3 compute with other tensors than the parameters they hold. ``module``: "actor" (the
+    policy) or "critic" (PPO)."""
 
     def __init__(self, steps, rank: int = 0, value: float = math.nan, module: str = "actor") -> None:
         self.steps, self.rank, self.value, self.module = set(steps), rank, value, module
         self.trainer, self.handle, self.poisoned = None, None, []
 
-    def parameter(self) -> torch.nn.Parameter:
+    def final_norm(self) -> torch.nn.Module:
         model = self.trainer.model if self.module == "actor" else self.trainer.critic.model
-        return next(p for name, p in model.named_parameters() if p.requires_grad and "bias" not in name)
+        return [module for name, module in model.named_modules() if name.endswith("norm")][-1]
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step + 1 in self.steps and self.trainer.accelerator.process_index == self.rank:
+    def poison(self, module, inputs, output):
+        if torch.is_tensor(output) and output.requires_grad:
 
-            def poison(grad):
+            def poisoned(grad):
                 grad = grad.clone()
                 grad.view(-1)[0] = self.value
                 return grad
 
-            self.handle = self.parameter().register_hook(poison)
+            output.register_hook(poisoned)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 in self.steps and self.trainer.accelerator.process_index == self.rank:
+            self.handle = self.final_norm().register_forward_hook(self.poison)
             self.poisoned.append(state.global_step + 1)
 
     def on_step_end(self, args, state, control, **kwargs):
