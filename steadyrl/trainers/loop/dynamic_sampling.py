@@ -19,6 +19,8 @@ Kept groups beyond the rollout's are unused (verl drops them too).
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 from accelerate.utils import gather_object
 
@@ -85,9 +87,10 @@ def sampled_from_rows(rows: list[dict], generation_time: float, metrics: dict) -
 
 
 def mean_metrics(draws: list[dict[str, float]]) -> dict[str, float]:
-    """The mean over the draws of each metric that every draw logged."""
-    names = [name for name in draws[0] if all(name in metrics for metrics in draws)]
-    return {name: sum(metrics[name] for metrics in draws) / len(draws) for name in names}
+    """Each metric's mean over the draws that logged it (a reward function's ``log_metric`` may log one in some draws
+    only: a count of format errors where there are some), by name, as processes combine them."""
+    names = dict.fromkeys(name for metrics in draws for name in metrics)
+    return {name: statistics.fmean(metrics[name] for metrics in draws if name in metrics) for name in names}
 
 
 class DynamicSampling(TrainerStage):

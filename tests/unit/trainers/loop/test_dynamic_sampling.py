@@ -87,5 +87,5 @@ def test_rows_keep_what_the_scoring_passes_read():
     assert back.env_mask == [[1, 0], [1, 0]] and back.logprobs is None and back.completion_ids == [[7, 1], [8, 2]]
 
 
-def test_metrics_of_several_draws_are_their_means():
-    assert mean_metrics([{"a": 1.0, "b": 2.0}, {"a": 3.0}]) == {"a": 2.0}
+def test_metrics_of_several_draws_are_their_means_over_the_draws_that_logged_them():
+    assert mean_metrics([{"a": 1.0, "b": 2.0}, {"a": 3.0}, {"a": 5.0, "c": 7.0}]) == {"a": 3.0, "b": 2.0, "c": 7.0}
