@@ -14,10 +14,11 @@ import datasets
 import torch
 from accelerate.utils import gather_object
 
+from ...agents.turns import Trajectories
 from ...checkpoint.output_dir import output_dir_locked
 from ...data.prompts import prompt_kind
 from ...data.stream import is_stream
-from ...generation import sampling_seed
+from ...generation import Generation, sampling_seed
 from ...ops import ends_without_eos, pad_prompts_and_completions
 from ...rewards import reward_func_name, weighted_total
 from ...rng import rng_untouched
@@ -72,6 +73,25 @@ def summary(
     metrics[f"{prefix}_completions/max_length"] = float(max(lengths))
     metrics[f"{prefix}_completions/clipped_ratio"] = mean([float(t) for t in truncated])
     return metrics
+
+
+def joined(parts: list[Sampled]) -> Sampled:
+    """Consecutive batches of evaluation rows as one, with what the loss and the metrics read of them (the reward
+    functions' inputs were spent on each batch)."""
+    if len(parts) == 1:
+        return parts[0]
+    generation = Generation.concatenate([part.generation for part in parts])
+    env_masks = [getattr(part.generation, "env_mask", None) for part in parts]
+    if all(mask is not None for mask in env_masks):  # multi-turn: the tokens the policy sampled
+        env_mask = [row for mask in env_masks for row in mask]
+        generation = Trajectories(generation.completion_ids, generation.logprobs, env_mask=env_mask)
+    return Sampled(
+        [prompt for part in parts for prompt in part.prompts],
+        {name: [value for part in parts for value in part.columns[name]] for name in parts[0].columns},
+        [ids for part in parts for ids in part.prompt_ids],
+        generation,
+        0.0,
+    )
 
 
 class EvaluationMixin:
@@ -133,12 +153,9 @@ class EvaluationMixin:
         counted = [i < len(dataset) for i in indices for _ in range(k)]
         prompts, columns = repeat_rows(rows, k, not args.remove_unused_columns)
         seeds = [sampling_seed(args.seed, EVAL_ROLLOUT, indices[i // k], i % k) for i in range(len(prompts))]
-        prompts, prompt_ids, _, generation = self.rollout_source.complete(
-            prompts, columns, seeds, chunk=args.per_device_eval_batch_size
-        )
-        completion_ids = generation.completion_ids
-        scores, _ = self.scorer(Sampled(prompts, columns, prompt_ids, generation, 0.0))  # [M, R]
-        tokens = pad_prompts_and_completions(prompt_ids, completion_ids, self.processing_class.pad_token_id)
+        sampled, scores = self.predicted_batches(prompts, columns, seeds)  # scores [M, R]
+        completion_ids = sampled.generation.completion_ids
+        tokens = pad_prompts_and_completions(sampled.prompt_ids, completion_ids, self.processing_class.pad_token_id)
         no_eos = ends_without_eos(
             tokens["completion_ids"], tokens["completion_mask"], self.processing_class.eos_token_id
         )
@@ -154,10 +171,24 @@ class EvaluationMixin:
         lengths = kept([len(ids) for ids in completion_ids])
         metrics = summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()), self.uses_rewards)
         if self.evaluates_loss:
-            metrics[f"{prefix}_loss"] = self.evaluation_loss(
-                Sampled(prompts, columns, prompt_ids, generation, 0.0), scores
-            )
+            metrics[f"{prefix}_loss"] = self.evaluation_loss(sampled, scores)
         return metrics
+
+    def predicted_batches(self, prompts: list, columns: dict, seeds: list[int]) -> tuple[Sampled, torch.Tensor]:
+        """This process's evaluation rows completed and scored ``per_device_eval_batch_size`` at a time, each batch
+        followed by ``on_prediction_step`` as ``Trainer``'s evaluation loop fires it; all of them and their scores
+        [M, R]."""
+        size, parts, scores = self.args.per_device_eval_batch_size, [], []
+        for start in range(0, len(prompts), size):
+            rows = slice(start, start + size)
+            batch_columns = {name: values[rows] for name, values in columns.items()}
+            batch_prompts, prompt_ids, _, generation = self.rollout_source.complete(
+                prompts[rows], batch_columns, seeds[rows], chunk=size
+            )
+            parts.append(Sampled(batch_prompts, batch_columns, prompt_ids, generation, 0.0))
+            scores.append(self.scorer(parts[-1])[0])
+            self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
+        return joined(parts), torch.cat(scores)
 
     def evaluation_loss(self, sampled: Sampled, scores: torch.Tensor) -> float:
         """The loss of the evaluation rollout as a training step computes it (the scoring passes, the algorithm's

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, Trainer, TrainerState
+from transformers import PreTrainedModel, Trainer
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
@@ -32,13 +32,10 @@ from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallb
 from ...checkpoint.checkpointer import Checkpointer
 from ...checkpoint.fingerprint import run_identity
 from ...checkpoint.output_dir import take_output_dir
-from ...checkpoint.ownership import supersede_newer
-from ...checkpoint.schedule_change import resume_schedules
 from ...data.prompts import UserTurns, check_prompts
 from ...data.sampling import make_sampler
 from ...distributed.fsdp import enable as enable_fsdp
 from ...distributed.placement import place_frozen_models
-from ...distributed.processes import on_main_process
 from ...distributed.zero import bind_scheduler
 from ...generation import make_backend
 from ...models.float32_head import cast_lm_head_to_fp32
@@ -66,6 +63,7 @@ from .ahead import AheadSource
 from .algorithm import AlgorithmHooks
 from .checkpoints import CheckpointMixin
 from .dynamic_sampling import DynamicSampling
+from .epochs import Epochs
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .learner import Learner
 from .loop_state import PendingMetrics, TrainingBuffer, whole_rollout_buffer
@@ -73,6 +71,7 @@ from .multi_turn import MultiTurnSource, check_multi_turn, environment_owned_dat
 from .preemption import StopSignals
 from .reference_sync import check_reference_sync
 from .reporting import ReportingMixin
+from .run_start import start_run
 from .scoring import Scorer, ScoringPasses
 from .sources import ActorGenerator, PromptDraw, RolloutSource
 from .trl_attributes import TRLAttributesMixin
@@ -288,6 +287,8 @@ class OnPolicyTrainer(
         register("rollout_buffer", self.training_buffer, per_process=True)
         register("pending_metrics", self.pending_metrics, per_process=True)
         register("meter", self.meter, per_process=True)
+        self.epochs = Epochs(self, self.sampler, self.rollout_source, args.rollout_batch_size)
+        register("epochs", self.epochs, optional=True)
         if isinstance(self.rollout_source, AheadSource):
             register("rollouts_ahead", self.rollout_source, per_process=True)
 
@@ -347,34 +348,18 @@ class OnPolicyTrainer(
         for module in self.trained_modules():
             bind_scheduler(module.scheduler, module.optimizer)
         self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler
-        self.state = TrainerState(
-            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
-        )
-        self.state.train_batch_size, self.state.max_steps = args.train_batch_size, max_steps
-        self.state.compute_steps(args, max_steps)
-        self.meter.reset()
-        if checkpoint is not None:  # models, optimizers, TrainerState and every registered part, in place
-            self.checkpointer.load(checkpoint, self.checkpoint_contents())
-            on_main_process(self.accelerator, lambda: supersede_newer(args.output_dir, checkpoint))
-            ours = [m.scheduler for m in self.trained_modules() if m.name != "actor" or self._created_lr_scheduler]
-            resume_schedules(args, checkpoint, self.state.global_step, max_steps, ours, self.is_world_process_zero())
-        self.meter.begin(self.state.global_step)
-        if self.metrics_log is not None:  # lines a killed run wrote after its checkpoint
-            self.metrics_log.truncate_after(self.meter.start_step)
-        if args.log_completions and self.completion_log is not None:
-            self.completion_log.truncate_after(self.meter.start_step)
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if checkpoint is not None:
-            self.checkpointer.restore_rng(checkpoint)
+        start_run(self, checkpoint, max_steps)  # TrainerState (the checkpoint's), on_train_begin, RNG
 
         stop = StopSignals(enabled=args.stop_on_signal)
         try:
             with stop:
                 while self.state.global_step < max_steps and not self.control.should_training_stop:
+                    self.epochs.begin_if_new()  # on_epoch_begin: the first step of a pass or of this train() call
                     # a step begins before the rollout it needs, if any: generation is part of the step it feeds
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                     current = self.training_buffer
                     if current.needs_rollout:
+                        self.epochs.rollout_begins()
                         current.buffer = self.make_rollout()
                         self.meter.tokens += current.counted_tokens()
                     metrics = self.train_on_minibatch(current.next_minibatch())
@@ -384,9 +369,13 @@ class OnPolicyTrainer(
                     self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self.report_step()  # log and evaluate as the callbacks decided
-                    saved = self.save_if_due(stop.received is not None)  # every save_steps
-                    if stop.stop_requested(self.accelerator) and self.state.global_step < max_steps:
-                        self.stop_for_signal(stop.received, saved)  # at the last step the run simply completes
+                    preempted = stop.received is not None
+                    saved = self.save_if_due(preempted)  # every save_steps
+                    # a signal stops the run after this step's checkpoint; at the last step the run simply completes
+                    stopping = stop.stop_requested(self.accelerator) and self.state.global_step < max_steps
+                    saved = self.epochs.end_if_due(max_steps, preempted, stopping) or saved  # on_epoch_end
+                    if stopping:
+                        self.stop_for_signal(stop.received, saved)
         finally:
             self.rollout_source.close()
             self.backend.close()
