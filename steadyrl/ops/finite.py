@@ -15,15 +15,19 @@ class NonFiniteError(ValueError):
 
 def nonfinite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """The names of the floating-point tensors of ``named`` that hold a NaN or an infinity, each with how many
-    (``"model.embed_tokens.weight (3 of 4096)"``). One device synchronisation for all of them."""
+    (``"model.embed_tokens.weight (3 of 4096)"``).
+
+    A tensor whose sum is finite holds no NaN and no infinity (either would make the sum one), and a sum reads the
+    tensor once without writing anything, several times faster than ``isfinite``: only a tensor whose sum is not
+    finite (or overflowed) is looked at element by element."""
     named = [(name, tensor) for name, tensor in named if tensor.is_floating_point() and tensor.numel()]
     if not named:
         return []
-    flags = torch.stack([torch.isfinite(tensor).all().to("cpu", non_blocking=True) for _, tensor in named])
+    sums = torch.stack([tensor.sum(dtype=torch.float32).cpu() for _, tensor in named])
     found = []
-    for (name, tensor), finite in zip(named, flags.tolist()):
-        if not finite:
-            found.append(f"{name} ({int((~torch.isfinite(tensor)).sum())} of {tensor.numel()})")
+    for (name, tensor), finite in zip(named, torch.isfinite(sums).tolist()):
+        if not finite and (bad := int((~torch.isfinite(tensor)).sum())):
+            found.append(f"{name} ({bad} of {tensor.numel()})")
     return found
 
 
