@@ -224,11 +224,12 @@ class Checkpointer:
 
     def _save_weights(self, tmp: Path, module: TrainedModule | ModelWeights) -> None:
         """Every process: ``module.save`` into the module's place (layout.save_dir), its own share of the weights
-        checked finite first; the main process then indexes a one-file model, for vLLM (layout.index_single_file)."""
+        checked finite first; the main process then indexes the actor's weights if they are one file, for vLLM
+        (layout.index_single_file)."""
         refuse_nonfinite_weights(module.model, module.name)
         module.save(save_dir(tmp, module.name))
-        if self.main:
-            index_single_file(save_dir(tmp, module.name))
+        if self.main and module.name == ACTOR:
+            index_single_file(tmp)
 
     def load(self, directory: Path, contents: CheckpointContents) -> None:
         """Restore the modules' weights, optimizers and schedulers, the TrainerState and every registered part in
