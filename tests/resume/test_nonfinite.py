@@ -91,6 +91,21 @@ def test_a_non_finite_gradient_skips_its_step_and_the_run_finishes(tmp_path, cap
         assert nonfinite_tensors(directory) == [], directory.name
 
 
+def test_a_nan_loss_skips_its_step_and_stays_out_of_the_logged_loss(tmp_path, caplog):
+    """A NaN in the forward pass (the final norm's output) makes the step's loss NaN: the step is skipped for its loss,
+    and the logged loss of the steps since the last log leaves it out, as Trainer's logging_nan_inf_filter does."""
+    trainer = make_trainer(tmp_path, algorithm="grpo", max_steps=4, save_steps=4, logging_steps=2)
+    poison_gradient(trainer, [3], forward=True)
+    seen = snapshots(trainer)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert "Step 3: skipped the update of the actor (loss nan)" in caplog.text
+    assert_unchanged(seen.steps[2]["actor"], seen.steps[3]["actor"])
+    logged = {entry["step"]: entry for entry in trainer.state.log_history if "reward" in entry}
+    assert math.isfinite(logged[4]["loss"]) and math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    assert nonfinite_tensors(tmp_path / "checkpoint-4") == []
+
+
 def test_a_run_that_keeps_producing_them_stops_with_its_newest_checkpoint_healthy(tmp_path):
     """Three non-finite steps in a row with max_consecutive_nonfinite_steps=2: the third stops the run before any
     update, naming the steps and the prompts (dataset rows) of their mini-batches; the checkpoint of the skipped step

@@ -12,14 +12,17 @@ from transformers import TrainerCallback
 
 
 class PoisonGradient(TrainerCallback):
-    """During the steps that make the global steps ``steps``, the gradient reaching the output of the model's final
-    norm gets one ``value`` element on process ``rank``, so every parameter before it gets a NaN (or inf) gradient
-    there, and the all-reduce or reduce-scatter spreads it to every process. A hook on the activation, not on a
-    parameter: FSDP2 and ZeRO-3 compute with other tensors than the parameters they hold. ``module``: "actor" (the
-    policy) or "critic" (PPO)."""
+    """During the steps that make the global steps ``steps``, on process ``rank``, the gradient reaching the output of
+    the model's final norm gets one ``value`` element (with ``forward``: the output itself is made ``value``, and so
+    the loss), so every parameter before it gets a NaN (or inf) gradient, which the all-reduce or reduce-scatter
+    spreads to every process. A hook on the activation, not on a parameter: FSDP2 and ZeRO-3 compute with other
+    tensors than the parameters they hold. ``module``: "actor" (the policy) or "critic" (PPO)."""
 
-    def __init__(self, steps, rank: int = 0, value: float = math.nan, module: str = "actor") -> None:
+    def __init__(
+        self, steps, rank: int = 0, value: float = math.nan, module: str = "actor", forward: bool = False
+    ) -> None:
         self.steps, self.rank, self.value, self.module = set(steps), rank, value, module
+        self.forward = forward  # the activation itself, so the loss too (else its gradient only)
         self.trainer, self.handle, self.poisoned = None, None, []
 
     def final_norm(self) -> torch.nn.Module:
@@ -27,6 +30,8 @@ class PoisonGradient(TrainerCallback):
         return [module for name, module in model.named_modules() if name.endswith("norm")][-1]
 
     def poison(self, module, inputs, output):
+        if self.forward and torch.is_tensor(output):
+            return output + self.value  # every position: one at a masked position would not reach the loss
         if torch.is_tensor(output) and output.requires_grad:
 
             def poisoned(grad):

@@ -74,6 +74,8 @@ class Learner(TrainerStage):
                     metrics[key] += float(value) / num_micro
             if not last:
                 self.fire("on_substep_end")
+        if trainer.args.logging_nan_inf_filter and not math.isfinite(metrics["loss"]):
+            del metrics["loss"]  # as Trainer: the logged loss is the mean of the steps whose loss was finite
         return {**metrics, **self.apply_gradients(losses, minibatch)}
 
     def apply_gradients(self, losses: dict[str, float], minibatch: Rollout) -> dict[str, float]:
