@@ -1,6 +1,6 @@
 """Checks of the reward functions made when the trainer is built, so that a bad one fails before any rollout: each
 callable, one weight each, and every parameter one that a call passes (TRL finds a missing column only when the
-first rollout is scored)."""
+first rollout is scored); and the error a reward function's failure raises when it is called."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ RewardFunc = Callable[..., Sequence[float | None]]
 # ``environments`` comes through ``extra`` where a rollout has environments; it is listed so that a function asking
 # for it passes the build-time check.
 ALWAYS_PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised, timed out, returned the wrong number of values or a non-finite value, or no reward
+    function applied to a sample (every one returned ``None``)."""
 
 
 def reward_func_name(func: RewardFunc) -> str:
@@ -37,8 +42,8 @@ def check_reward_timeout(reward_timeout: float | None) -> None:
         isinstance(reward_timeout, (int, float)) and math.isfinite(reward_timeout) and reward_timeout > 0
     ):
         raise ValueError(
-            f"reward_timeout={reward_timeout!r} is invalid: give the seconds an async reward function may take per "
-            "rollout, a finite number > 0, or None for no limit."
+            f"reward_timeout={reward_timeout!r} is invalid: give the seconds a reward function may take per rollout, "
+            "a finite number > 0, or None for no limit."
         )
 
 

@@ -1,7 +1,9 @@
 """Reward functions with TRL's calling convention: what they receive (``RewardInputs``), how they are called (plain
-functions one after the other, ``async def`` ones concurrently on one event loop within ``reward_timeout``, ``None``
-for a sample a function does not apply to), and how their scores combine. Every result is checked and a failure
-names its function; the checks made when the trainer is built are in reward_checks.py."""
+functions one after the other, ``async def`` ones concurrently on one event loop, each within ``reward_timeout``,
+``None`` for a sample a function does not apply to), and how their scores combine. Every result is checked and a
+failure names its function, the step and what to do; a call that runs long is warned about and, on the main thread,
+interrupted by ``reward_timeout`` or a stop signal (``watched``). The checks made when the trainer is built are in
+reward_checks.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import functools
 import inspect
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -19,11 +21,13 @@ import torch
 from .reward_checks import (  # noqa: F401 (the trainers import these from here)
     ALWAYS_PASSED,
     RewardFunc,
+    RewardFunctionError,
     as_list,
     check_reward_funcs,
     check_reward_timeout,
     reward_func_name,
 )
+from .reward_watch import at_step, run_stopped, watched
 
 
 @dataclass
@@ -46,11 +50,6 @@ class RewardInputs:
         return {name: sum(sorted(values)) / len(values) for name, values in self.logged_metrics.items() if values}
 
 
-class RewardFunctionError(ValueError):
-    """A reward function raised, timed out, returned the wrong number of values or a non-finite value, or no reward
-    function applied to a sample (every one returned ``None``)."""
-
-
 def is_async_reward(func: RewardFunc) -> bool:
     """Whether calling ``func`` returns a coroutine: an ``async def`` function, a partial of one, or an object whose
     ``__call__`` is ``async def`` (TRL's ``is_async_callable``)."""
@@ -70,20 +69,23 @@ def score_completions(
 ) -> torch.Tensor:
     """Call every reward function; return scores [num_completions, num_funcs], NaN where a function returned
     ``None``. A reward model (an object with ``score_inputs``) reads the token ids or texts itself; any other callable
-    gets TRL's keyword arguments (``reward_kwargs``). Async functions run concurrently, after the others, each
-    within ``timeout`` seconds; the results keep the functions' order whichever finishes first."""
+    gets TRL's keyword arguments (``reward_kwargs``). Async functions run concurrently, after the others; the results
+    keep the functions' order whichever finishes first. Each function has ``timeout`` seconds (``watched``)."""
     kwargs = reward_kwargs(inputs, trainer_state)
+    step = getattr(trainer_state, "global_step", None)
     columns: list[list[float] | None] = [None] * len(funcs)
     waiting = []
     for j, func in enumerate(funcs):
         if hasattr(func, "score_inputs"):
-            columns[j] = checked_values(func, named_call(func, lambda f=func: f.score_inputs(inputs)), inputs)
+            call = functools.partial(func.score_inputs, inputs)
         elif is_async_reward(func):
             waiting.append(j)
+            continue
         else:
-            columns[j] = checked_values(func, named_call(func, lambda f=func: f(**kwargs)), inputs)
+            call = functools.partial(func, **kwargs)
+        columns[j] = checked_values(func, named_call(func, call, step, timeout), inputs)
     if waiting:
-        results = run_async([funcs[j] for j in waiting], kwargs, timeout)
+        results = run_async([funcs[j] for j in waiting], kwargs, timeout, step)
         for j, values in zip(waiting, results):
             columns[j] = checked_values(funcs[j], values, inputs)
     scores = torch.tensor(columns, dtype=torch.float32).reshape(len(funcs), len(inputs.completions)).T.contiguous()
@@ -114,15 +116,36 @@ def reward_kwargs(inputs: RewardInputs, trainer_state) -> dict:
     }
 
 
-def named_call(func: RewardFunc, call):
+def named_call(func: RewardFunc, call: Callable, step: int | None = None, timeout: float | None = None):
+    """``call()`` of a synchronous reward function or a reward model, ``watched``; a failure names the function."""
+    what = f"reward function {reward_func_name(func)!r}"
     try:
-        return call()
+        return watched(call, lambda: what, step, timeout)
+    except RewardFunctionError:
+        raise
     except Exception as err:
-        raise raised(func, err) from err
+        raise raised(func, err, step) from err
 
 
-def raised(func: RewardFunc, err: Exception) -> RewardFunctionError:
-    return RewardFunctionError(f"reward function {reward_func_name(func)!r} raised {type(err).__name__}: {err}")
+def raised(func: RewardFunc, err: Exception, step: int | None = None) -> RewardFunctionError:
+    service = service_url(err)
+    calling = f" (calling {service})" if service else ""
+    message = f"reward function {reward_func_name(func)!r} raised {type(err).__name__}: {err}{calling}{at_step(step)}"
+    return RewardFunctionError(message + ("." + run_stopped(step) if step is not None else ""))
+
+
+def service_url(err: BaseException | None) -> str | None:
+    """The URL a failed request went to, where the error or one it came from holds it (urllib's ``HTTPError.url``,
+    ``requests``' and ``httpx``' ``request.url``, aiohttp's ``request_info.url``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        for holder in (err, getattr(err, "request", None), getattr(err, "request_info", None)):
+            url = getattr(holder, "url", None)
+            if isinstance(url, str) or (url is not None and type(url).__name__ in ("URL", "Url")):
+                return str(url)
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def checked_values(func: RewardFunc, values, inputs: RewardInputs) -> list[float]:
@@ -191,31 +214,45 @@ def event_loop() -> asyncio.AbstractEventLoop:
     return _loop
 
 
-def run_async(funcs: list[RewardFunc], kwargs: dict, timeout: float | None) -> list:
+def run_async(funcs: list[RewardFunc], kwargs: dict, timeout: float | None, step: int | None = None) -> list:
     """Await every function concurrently, each within ``timeout`` seconds; their results in the functions' order.
-    The first failure in that order is raised, naming its function."""
+    The first failure in that order is raised, naming its function. The wait is ``watched``."""
+    pending = [reward_func_name(func) for func in funcs]  # the functions that have not returned yet
 
     async def call(func):
         try:
             task = asyncio.ensure_future(func(**kwargs))
         except Exception as err:
-            raise raised(func, err) from err
-        done, _ = await asyncio.wait({task}, timeout=timeout)
+            raise raised(func, err, step) from err
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+        finally:
+            if not task.done():  # timed out, or the wait was cancelled (a stop signal)
+                task.cancel()
+            pending.remove(reward_func_name(func))
         if not done:
-            task.cancel()
             raise RewardFunctionError(
                 f"async reward function {reward_func_name(func)!r} did not return within reward_timeout={timeout} "
-                "seconds: raise reward_timeout, or make the function faster."
+                f"seconds{at_step(step)}: raise reward_timeout, or make the function faster.{run_stopped(step)}"
             )
         try:
             return task.result()
         except Exception as err:
-            raise raised(func, err) from err
+            raise raised(func, err, step) from err
 
     async def gather():
         return await asyncio.gather(*(call(func) for func in funcs), return_exceptions=True)
 
-    results = asyncio.run_coroutine_threadsafe(gather(), event_loop()).result()
+    def waiting_for() -> str:
+        names = pending or [reward_func_name(func) for func in funcs]
+        return f"async reward function {names[0]!r}" if len(names) == 1 else f"async reward functions {names}"
+
+    future = asyncio.run_coroutine_threadsafe(gather(), event_loop())
+    try:
+        results = watched(future.result, waiting_for, step, timeout, sync=False)
+    except BaseException:
+        future.cancel()
+        raise
     for result in results:
         if isinstance(result, BaseException):
             raise result

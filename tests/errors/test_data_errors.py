@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 from datasets import Dataset, IterableDataset
@@ -239,6 +240,15 @@ def _(ctx):
 @trigger("reward-async-timeout")
 def _(ctx):
     make_trainer(ctx.tmp_path, reward_funcs=[hangs], reward_timeout=0.1).train()
+
+
+def blocks(prompts, completions, **kwargs):
+    time.sleep(30)
+
+
+@trigger("reward-sync-timeout")
+def _(ctx):
+    make_trainer(ctx.tmp_path, reward_funcs=[blocks], reward_timeout=0.1).train()
 
 
 @trigger("dynamic-sampling-bound")

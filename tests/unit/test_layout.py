@@ -3,7 +3,7 @@ no module over 400 lines.
 
 The layers, bottom to top (a module imports only its own top-level package and those of its layer or below):
 
-    compat, cache, durable, redaction, rng, version, ops, rollout, reward_checks   (the foundations)
+    compat, cache, durable, redaction, rng, version, ops, rollout, reward_checks, reward_watch   (the foundations)
     < data < reporting < distributed < models < generation < agents, rewards, judges < checkpoint < publish
     < callbacks < trainers < the package root (steadyrl/__init__.py) < toy, real < cli, __main__
 
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "steadyrl"
 MAX_LINES = 400
 ROOT = "__init__"  # the package root's name in LAYERS
 LAYERS = [
-    {"compat", "cache", "durable", "redaction", "rng", "version", "ops", "rollout", "reward_checks"},
+    {"compat", "cache", "durable", "redaction", "rng", "version", "ops", "rollout", "reward_checks", "reward_watch"},
     {"data"},
     {"reporting"},
     {"distributed"},

@@ -21,6 +21,8 @@ import time
 import torch
 from transformers.utils import logging
 
+from ...reward_watch import stop_during_reward_call
+
 logger = logging.get_logger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -71,10 +73,13 @@ class StopSignals:
             os.kill(os.getpid(), signum)
             return
         self.received, self._received_at = signum, time.monotonic()
+        in_reward_call = stop_during_reward_call(signum)  # raises where a reward call that looks hung is to end now
         message = (
             f"Received {signal.Signals(signum).name}: finishing this step, then writing a checkpoint and exiting. "
             "Send it again to exit at once without a checkpoint."
         )
+        if in_reward_call:
+            message += " " + in_reward_call
         if self.under_launcher:
             message += (
                 f" The launcher SIGKILLs its workers {launcher_shutdown_timeout()} s after it forwards a signal "
