@@ -166,7 +166,9 @@ class LossFields:
     reward_timeout: float | None = field(
         default=None,
         metadata={
-            "help": "Seconds each async reward function may take per rollout (they run concurrently); None: no limit."
+            "help": "Seconds each reward function may take per rollout: an async one is cancelled, a plain one "
+            "interrupted (on the main thread), and the run stops with an error. None: no limit (warned about after "
+            "60 s; docs/faults.md)."
         },
     )
     missing_eos_penalty: float | None = field(
