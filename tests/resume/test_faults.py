@@ -131,6 +131,7 @@ def signal_during_the_hang(signum: int, after: float) -> None:
         ("async", signal.SIGINT, 1.0),
         ("sync", signal.SIGTERM, 0.0),  # before it: the call may still return; it is interrupted at the threshold
     ],
+    ids=["sync-SIGTERM-past-threshold", "async-SIGINT-past-threshold", "sync-SIGTERM-before-threshold"],
 )
 def test_a_stop_signal_ends_a_hanging_reward_function_and_the_run_resumes(
     reference, tmp_path, hang, caplog, monkeypatch, kind, signum, after
