@@ -60,9 +60,14 @@ def save_failure_message(tmp: Path, err: Exception, newest: Path | None | str = 
         meaning, advice = NOT_WRITABLE[code]
         return f"{failure}: {meaning}. The partial directory {partial} and {kept}. {advice} {RESUME}"
     try:
-        free = f"{shutil.disk_usage(tmp.parent).free / 2**20:.0f} MiB"
+        free_bytes = shutil.disk_usage(tmp.parent).free
+        free = f"{free_bytes / 2**20:.0f} MiB"
     except OSError:
-        free = "unknown"
+        free_bytes, free = None, "unknown"
+    if code is None and free_bytes is not None and newest and free_bytes < directory_size(newest):
+        # a writer that reports no errno (torch's zip writer: "unexpected pos"), with less room than a checkpoint takes
+        code = errno.ENOSPC
+        free += f", less than the {directory_size(newest) / 2**20:.0f} MiB a checkpoint takes"
     if code in FULL_DISK:
         return (
             f"{failure}; free space on its filesystem: {free}{FULL_DISK[code]}. The partial directory {partial} and "
@@ -72,3 +77,8 @@ def save_failure_message(tmp: Path, err: Exception, newest: Path | None | str = 
         f"{failure}; free space on its filesystem: {free}. The partial directory {partial} and {kept}. Fix the cause "
         f"of this error {RESUME}"
     )
+
+
+def directory_size(directory: Path) -> int:
+    """The bytes of the files below ``directory``."""
+    return sum(path.stat().st_size for path in Path(directory).rglob("*") if path.is_file())
