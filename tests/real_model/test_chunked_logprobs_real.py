@@ -1,8 +1,10 @@
 """The chunked LM head (ops/head_logprobs.py) on the real SmolLM2-135M-Instruct (tied 49,152 x 576 head, float32):
-log-probs and entropy equal a float64 log-softmax of the model's logits, every parameter's gradient the logits path's
-(unit/ops/test_chunked_logprobs.py has the tiny models, PEFT, bf16 and the fallbacks)."""
+log-probs and entropy equal a float64 log-softmax of the model's logits, every parameter's gradient the logits path's,
+up to float32 rounding (support/tolerances.py; unit/ops/test_chunked_logprobs.py has the tiny models, PEFT, bf16 and
+the fallbacks)."""
 
 import torch
+from support.tolerances import assert_gradients_within, assert_within, decoder_bound, logit_scale, relative_bound
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from unit.ops.test_chunked_logprobs import run_path
 
@@ -11,10 +13,10 @@ from steadyrl.real import smollm2_path
 
 
 def test_chunked_head_on_smollm2_equals_the_logits_path():
-    """The batch's positions fit one chunk, so both paths see the same logits (with chunks of a few rows BLAS rounds
-    the head's matmul differently: logits of size ~40 then differ by ~1e-5). Log-probs and entropy are compared with
-    a float64 log-softmax of those logits: the chunked path is within 1e-6 of it, the logits path only within 2e-5
-    (torch's float32 log_softmax sums the 49,152 exps less exactly than torch.sum)."""
+    """Log-probs and entropy of both paths are compared with a float64 log-softmax of the model's float32 logits: the
+    paths round the head's sum over the hidden size and the log-softmax's over the vocabulary (~1.3e-4 of the logits'
+    size, ~8e-3 nats here; both are within 2e-5 on the machines tried). Gradients agree within a float32 pass's bound
+    of the largest gradient."""
     path = smollm2_path()
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     assert model.config.tie_word_embeddings and model.dtype == torch.float32
@@ -29,11 +31,12 @@ def test_chunked_head_on_smollm2_equals_the_logits_path():
 
     logits_path = run_path(model, tokens, chunked_head=False, temperature=0.7)
     chunked = run_path(model, tokens, chunked_head=True, temperature=0.7)
-    for exact_values, values in ((exact_logprobs, chunked[0]), (exact_entropy, chunked[1])):
-        torch.testing.assert_close(values.double(), exact_values, atol=1e-6, rtol=1e-6)
-    for exact_values, values in ((exact_logprobs, logits_path[0]), (exact_entropy, logits_path[1])):
-        torch.testing.assert_close(values.double(), exact_values, atol=2e-5, rtol=0)
+    head = relative_bound(model.config.hidden_size + model.config.vocab_size) * logit_scale(
+        model, *tokens.values(), temperature=0.7
+    )
+    for path, values in (("chunked", chunked), ("logits path", logits_path)):
+        assert_within(values[0].double(), exact_logprobs, head, what=f"{path} log-probs")
+        assert_within(values[1].double(), exact_entropy, head, what=f"{path} entropy")
     assert chunked[3].keys() == logits_path[3].keys() and len(chunked[3]) == len(list(model.parameters()))
-    for name, grad in logits_path[3].items():  # within 1e-6 of each gradient's largest element
-        scale, error = float(grad.abs().max()), float((chunked[3][name] - grad).abs().max())
-        assert scale > 0 and error <= 1e-6 * scale, (name, error, scale)
+    positions = tokens["prompt_ids"].shape[1] + tokens["completion_ids"].shape[1]
+    assert_gradients_within(chunked[3], logits_path[3], decoder_bound(model.config, positions))
