@@ -142,12 +142,13 @@ def assert_same_up_to_rounding(ours, theirs, model, tokens, entropy_coef: float)
     input, whose gradient only the head gives. The other gradients pass through the layers' backward in bfloat16,
     which promises little over four layers (~half the largest gradient): they are held to that bound, and only a
     missing or far-off gradient fails there (an entropy bonus with no gradient moves them by ~1% of the largest, and
-    the head-only rows by 0.2%, 100 times their bound)."""
+    the head-only rows by 0.2%, over 100 times their bound)."""
     (loss, grads), (trl_loss, trl_grads) = ours, theirs
     config, positions = model.config, B * (PROMPT_LEN + C)
     # the head's sums over the hidden size and the vocabulary, the loss's and the weight gradient's over positions
     head = relative_bound(2 * (config.hidden_size + config.vocab_size + positions))
-    per_token = ADVANTAGES.abs().max().item() + BETA + entropy_coef  # each loss token's terms, per unit of logit
+    # a loss token's terms per unit of log-prob: the advantage times a ratio near 1, the KL's and the bonus's weights
+    per_token = ADVANTAGES.abs().max().item() + BETA + entropy_coef
     assert_within(loss, trl_loss, head * logit_scale(model, *vars(tokens).values()) * per_token, what="loss")
     head_only = torch.ones(config.vocab_size, dtype=torch.bool)
     head_only[torch.cat([tokens.prompt_ids.flatten(), tokens.completion_ids.flatten()])] = False
