@@ -19,7 +19,7 @@ the operations, so on any kernel.
   itself: a parameter's gradient is compared at the scale of all of the model's gradients (one backward pass's
   per-position terms make them all), a log-prob at the scale of the logits it comes from. Where the exact value is
   zero the bound is then absolute.
-- lambda = 5: a value exceeds its bound with probability below 1e-5.
+- lambda = 5: a chain of roundings exceeds its bound with probability 2 exp(-12.5) < 1e-5.
 
 Two computations that both round are within the sum of their bounds (``sides=2``); a computation and an exact
 (float64) reference within one bound.
