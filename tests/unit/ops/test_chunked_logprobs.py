@@ -92,8 +92,19 @@ def assert_paths_equal(model, tokens, temperature, entropy_weight=0.0):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Four positions per chunk: the 3 x 6 completion positions take 5 chunks."""
-    monkeypatch.setattr("steadyrl.ops.logit_rows.CHUNK_HEAD_LOGITS", 4 * VOCAB)
+    """Four positions per chunk: the 3 x 6 completion positions take 5 chunks. The size is read where each pass
+    reads it; the test then checks that its chunks had at most four rows, and that there were several."""
+    for module in ("logit_rows", "logprobs", "packing"):
+        monkeypatch.setattr(f"steadyrl.ops.{module}.CHUNK_HEAD_LOGITS", 4 * VOCAB)
+    rows, chunk_logits = [], head_module.chunk_logits
+
+    def recording(hidden, *args):
+        rows.append(len(hidden))
+        return chunk_logits(hidden, *args)
+
+    monkeypatch.setattr(head_module, "chunk_logits", recording)
+    yield
+    assert len(rows) > 1 and max(rows) <= 4, f"the head's chunks had {rows} rows"
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
