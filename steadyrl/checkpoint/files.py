@@ -18,6 +18,7 @@ from pathlib import Path
 from transformers.utils import logging
 
 from ..durable import fsync_dir
+from ..ops.finite import first_names
 from .health import nonfinite_in_checkpoint
 from .manifest import MANIFEST_NAME, STATE_FILE, CheckpointError, verify_checkpoint, write_manifest
 
@@ -209,9 +210,8 @@ def find_resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
         if not poisoned:
             chosen = step, path
             break
-        more = f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""
         logger.warning(
-            f"Not resuming from {path}: it holds NaN or infinite values ({', '.join(poisoned[:3])}{more}; an earlier "
+            f"Not resuming from {path}: it holds NaN or infinite values ({first_names(poisoned, 3)}; an earlier "
             "steadyrl saved it without checking). Passed over for an older checkpoint; delete it once you no longer "
             "need it."
         )

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..ops.finite import NonFiniteError, nonfinite_numbers, nonfinite_tensors, refuse_nonfinite
+from ..ops.finite import nonfinite_numbers, nonfinite_tensors, refuse_found, refuse_nonfinite
 
 CHECKED_KEY = "finite_checked"  # steadyrl_state.json: its numbers were checked finite as it was saved
 STATE_NAME = "steadyrl_state.json"
@@ -40,10 +40,7 @@ def refuse_nonfinite_weights(model: torch.nn.Module, whose: str) -> None:
 
 def refuse_nonfinite_state(state: dict, what: str) -> None:
     """``NonFiniteError`` if the nested ``state`` (an optimizer's, the loop's parts) holds a non-finite number."""
-    found = nonfinite_numbers(state)
-    if found:
-        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-        raise NonFiniteError(f"Refused to save {what}: {', '.join(found[:5])}{more} hold NaN or infinite values.")
+    refuse_found(nonfinite_numbers(state), f"Refused to save {what}")
 
 
 def nonfinite_in_checkpoint(directory: Path) -> list[str]:

@@ -12,6 +12,7 @@ from accelerate.utils import gather_object
 from transformers.utils import logging
 
 from ..distributed.processes import on_main_process
+from ..ops.finite import first_names
 from . import CheckpointError, find_resumable_checkpoint, recover_interrupted_commits, verify_checkpoint
 from .health import nonfinite_in_checkpoint
 from .ownership import OutputDirLock, refuse_other_runs
@@ -47,9 +48,8 @@ def find_checkpoint(value, output_dir: str) -> Path | None:
     verify_checkpoint(path)
     poisoned = nonfinite_in_checkpoint(path)
     if poisoned:
-        more = f" and {len(poisoned) - 3} more" if len(poisoned) > 3 else ""
         raise CheckpointError(
-            f"resume_from_checkpoint={value!r} holds NaN or infinite values ({', '.join(poisoned[:3])}{more}): "
+            f"resume_from_checkpoint={value!r} holds NaN or infinite values ({first_names(poisoned, 3)}): "
             "training from it would spread them. Resume from an older checkpoint, or with resume_from_checkpoint=True "
             "(the newest one that is finite)."
         )

@@ -49,7 +49,10 @@ class WeightTransfer(ABC):
 
     def reload(self, version: int) -> None:
         """Make the server generate again with the weights of ``version``, the last ones pushed (``reloads()``)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot push weights again without the actor")
+        raise VLLMServerError(
+            f"{type(self).__name__} cannot put the weights of global step {version} into the vLLM server again without "
+            "the actor (reloads() is False): a server that lost them stops the run"
+        )
 
 
 def unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -51,10 +51,19 @@ def _leaves(value, name: str):
         yield from _leaves(item, f"{name}.{key}" if name else str(key))
 
 
-def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], what: str, limit: int = 5) -> None:
-    """Raise ``NonFiniteError`` naming (up to ``limit``) the tensors of ``named`` that are not finite; ``what``
-    says whose they are and where they were going."""
-    found = nonfinite_tensors(named)
+def first_names(found: list[str], limit: int = 5) -> str:
+    """``found`` for a message: its first ``limit`` names, and how many more."""
+    more = f" and {len(found) - limit} more" if len(found) > limit else ""
+    return ", ".join(found[:limit]) + more
+
+
+def refuse_nonfinite(named: Iterable[tuple[str, torch.Tensor]], what: str) -> None:
+    """Raise ``NonFiniteError`` naming the tensors of ``named`` that are not finite (``first_names``); ``what`` says
+    whose they are and where they were going."""
+    refuse_found(nonfinite_tensors(named), what)
+
+
+def refuse_found(found: list[str], what: str) -> None:
+    """Raise ``NonFiniteError`` if ``found`` (names of non-finite numbers) is not empty."""
     if found:
-        more = f" and {len(found) - limit} more" if len(found) > limit else ""
-        raise NonFiniteError(f"{what}: {', '.join(found[:limit])}{more} hold NaN or infinite values.")
+        raise NonFiniteError(f"{what}: {first_names(found)} hold NaN or infinite values.")

@@ -19,12 +19,11 @@ Kept groups beyond the rollout's are unused (verl drops them too).
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 from accelerate.utils import gather_object
 
 from ...agents.turns import Trajectories
+from ...distributed.metrics import combine_by_name
 from ...generation import Generation
 from ...ops import zero_std_groups
 from ...rewards import weighted_total
@@ -86,13 +85,6 @@ def sampled_from_rows(rows: list[dict], generation_time: float, metrics: dict) -
     return sampled, torch.stack([row["scores"] for row in rows])
 
 
-def mean_metrics(draws: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric's mean over the draws that logged it (a reward function's ``log_metric`` may log one in some draws
-    only: a count of format errors where there are some), by name, as processes combine them."""
-    names = dict.fromkeys(name for metrics in draws for name in metrics)
-    return {name: statistics.fmean(metrics[name] for metrics in draws if name in metrics) for name in names}
-
-
 class DynamicSampling(TrainerStage):
     """The next rollout's sampled completions and scores, made of groups whose rewards differ (module docstring)."""
 
@@ -128,7 +120,7 @@ class DynamicSampling(TrainerStage):
             wanted = set(sorted(keys)[:needed])
             pool = dict(gather_object([(key, rows) for key, rows in pool.items() if key in wanted]))
         metrics = {
-            **mean_metrics(drawn_metrics),
+            **combine_by_name(drawn_metrics),  # each metric over the draws that logged it
             "dynamic_sampling/prompts_drawn": float(draws * needed),
             "dynamic_sampling/groups_dropped": float(dropped),
             "dynamic_sampling/groups_unused": float(len(keys) - needed),

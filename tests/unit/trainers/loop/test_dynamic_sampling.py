@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from steadyrl.agents.turns import Trajectories
+from steadyrl.distributed.metrics import combine_by_name
 from steadyrl.generation import Generation
 from steadyrl.trainers.loop.dynamic_sampling import (
     fill_order,
     groups_with_signal,
-    mean_metrics,
     sample_rows,
     sampled_from_rows,
 )
@@ -88,4 +88,5 @@ def test_rows_keep_what_the_scoring_passes_read():
 
 
 def test_metrics_of_several_draws_are_their_means_over_the_draws_that_logged_them():
-    assert mean_metrics([{"a": 1.0, "b": 2.0}, {"a": 3.0}, {"a": 5.0, "c": 7.0}]) == {"a": 3.0, "b": 2.0, "c": 7.0}
+    draws = [{"a": 1.0, "b": 2.0}, {"a": 3.0}, {"a": 5.0, "c": 7.0}]  # combined as processes are
+    assert combine_by_name(draws) == {"a": 3.0, "b": 2.0, "c": 7.0}
