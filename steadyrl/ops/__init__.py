@@ -1,17 +1,23 @@
-"""Pure tensor math: log-probs, advantages (RLOO, GRPO, GAE, PPO reward shaping, KL control, DPO pairs) and losses
-(the policy losses by name: ``POLICY_LOSSES``)."""
+"""Pure tensor math: log-probs, advantages (RLOO, GRPO, GAE, REINFORCE++, PPO reward shaping, KL control, DPO
+pairs) and losses (the policy losses by name: ``POLICY_LOSSES``)."""
 
 from .advantages import (
+    KL_ESTIMATORS,
+    REINFORCE_PP_ESTIMATORS,
     SCALE_REWARDS,
     RunningMoments,
     adaptive_kl_coef,
+    approx_kl,
     chosen_first_order,
+    discounted_returns,
     generalized_advantage_estimation,
     group_normalized_total,
     group_relative_advantages,
+    kl_penalised_rewards,
     leave_one_out_advantages,
     pair_ties,
     pair_weights,
+    reinforce_pp_advantages,
     shaped_token_rewards,
     whiten,
     zero_std_groups,
@@ -64,6 +70,8 @@ from .policy_loss import (
 
 __all__ = [
     "ENGINE_CORRECTION_MODES",
+    "KL_ESTIMATORS",
+    "REINFORCE_PP_ESTIMATORS",
     "IMPORTANCE_SAMPLING_LEVELS",
     "POLICY_LOSSES",
     "SCALE_REWARDS",
@@ -95,6 +103,10 @@ __all__ = [
     "zero_std_groups",
     "RunningMoments",
     "adaptive_kl_coef",
+    "approx_kl",
+    "discounted_returns",
+    "kl_penalised_rewards",
+    "reinforce_pp_advantages",
     "batched_forward",
     "batched_logprobs",
     "chosen_first_order",

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .logprobs import last_token_index
+from .logprobs import kl_penalty, last_token_index
+from .masked import SumOverProcesses, masked_moments, masked_whiten
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
@@ -85,6 +86,72 @@ def shaped_token_rewards(
     rewards = non_score_rewards.clone()
     rewards[rows, last_token_index(mask)] += scores
     return rewards, non_score_rewards
+
+
+REINFORCE_PP_ESTIMATORS = ("reinforce", "reinforce_baseline")  # OpenRLHF's advantage_estimator names
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def approx_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """[N, C] per-token estimate of KL(pi || pi_ref) from samples of pi, clamped to [-10, 10] as OpenRLHF's
+    ``compute_approx_kl``: Schulman's k1 (log r), k2 ((log r)^2 / 2) or k3 (r - 1 - log r with r = pi_ref / pi)."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={estimator!r} is invalid: use one of {', '.join(KL_ESTIMATORS)}.")
+    if estimator == "k2":
+        return ((logprobs - ref_logprobs) ** 2 / 2).clamp(-10, 10)
+    return kl_penalty(logprobs, ref_logprobs, estimator).clamp(-10, 10)
+
+
+def kl_penalised_rewards(
+    scores: torch.Tensor, token_kl: torch.Tensor, kl_coef: float, mask: torch.Tensor
+) -> torch.Tensor:
+    """[N, C] per-token rewards r_t = -kl_coef KL_t on the tokens of ``mask`` [N, C], plus each score [N] at its
+    sequence's last token of ``mask`` (OpenRLHF's ``compute_reward``; a mask with holes, a multi-turn one, too)."""
+    mask = mask.to(token_kl.dtype)
+    rewards = -kl_coef * token_kl * mask
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # [N] the last 1 of each row
+    rewards[torch.arange(len(scores), device=scores.device), last] += scores.to(rewards.dtype)
+    return rewards
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """[N, C] REINFORCE's return at each completion token, G_t = r_t + gamma G_{t+1}, from per-token rewards [N, C];
+    rewards outside ``mask`` [N, C] count as 0 (OpenRLHF's ``get_cumulative_returns``)."""
+    rewards = rewards * mask.to(rewards.dtype)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
+def reinforce_pp_advantages(
+    scores: torch.Tensor,  # [N] one score per sequence
+    token_kl: torch.Tensor,  # [N, C] per-token KL estimate (approx_kl); zeros without a KL penalty
+    mask: torch.Tensor,  # [N, C] 1 on the tokens the policy sampled
+    kl_coef: float,
+    gamma: float = 1.0,
+    group_size: int | None = None,
+    std_norm: bool = True,
+    sum_over_processes: SumOverProcesses | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu, 2025, arXiv 2501.03262), as OpenRLHF's ``advantage_estimator="reinforce"``: per-token
+    rewards r_t = -kl_coef KL_t plus the score at the last completion token, their discounted returns G_t, whitened
+    over every completion token of the whole batch (every process's with ``sum_over_processes``; ``std_norm=False``:
+    centred only). With ``group_size`` k (``"reinforce_baseline"``) each score first loses the mean score of its
+    prompt's k consecutive samples. Returns ``(advantages, returns)``, both [N, C], zero outside ``mask``.
+
+    The variance is the unbiased one, as verl's ``masked_whiten``; OpenRLHF's divides by the token count n instead,
+    which makes its advantages sqrt(n / (n - 1)) times these."""
+    if group_size is not None:
+        scores = group_relative_advantages(scores, group_size, scale="none")
+    mask = mask.to(token_kl.dtype)
+    returns = discounted_returns(kl_penalised_rewards(scores, token_kl, kl_coef, mask), mask, gamma) * mask
+    mean, var = masked_moments(returns, mask, sum_over_processes)
+    if not std_norm:
+        return (returns - mean) * mask, returns
+    return masked_whiten(returns, mask, (mean, var)), returns
 
 
 @dataclass(frozen=True)

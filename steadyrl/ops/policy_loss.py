@@ -1,7 +1,8 @@
 """GRPO's and RLOO's policy losses (TRL's ``loss_type``): each a per-token objective plus an aggregation, by name.
 
 Shapes: B sequences in a micro-batch, C completion tokens. An objective's loss is [B, C], or [B, 1] with one
-importance weight per sequence; the aggregations multiply it by the [B, C] loss mask either way.
+importance weight per sequence; the aggregations multiply it by the [B, C] loss mask either way. Advantages are one
+per sequence [B], or one per token [B, C] (REINFORCE++) for the objectives that ``take_token_advantages``.
 
     w = pi / pi_old            per token ("token"), or exp(mean log-ratio of the sequence) ("sequence", GSPO)
     ClippedSurrogate  l = -min(w A, clip(w, 1 - eps, 1 + eps_high) A)   with ``delta``: w capped at delta first
@@ -85,6 +86,11 @@ def clipped_surrogate(
     return loss, bound
 
 
+def advantage_columns(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages as a [B, C]-broadcastable tensor: one per sequence [B] as [B, 1], one per token [B, C] as it is."""
+    return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
 def flag_share(where: torch.Tensor, mask: torch.Tensor) -> float:
     """The share of the loss tokens ``mask`` [B, C] where ``where`` ([B, C], [B, 1] or [B]) holds."""
     where = where.expand(mask.shape) if where.dim() == 2 else where.unsqueeze(-1).expand(mask.shape)
@@ -144,14 +150,14 @@ def importance_ratio_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[
 
 class PolicyLoss(abc.ABC):
     """A per-token policy objective: log-probs [B, C] of the policy being trained, of the one that sampled
-    (``old_logprobs`` [B, C]), advantages [B] (one per sequence), the loss mask [B, C] and the ``LossSettings`` in;
-    a ``TokenLoss`` out. ``reads``: which of the token-level options (``TOKEN_OPTIONS``) it honours; the config
-    refuses the others. ``metrics`` turns its flags into logged numbers.
+    (``old_logprobs`` [B, C]), advantages [B] (one per sequence; [B, C] where ``takes_token_advantages``), the loss
+    mask [B, C] and the ``LossSettings`` in; a ``TokenLoss`` out. ``reads``: which of the token-level options
+    (``TOKEN_OPTIONS``) it honours; the config refuses the others. ``metrics`` turns its flags into logged numbers.
 
     Args (of ``__call__``):
         logprobs: [B, C] under the policy being trained (with gradients).
         old_logprobs: [B, C] under the policy that sampled.
-        advantages: [B] one per sequence.
+        advantages: [B] one per sequence, or [B, C] one per token (``takes_token_advantages``).
         mask: [B, C] the tokens the loss counts.
         settings: ``LossSettings``.
 
@@ -166,6 +172,8 @@ class PolicyLoss(abc.ABC):
     # takes the vLLM correction's weights (``engine_weights=``) into its own objective, instead of the loss being
     # multiplied by them afterwards
     folds_engine_weights: ClassVar[bool] = False
+    # accepts one advantage per token [B, C] (REINFORCE++'s returns) as well as one per sequence
+    takes_token_advantages: ClassVar[bool] = True
 
     @abc.abstractmethod
     def __call__(
@@ -193,7 +201,7 @@ class ClippedSurrogate(PolicyLoss):
     def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
         log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
         loss, bound = clipped_surrogate(
-            log_weights, advantages.unsqueeze(1), settings.cliprange, settings.cliprange_high, settings.delta
+            log_weights, advantage_columns(advantages), settings.cliprange, settings.cliprange_high, settings.delta
         )
         return TokenLoss(loss, log_weights, bound)
 
@@ -207,6 +215,7 @@ class SequenceRatio(ClippedSurrogate):
 
     description = "TRL's RLOO loss, one importance ratio per sequence"
     reads = frozenset()
+    takes_token_advantages = False
 
     def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
         mask = mask.to(logprobs.dtype)
@@ -226,7 +235,7 @@ class CISPO(PolicyLoss):
 
     def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
         log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
-        weights, advantages = torch.exp(log_weights), advantages.unsqueeze(1)  # [B, C] or [B, 1]; [B, 1]
+        weights, advantages = torch.exp(log_weights), advantage_columns(advantages)  # [B, C] or [B, 1] each
         loss = -weights.clamp(max=settings.high).detach() * advantages * logprobs  # [B, C]
         return TokenLoss(loss, log_weights, {"cispo_clip_ratio": (weights > settings.high) & (advantages > 0)})
 
@@ -242,7 +251,7 @@ class SAPO(PolicyLoss):
 
     def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
         log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
-        advantages = advantages.unsqueeze(1)  # [B, 1]
+        advantages = advantage_columns(advantages)  # [B, 1] or [B, C]
         tau = torch.where(advantages > 0, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
         loss = -torch.sigmoid(tau * (torch.exp(log_weights) - 1)) * 4 / tau * advantages
         return TokenLoss(loss, log_weights, {})
@@ -280,6 +289,7 @@ class VESPO(PolicyLoss):
     description = "VESPO: -phi(W) x A x log-prob, phi a Gamma weight of the sequence's importance weight, detached"
     reads = frozenset({"vllm_importance_sampling_correction"})
     folds_engine_weights = True
+    takes_token_advantages = False  # phi is the sequence's, chosen by the sign of its one advantage
 
     def __call__(self, logprobs, old_logprobs, advantages, mask, settings, engine_weights=None):
         log_ratio, advantages = logprobs - old_logprobs, advantages.unsqueeze(1)  # [B, C], [B, 1]
@@ -316,7 +326,7 @@ class RegisteredLoss(NamedTuple):
         self,
         logprobs: torch.Tensor,  # [B, C]
         old_logprobs: torch.Tensor,  # [B, C]
-        advantages: torch.Tensor,  # [B]
+        advantages: torch.Tensor,  # [B], or [B, C] (objective.takes_token_advantages)
         mask: torch.Tensor,  # [B, C]
         settings: LossSettings,
         engine_weights: torch.Tensor | None = None,  # [B, C] or [B, 1]: pi_trainer / pi_vLLM, truncated
