@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from .config.on_policy_config import OnPolicyConfig
 from .distillation import DistillationConfig, DistillationTrainer
+from .gkd import GKDConfig, GKDTrainer
 from .grpo import GRPOConfig, GRPOTrainer
 from .loop.on_policy import OnPolicyTrainer
 from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
@@ -27,6 +28,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "ppo": Algorithm(PPOConfig, PPOTrainer),
     "online-dpo": Algorithm(OnlineDPOConfig, OnlineDPOTrainer),
     "distillation": Algorithm(DistillationConfig, DistillationTrainer),
+    "gkd": Algorithm(GKDConfig, GKDTrainer),
 }
 
 __all__ = [
@@ -34,6 +36,8 @@ __all__ = [
     "Algorithm",
     "DistillationConfig",
     "DistillationTrainer",
+    "GKDConfig",
+    "GKDTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "OnPolicyConfig",

@@ -90,12 +90,6 @@ class GKDConfig(DistillationConfig):
                 "rollout sampled by the student, 0: every rollout from the dataset's completions)."
             )
         self.lmbda = float(self.lmbda)
-        if self.max_staleness:
-            raise ValueError(
-                f"max_staleness={self.max_staleness} is not supported by GKD: whether a rollout is the student's or "
-                "the dataset's is decided when it is drawn, and rollouts generated ahead are the student's only. Set "
-                "max_staleness=0."
-            )
 
     def _resolve_lengths(self, names: dict[str, str]) -> None:
         if self.max_completion_length is None:

@@ -84,6 +84,19 @@ def _(ctx):
 
 
 config_error("distillation-beta", "distillation", beta=1.5)
+config_error("gkd-lmbda", "gkd", lmbda=1.5)
+
+
+@trigger("gkd-no-completions")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="gkd", lmbda=0.5)  # the toy chat prompts: no completion column
+
+
+@trigger("gkd-seq-kd-split")
+def _(ctx):
+    from steadyrl.trainers.gkd import check_teacher_generates
+
+    check_teacher_generates(make_config(ctx.tmp_path, "gkd", seq_kd=True, lmbda=0.5), zero3=True, fsdp_version=None)
 
 
 @trigger("distillation-no-teacher")
@@ -127,6 +140,21 @@ def _(ctx):
 
 
 config_error("off-policy-mask-threshold", "grpo", off_policy_mask_threshold=-0.5)
+config_error("reinforce-pp-estimator", "reinforce-pp", advantage_estimator="gae")
+config_error("reinforce-pp-loss-type", "reinforce-pp", loss_type="vespo")
+config_error("reinforce-pp-kl-estimator", "reinforce-pp", kl_estimator="k4")
+config_error("reinforce-pp-gamma", "reinforce-pp", gamma=0.0)
+config_error("reinforce-pp-baseline-gamma", "reinforce-pp", advantage_estimator="reinforce_baseline", gamma=0.9)
+config_error(
+    "reinforce-pp-baseline-samples",
+    "reinforce-pp",
+    advantage_estimator="reinforce_baseline",
+    n_samples_per_prompt=1,
+    train_batch_size=2,
+    micro_rollout_batch_size=4,
+)
+config_error("reinforce-pp-init-kl-coef", "reinforce-pp", init_kl_coef=0.1, beta=0.2)
+config_error("reinforce-pp-clip-range", "reinforce-pp", reward_clip_range=[1.0, -1.0])
 config_error("nonfinite-limit", max_consecutive_nonfinite_steps=-1)
 config_error("adaptive-entropy-bounds", "grpo", use_adaptive_entropy=True, entropy_coef_min=0.5, entropy_coef_max=0.1)
 
@@ -290,6 +318,9 @@ def _(ctx):
 
 
 config_error("vllm-lora-sync", use_vllm=True, vllm_lora_sync="always")
+config_error("generation-backend-unregistered", generation_backend="tpu")
+config_error("generation-backend-use-vllm", generation_backend="hf", use_vllm=True)
+config_error("generation-backend-vllm-mode", generation_backend="vllm_server", vllm_mode="colocate")
 
 
 @trigger("max-steps-zero")
