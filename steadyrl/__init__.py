@@ -22,6 +22,8 @@ from .trainers import (
     OnPolicyTrainer,
     PPOConfig,
     PPOTrainer,
+    ReinforcePPConfig,
+    ReinforcePPTrainer,
     RLOOConfig,
     RLOOTrainer,
 )
@@ -48,6 +50,8 @@ __all__ = [
     "OnPolicyTrainer",
     "PPOConfig",
     "PPOTrainer",
+    "ReinforcePPConfig",
+    "ReinforcePPTrainer",
     "RLOOConfig",
     "RLOOTrainer",
     "RewardFunctionError",

@@ -135,17 +135,21 @@ def reinforce_pp_advantages(
     group_size: int | None = None,
     std_norm: bool = True,
     sum_over_processes: SumOverProcesses | None = None,
+    clip: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, 2025, arXiv 2501.03262), as OpenRLHF's ``advantage_estimator="reinforce"``: per-token
     rewards r_t = -kl_coef KL_t plus the score at the last completion token, their discounted returns G_t, whitened
     over every completion token of the whole batch (every process's with ``sum_over_processes``; ``std_norm=False``:
     centred only). With ``group_size`` k (``"reinforce_baseline"``) each score first loses the mean score of its
-    prompt's k consecutive samples. Returns ``(advantages, returns)``, both [N, C], zero outside ``mask``.
+    prompt's k consecutive samples; then it is clamped to ``clip`` (min, max) if given. Returns ``(advantages,
+    returns)``, both [N, C], zero outside ``mask``.
 
     The variance is the unbiased one, as verl's ``masked_whiten``; OpenRLHF's divides by the token count n instead,
     which makes its advantages sqrt(n / (n - 1)) times these."""
     if group_size is not None:
         scores = group_relative_advantages(scores, group_size, scale="none")
+    if clip is not None:
+        scores = scores.clamp(*clip)
     mask = mask.to(token_kl.dtype)
     returns = discounted_returns(kl_penalised_rewards(scores, token_kl, kl_coef, mask), mask, gamma) * mask
     mean, var = masked_moments(returns, mask, sum_over_processes)

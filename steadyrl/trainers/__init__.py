@@ -13,6 +13,7 @@ from .grpo import GRPOConfig, GRPOTrainer
 from .loop.on_policy import OnPolicyTrainer
 from .online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from .ppo import PPOConfig, PPOTrainer
+from .reinforce_pp import ReinforcePPConfig, ReinforcePPTrainer
 from .rloo import RLOOConfig, RLOOTrainer
 
 
@@ -29,6 +30,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "online-dpo": Algorithm(OnlineDPOConfig, OnlineDPOTrainer),
     "distillation": Algorithm(DistillationConfig, DistillationTrainer),
     "gkd": Algorithm(GKDConfig, GKDTrainer),
+    "reinforce-pp": Algorithm(ReinforcePPConfig, ReinforcePPTrainer),
 }
 
 __all__ = [
@@ -46,6 +48,8 @@ __all__ = [
     "OnlineDPOTrainer",
     "PPOConfig",
     "PPOTrainer",
+    "ReinforcePPConfig",
+    "ReinforcePPTrainer",
     "RLOOConfig",
     "RLOOTrainer",
 ]

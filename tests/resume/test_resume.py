@@ -1,6 +1,6 @@
-"""RLOO, PPO and online DPO (and distillation, killed after a mid-rollout checkpoint): a run SIGKILLed at any point
-resumes to the byte-identical result of an uninterrupted run; damaged checkpoints and changed configurations are
-refused."""
+"""RLOO, PPO and online DPO (and distillation and REINFORCE++, killed after a mid-rollout checkpoint): a run
+SIGKILLed at any point resumes to the byte-identical result of an uninterrupted run; damaged checkpoints and changed
+configurations are refused."""
 
 import json
 import shutil
@@ -77,7 +77,7 @@ def assert_summary_covers_whole_run(reference: Path, resumed: Path) -> None:
 
 
 # For PPO and online DPO, tests/resume/test_reliability.py's crash fuzzing kills at random moments, inside saves too.
-@pytest.mark.parametrize("algorithm", ["rloo", "distillation"], indirect=True)
+@pytest.mark.parametrize("algorithm", ["rloo", "distillation", "reinforce-pp"], indirect=True)
 def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted, tmp_path, algorithm):
     run_toy(tmp_path, "--algorithm", algorithm, "--kill-after-save", "6", expect_kill=True)
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]

@@ -81,7 +81,7 @@ def test_without_std_norm_advantages_are_only_centred():
 # ---- OpenRLHF's and verl's formulas, re-implemented plainly ------------------------------------------------------
 
 
-def openrlhf_advantages(scores, log_probs, ref_log_probs, action_mask, kl_coef, gamma, estimator, k=None):
+def openrlhf_advantages(scores, log_probs, ref_log_probs, action_mask, kl_coef, gamma, estimator, k=None, clip=None):
     """OpenRLHF: rewards minus the group mean (reinforce_baseline), compute_reward (KL per token, the score at the
     last action token), get_cumulative_returns, then (x - mean) * rsqrt(max(population var, 1e-8)) over all
     action tokens."""
@@ -89,6 +89,8 @@ def openrlhf_advantages(scores, log_probs, ref_log_probs, action_mask, kl_coef, 
     if k is not None:
         grouped = rewards.view(-1, k)
         rewards = (grouped - grouped.mean(-1, keepdim=True)).flatten()
+    if clip:
+        rewards = rewards.clamp(min=clip[0], max=clip[1])
     log_ratio = log_probs.float() - ref_log_probs.float()
     if estimator == "k1":
         kl = log_ratio
@@ -132,8 +134,9 @@ def random_rollout(seed, n=8, c=6):
 def test_equals_openrlhf(estimator, gamma, k):
     scores, logprobs, ref, mask = random_rollout(0)
     kl = approx_kl(logprobs, ref, estimator)
-    ours, returns = reinforce_pp_advantages(scores, kl, mask, 0.05, gamma, group_size=k)
-    theirs, their_returns = openrlhf_advantages(scores, logprobs, ref, mask, 0.05, gamma, estimator, k)
+    clip = (-0.3, 1.2)  # binds on some scores (in [0, 2)) and some centred ones
+    ours, returns = reinforce_pp_advantages(scores, kl, mask, 0.05, gamma, group_size=k, clip=clip)
+    theirs, their_returns = openrlhf_advantages(scores, logprobs, ref, mask, 0.05, gamma, estimator, k, clip)
     torch.testing.assert_close(returns, their_returns * mask)
     n = mask.sum().item()  # OpenRLHF divides the squared deviations by n, steadyrl (and verl) by n - 1
     torch.testing.assert_close(ours * math.sqrt(n / (n - 1)), theirs * mask)
