@@ -211,7 +211,7 @@ def train(
         from ..toy import letters_reward, toy_dataset, toy_model_path
 
         model, dataset = toy_model_path(), toy_dataset()
-        if trainer_class.uses_rewards:
+        if trainer_class.algorithm_class.uses_rewards:
             trainer_kwargs.setdefault("reward_funcs", [letters_reward])
     else:
         model = script.model_name_or_path

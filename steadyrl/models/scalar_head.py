@@ -10,18 +10,23 @@ import functools
 
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers.utils import logging
 
+from ..distributed.fsdp import is_sharded
 from ..distributed.placement import offloaded
 from ..distributed.sharded_loading import (
     is_main_process,
     load_split,
     mark_loaded_on_main,
     on_main_only,
+    trained_copy_on_main,
     uninitialised,
 )
-from ..distributed.zero import check_whole, copy_weights, gathered, same_kind_of_model
+from ..distributed.zero import check_whole, copy_model, copy_weights, gathered, same_kind_of_model
 from ..ops import joined_inputs, pad_prompts_and_completions
 from ..ops.packing import PackedRows, pack_shared_prompts, packed_hidden_states, packing_fallback
+
+logger = logging.get_logger(__name__)
 
 
 def load_scalar_model(
@@ -244,3 +249,28 @@ class RewardModelFunction:
         hidden = backbone(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).last_hidden_state
         last = encoded["attention_mask"].sum(1) - 1  # [B] the last real token of each right-padded row
         return self.model.score(hidden).squeeze(-1).float().gather(1, last.unsqueeze(1)).squeeze(1)
+
+
+def initial_critic(
+    value_model, init_kwargs: dict, actor: PreTrainedModel, tokenizer, reward_model, reads_policy_tokens: bool, args
+) -> PreTrainedModel:
+    """PPO's critic before training: ``value_model`` (a model, path or Hub id), else as in OpenRLHF a copy of the
+    reward model where it reads the policy's tokens, else the policy's backbone with a new value head. Under ZeRO-3
+    it is created partitioned, as the models it comes from; creating it leaves the run's random stream where it was
+    (transformers initialises a model created under zero.Init before loading it). ``init_kwargs``: the
+    ``from_pretrained`` arguments of ``value_model``; ``reads_policy_tokens``: the reward model reads the policy's
+    token ids (it has no tokenizer of its own)."""
+    if value_model is not None:
+        with torch.random.fork_rng():
+            critic = load_scalar_model(value_model, "value_model", init_kwargs, args, frozen=False)
+        check_same_vocabulary(critic, "value_model", actor, tokenizer)
+        return critic
+    if reward_model is not None and reads_policy_tokens:
+        sharded = is_sharded(reward_model)  # FSDP2: the main process holds the critic until it is prepared
+        return trained_copy_on_main(reward_model) if sharded else copy_model(reward_model)
+    if reward_model is not None:
+        logger.warning(
+            "The critic starts from the policy's backbone, not from a copy of reward_model: the reward model has a "
+            "tokenizer of its own, and the critic reads the policy's token ids."
+        )
+    return critic_from_policy(actor, args.seed)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         help="smollm2: GRPO on a real pretrained chat model (steadyrl demo --model smollm2 --help)",
     )
     parser.add_argument("--output_dir", default="demo-output")
-    rewarded = sorted(name for name, algorithm in ALGORITHMS.items() if algorithm.trainer_class.uses_rewards)
+    rewarded = sorted(name for name, entry in ALGORITHMS.items() if entry.trainer_class.algorithm_class.uses_rewards)
     parser.add_argument("--algorithm", choices=rewarded, default="rloo")
     parser.add_argument("--max_steps", type=int, default=100)
     parser.add_argument(

@@ -33,6 +33,7 @@ from ..rollout import Advantages, Rollout
 from .config.field_groups import inherited_field
 from .config.input_checks import check_model_path
 from .config.on_policy_config import OnPolicyConfig
+from .loop.algorithm import Algorithm, Processes
 from .loop.on_policy import OnPolicyTrainer
 
 
@@ -100,6 +101,67 @@ def _dict_field(value):
     return parse_dict_field("teacher_model_init_kwargs", value, '{"dtype": "bfloat16"}')
 
 
+class Distillation(Algorithm):
+    """The student trained towards the teacher's next-token distribution at every completion token (no rewards, no
+    advantages): the generalized JSD (``beta``) at ``temperature``, a token mean over the optimizer step.
+
+    Args:
+        args, processes, eos_token_id: as ``Algorithm``'s.
+        teacher: the frozen teacher (placed: on the device, or offloaded with ``offload``; a ZeRO-3 engine).
+        student_vocab_size: the student's vocabulary (the teacher's head rows past it are padding).
+        offload: keep the teacher off the device between its passes (``ref_reward_offload``, not under ZeRO-3).
+
+    Example::
+
+        Distillation(DistillationConfig(output_dir="out", beta=0.5), Processes(accelerator), eos, teacher, 49152)
+    """
+
+    uses_rewards = False
+    evaluates_loss = True  # eval_loss: the divergence of the evaluation rollout, as TRL's
+
+    def __init__(
+        self, args, processes: Processes, eos_token_id: int | None, teacher, student_vocab_size: int, offload: bool
+    ) -> None:
+        super().__init__(args, processes, eos_token_id)
+        self.teacher, self.student_vocab_size, self.offload = teacher, student_vocab_size, offload
+        self._teacher_head = None
+
+    @classmethod
+    def needs_reference(cls, args) -> bool:
+        return False  # beta chooses the divergence to the teacher; there is no KL term to a reference
+
+    def needs_old_logprobs(self) -> bool:
+        return False  # the loss has no importance ratio
+
+    def advantages(self, rollout: Rollout) -> Advantages:
+        """No advantages: the number of loss tokens per micro-batch, over every process, which the loss divides
+        by, so that a step's loss is the token mean over all its micro-batches as in TRL."""
+        return Advantages(tokens_per_micro_batch=self.tokens_per_micro_batch(rollout))
+
+    def loss(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        args, mask = self.args, self.loss_mask(batch)  # [B, C]
+        with offloaded(self.teacher, self.processes.accelerator.device, self.offload):
+            divergence, entropy = completion_divergence(
+                model, batch.token_tensors, self.teacher, self.teacher_head(), args.beta, args.temperature
+            )  # [B, C] each
+        mask = mask.to(divergence.dtype)
+        loss = (divergence * mask).sum() / batch.tokens_per_micro_batch[0].clamp(min=1.0)
+        metrics = {"divergence": masked_mean(divergence.detach(), mask).item(), "entropy": masked_mean(entropy, mask)}
+        return loss, {**metrics, "entropy": metrics["entropy"].item()}
+
+    def teacher_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The teacher's LM head (weight [V, Ht], bias), whole, with no more rows than the student's: kept once where
+        it is split over the processes (ZeRO-3, FSDP2), else read where the teacher is now."""
+        if self._teacher_head is not None:
+            return self._teacher_head
+        weight, bias, split = frozen_output_embedding(self.teacher)
+        rows = self.student_vocab_size
+        head = weight[:rows], None if bias is None else bias[:rows]  # rows past the student's: padding
+        if split:
+            self._teacher_head = head
+        return head
+
+
 class DistillationTrainer(OnPolicyTrainer):
     """On-policy distillation on the shared on-policy loop, with TRL 1.16's ``DistillationTrainer`` arguments.
 
@@ -125,8 +187,7 @@ class DistillationTrainer(OnPolicyTrainer):
 
     algorithm_name = "distillation"
     config_class = DistillationConfig
-    uses_rewards = False
-    evaluates_loss = True  # eval_loss: the divergence of the evaluation rollout, as TRL's
+    algorithm_class = Distillation
 
     def __init__(
         self,
@@ -154,7 +215,7 @@ class DistillationTrainer(OnPolicyTrainer):
                 "args.teacher_model_name_or_path (--teacher_model_name_or_path on the command line)."
             )
         check_model_path(teacher_model, "teacher_model")
-        self._teacher_given, self._teacher_head = teacher_model, None
+        self._teacher_given = teacher_model
         super().__init__(
             model,
             None,
@@ -169,8 +230,11 @@ class DistillationTrainer(OnPolicyTrainer):
             peft_config,
             tools,
         )
+
+    def add_algorithm_models(self) -> None:
+        """The teacher, loaded and placed as the run's other frozen models."""
         args = self.args
-        teacher = load_teacher(teacher_model, self.model, self.processing_class, args)
+        teacher = load_teacher(self._teacher_given, self.model, self.processing_class, args)
         if args.disable_dropout:
             disable_dropout(teacher)
         self.identity.update(model_identity("teacher_model", teacher))
@@ -178,6 +242,12 @@ class DistillationTrainer(OnPolicyTrainer):
         self.teacher_model = place_frozen_models(
             teacher, [], self.accelerator.device, zero3_config, args.ref_reward_offload
         )
+
+    def make_algorithm(self) -> Distillation:
+        offload = self.args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
+        vocab_size = self.model.config.get_text_config().vocab_size
+        eos, processes = self.processing_class.eos_token_id, Processes(self.accelerator)
+        return self.algorithm_class(self.args, processes, eos, self.teacher_model, vocab_size, offload)
 
     # ---- no rewards: the teacher is the signal -------------------------------------------------------------------
 
@@ -191,44 +261,6 @@ class DistillationTrainer(OnPolicyTrainer):
 
     def score(self, inputs: RewardInputs, state=None) -> torch.Tensor:
         return torch.zeros(len(inputs.completion_ids), 0)
-
-    def needs_reference(self, args) -> bool:
-        return False  # beta chooses the divergence to the teacher; there is no KL term to a reference
-
-    def needs_old_logprobs(self) -> bool:
-        return False  # the loss has no importance ratio
-
-    # ---- the loss --------------------------------------------------------------------------------------------------
-
-    def compute_advantages(self, rollout: Rollout) -> Advantages:
-        """No advantages: the number of loss tokens per micro-batch, over every process, which the loss divides
-        by, so that a step's loss is the token mean over all its micro-batches as in TRL."""
-        return Advantages(tokens_per_micro_batch=self.tokens_per_micro_batch(rollout))
-
-    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        args, mask = self.args, self.loss_mask(batch)  # [B, C]
-        teacher = self.teacher_model
-        offload = args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
-        with offloaded(teacher, self.accelerator.device, offload):
-            divergence, entropy = completion_divergence(
-                model, batch.token_tensors, teacher, self.teacher_head(), args.beta, args.temperature
-            )  # [B, C] each
-        mask = mask.to(divergence.dtype)
-        loss = (divergence * mask).sum() / batch.tokens_per_micro_batch[0].clamp(min=1.0)
-        metrics = {"divergence": masked_mean(divergence.detach(), mask).item(), "entropy": masked_mean(entropy, mask)}
-        return loss, {**metrics, "entropy": metrics["entropy"].item()}
-
-    def teacher_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The teacher's LM head (weight [V, Ht], bias), whole, with no more rows than the student's: kept once where
-        it is split over the processes (ZeRO-3, FSDP2), else read where the teacher is now."""
-        if self._teacher_head is not None:
-            return self._teacher_head
-        weight, bias, split = frozen_output_embedding(self.teacher_model)
-        rows = self.model.config.get_text_config().vocab_size
-        head = weight[:rows], None if bias is None else bias[:rows]  # rows past the student's: padding
-        if split:
-            self._teacher_head = head
-        return head
 
 
 def load_teacher(teacher, policy: PreTrainedModel, tokenizer, args: DistillationConfig) -> torch.nn.Module:

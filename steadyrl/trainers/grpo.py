@@ -32,9 +32,12 @@ from ..rollout import Advantages, Rollout
 from .config.completions_hub import CompletionsHubOptions
 from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
-from .loop.loss_options import PolicyLossMixin, PolicyLossOptions
+from .config.policy_loss import PolicyLossOptions
+from .config.token_selection import TokenSelectionOptions
+from .loop.algorithm import Processes
 from .loop.on_policy import OnPolicyTrainer
-from .loop.token_selection import TokenSelectionMixin, TokenSelectionOptions
+from .loop.policy_loss import PolicyGradient
+from .loop.token_selection import TokenSelection
 
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 _NOT_HERE = "steadyrl's GRPO does not implement it"
@@ -129,7 +132,60 @@ class GRPOConfig(
     least_samples_per_prompt: ClassVar = (2, "GRPO", "group-relative advantages need")
 
 
-class GRPOTrainer(TokenSelectionMixin, PolicyLossMixin, OnPolicyTrainer):
+class GRPO(PolicyGradient):
+    """Group-relative advantages and TRL's GRPO loss, holding its policy loss and token selection (whose entropy
+    coefficient is its state).
+
+    Args:
+        args, processes, eos_token_id, policy: as ``PolicyGradient``'s.
+        reward_weights: [num_rewards] the reward functions' weights (``normalize_then_sum`` weighs normalised scores).
+
+    Example::
+
+        GRPO(GRPOConfig(output_dir="out"), Processes(accelerator), tokenizer.eos_token_id, model, torch.ones(1))
+    """
+
+    def __init__(self, args: GRPOConfig, processes: Processes, eos_token_id: int | None, policy, reward_weights):
+        super().__init__(args, processes, eos_token_id, policy)
+        self.reward_weights = reward_weights
+        self.token_selection = TokenSelection(args, processes)
+        self.state = self.token_selection.state
+        self.reads_engine_logprobs = self.token_selection.reads_engine_logprobs
+
+    def advantages(self, rollout: Rollout) -> Advantages:
+        args, k, total = self.args, self.args.n_samples_per_prompt, self.processes.sum
+        ones = torch.ones_like(rollout.scores)
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            rewards = group_normalized_total(rollout.reward_scores, self.reward_weights, k)  # [N]
+            moments = masked_moments(rewards, ones, total)  # over every process's rewards
+            advantages = whiten(rewards, moments, eps=1e-4)
+        else:
+            rewards = rollout.scores  # [N]
+            batch_std = masked_moments(rewards, ones, total)[1].sqrt() if args.scale_rewards == "batch" else None
+            advantages = group_relative_advantages(rewards, k, args.scale_rewards, batch_std)
+        metrics = {"frac_reward_zero_std": zero_std_groups(rewards, k).float().mean().item()}
+        return self.with_step_tokens(rollout, advantages, metrics)
+
+    def begin_step(self, global_step: int) -> None:
+        self.token_selection.begin_step()
+
+    def loss(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = self.loss_mask(batch)  # [B, C]
+        logprobs, entropy, outputs = self.policy_loss.logprobs(model, batch)
+        kl = None if batch.ref_logprobs is None else kl_penalty(logprobs, batch.ref_logprobs, "k3")  # [B, C]
+        keep, selected = self.token_selection.selected_tokens(logprobs, entropy, batch, mask)  # masking
+        loss, metrics = self.policy_loss(logprobs, batch, mask, kl, keep)
+        loss, bonus_metrics = self.token_selection.with_entropy_bonus(model.training, loss, entropy, selected)
+        loss, aux_metrics = self.policy_loss.with_aux_loss(loss, outputs)  # a Mixture-of-Experts model's balancing
+        if kl is not None:
+            metrics["kl"] = masked_mean(kl.detach(), mask).item()
+        return loss, {**metrics, **bonus_metrics, **aux_metrics, "entropy": masked_mean(entropy.detach(), mask).item()}
+
+    def end_step(self, refused: dict[str, str]) -> dict[str, float]:
+        return self.token_selection.end_step(refused)
+
+
+class GRPOTrainer(OnPolicyTrainer):
     """GRPO on the shared on-policy loop; arguments as ``OnPolicyTrainer``'s.
 
     Example::
@@ -143,29 +199,13 @@ class GRPOTrainer(TokenSelectionMixin, PolicyLossMixin, OnPolicyTrainer):
 
     algorithm_name = "grpo"
     config_class = GRPOConfig
+    algorithm_class = GRPO
 
-    def compute_advantages(self, rollout: Rollout) -> Advantages:
-        args, k, total = self.args, self.args.n_samples_per_prompt, self.sum_over_processes()
-        ones = torch.ones_like(rollout.scores)
-        if args.multi_objective_aggregation == "normalize_then_sum":
-            rewards = group_normalized_total(rollout.reward_scores, self.reward_weights, k)  # [N]
-            moments = masked_moments(rewards, ones, total)  # over every process's rewards
-            advantages = whiten(rewards, moments, eps=1e-4)
-        else:
-            rewards = rollout.scores  # [N]
-            batch_std = masked_moments(rewards, ones, total)[1].sqrt() if args.scale_rewards == "batch" else None
-            advantages = group_relative_advantages(rewards, k, args.scale_rewards, batch_std)
-        metrics = {"frac_reward_zero_std": zero_std_groups(rewards, k).float().mean().item()}
-        return Advantages(advantages=advantages, tokens_per_micro_batch=self.step_tokens(rollout), metrics=metrics)
+    def make_algorithm(self) -> GRPO:
+        eos = self.processing_class.eos_token_id
+        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.model, self.reward_weights)
 
-    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = self.loss_mask(batch)  # [B, C]
-        logprobs, entropy, outputs = self.training_logprobs(model, batch)
-        kl = None if batch.ref_logprobs is None else kl_penalty(logprobs, batch.ref_logprobs, "k3")  # [B, C]
-        keep, selected = self.selected_tokens(logprobs, entropy, batch, mask)  # entropy and off-policy masking
-        loss, metrics = self.policy_loss(logprobs, batch, kl, keep)
-        loss, bonus_metrics = self.with_entropy_bonus(model, loss, entropy, selected)
-        loss, aux_metrics = self.with_aux_loss(loss, outputs)  # a Mixture-of-Experts model's load balancing
-        if kl is not None:
-            metrics["kl"] = masked_mean(kl.detach(), mask).item()
-        return loss, {**metrics, **bonus_metrics, **aux_metrics, "entropy": masked_mean(entropy.detach(), mask).item()}
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's attribute: the entropy bonus's coefficient now (``use_adaptive_entropy`` moves it each step)."""
+        return self.algorithm.token_selection.state.coef

@@ -39,6 +39,7 @@ from .config.field_groups import inherited_field
 from .config.on_policy_config import DEFAULT_MAX_COMPLETION_LENGTH, DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
 from .config.trl_calls import refuse_unused
 from .config.trl_names import MAX_NEW_TOKENS, SYNONYMS, resolve_max_prompt_length, views_of
+from .loop.algorithm import Algorithm, Processes
 from .loop.on_policy import OnPolicyTrainer
 
 LOSS_TYPES = ("sigmoid", "ipo")
@@ -153,6 +154,76 @@ class OnlineDPOConfig(OnPolicyConfig):
         self.beta = float(values[0]) if len(values) == 1 else [float(b) for b in values]
 
 
+class OnlineDPO(Algorithm):
+    """Online DPO's pair order (chosen first, ``tie_rule``'s weights) and its preference loss against the reference.
+
+    Args:
+        args, processes, eos_token_id: as ``Algorithm``'s.
+        sampler: the prompt sampler (a per-epoch ``beta`` follows the epoch of the rollout's first prompt).
+
+    Example::
+
+        OnlineDPO(OnlineDPOConfig(output_dir="out"), Processes(accelerator), tokenizer.eos_token_id, sampler)
+    """
+
+    samples_per_group = 2
+
+    def __init__(self, args: OnlineDPOConfig, processes: Processes, eos_token_id: int | None, sampler) -> None:
+        super().__init__(args, processes, eos_token_id)
+        self.sampler = sampler
+
+    @classmethod
+    def needs_reference(cls, args: OnlineDPOConfig) -> bool:
+        return True  # the DPO logits are relative to the reference
+
+    @property
+    def logprob_temperature(self) -> float:
+        return 1.0
+
+    def needs_old_logprobs(self) -> bool:
+        return False  # the loss compares the policy with the reference only
+
+    @property
+    def beta(self) -> float:
+        """The current rollout's beta: ``args.beta``, or its entry for the epoch of the rollout's first prompt."""
+        if not isinstance(self.args.beta, list):
+            return self.args.beta
+        epoch = max(0, self.sampler.consumed - self.args.rollout_batch_size) // self.sampler.num_prompts
+        return self.args.beta[min(epoch, len(self.args.beta) - 1)]
+
+    def advantages(self, rollout: Rollout) -> Advantages:
+        """No advantages: each pair is put in (chosen, rejected) order and weighted by ``tie_rule``."""
+        order = chosen_first_order(rollout.scores)  # [N]
+        ties = pair_ties(rollout.scores)  # [P]
+        ordered = rollout.scores[order].view(-1, 2)  # [P, 2]
+        metrics = {"scores_margin": (ordered[:, 0] - ordered[:, 1]).mean().item(), "ties": ties.float().mean().item()}
+        return Advantages(order=order, pair_weight=pair_weights(ties, self.args.tie_rule), metrics=metrics)
+
+    def loss(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        mask, beta = batch.completion_mask, self.beta  # [B, C]
+        logprobs, _ = completion_logprobs(
+            model, *batch.token_tensors, temperature=self.logprob_temperature, packing=self.args.packing
+        )
+        policy = pair_logps(logprobs, mask)  # [B/2, 2]: (chosen, rejected) sequence log-probs
+        reference = pair_logps(batch.ref_logprobs, mask)
+        weight = batch.pair_weight[0::2]  # [B/2]
+        loss = (preference_loss(dpo_logits(policy, reference), beta, self.args.loss_type) * weight).mean()
+        with torch.no_grad():
+            rewards = beta * (policy - reference)  # [B/2, 2] implicit rewards
+            margin = rewards[:, 0] - rewards[:, 1]
+            metrics = {
+                "kl": ((logprobs - batch.ref_logprobs) * mask).sum(1).mean().item(),
+                "rewards/chosen": masked_mean(rewards[:, 0], weight).item(),
+                "rewards/rejected": masked_mean(rewards[:, 1], weight).item(),
+                "rewards/margins": masked_mean(margin, weight).item(),
+                "rewards/accuracies": masked_mean((margin > 0).float(), weight).item(),
+                "logps/chosen": masked_mean(policy[:, 0], weight).item(),
+                "logps/rejected": masked_mean(policy[:, 1], weight).item(),
+                "beta": beta,
+            }
+        return loss, metrics
+
+
 class OnlineDPOTrainer(OnPolicyTrainer):
     """Online DPO on the shared on-policy loop: the policy samples two completions per prompt, a judge picks the
     chosen one, and a DPO step is taken on the pair against the frozen reference.
@@ -175,10 +246,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
     algorithm_name = "online-dpo"
     config_class = OnlineDPOConfig
 
-    def needs_reference(self, args: OnlineDPOConfig) -> bool:
-        return True  # the DPO logits are relative to the reference
-
-    samples_per_group = 2
+    algorithm_class = OnlineDPO
 
     def __init__(
         self,
@@ -255,20 +323,14 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         )
         self.identity.update(judge_identity(judge))
 
-    @property
-    def logprob_temperature(self) -> float:
-        return 1.0
-
-    def needs_old_logprobs(self) -> bool:
-        return False  # the loss compares the policy with the reference only
+    def make_algorithm(self) -> OnlineDPO:
+        eos = self.processing_class.eos_token_id
+        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.sampler)
 
     @property
     def beta(self) -> float:
-        """The current rollout's beta: ``args.beta``, or its entry for the epoch of the rollout's first prompt."""
-        if not isinstance(self.args.beta, list):
-            return self.args.beta
-        epoch = max(0, self.sampler.consumed - self.args.rollout_batch_size) // self.sampler.num_prompts
-        return self.args.beta[min(epoch, len(self.args.beta) - 1)]
+        """TRL's attribute: the current rollout's beta."""
+        return self.algorithm.beta
 
     # ---- who wins each pair ----------------------------------------------------------------------
 
@@ -299,37 +361,3 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         if self.judge is None:
             return super().penalise_missing_eos(total, no_eos)
         return total - 2.0 * no_eos.float()
-
-    def compute_advantages(self, rollout: Rollout) -> Advantages:
-        """No advantages: each pair is put in (chosen, rejected) order and weighted by ``tie_rule``."""
-        order = chosen_first_order(rollout.scores)  # [N]
-        ties = pair_ties(rollout.scores)  # [P]
-        ordered = rollout.scores[order].view(-1, 2)  # [P, 2]
-        metrics = {"scores_margin": (ordered[:, 0] - ordered[:, 1]).mean().item(), "ties": ties.float().mean().item()}
-        return Advantages(order=order, pair_weight=pair_weights(ties, self.args.tie_rule), metrics=metrics)
-
-    # ---- loss -------------------------------------------------------------------------------------
-
-    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        mask, beta = batch.completion_mask, self.beta  # [B, C]
-        logprobs, _ = completion_logprobs(
-            model, *batch.token_tensors, temperature=self.logprob_temperature, packing=self.args.packing
-        )
-        policy = pair_logps(logprobs, mask)  # [B/2, 2]: (chosen, rejected) sequence log-probs
-        reference = pair_logps(batch.ref_logprobs, mask)
-        weight = batch.pair_weight[0::2]  # [B/2]
-        loss = (preference_loss(dpo_logits(policy, reference), beta, self.args.loss_type) * weight).mean()
-        with torch.no_grad():
-            rewards = beta * (policy - reference)  # [B/2, 2] implicit rewards
-            margin = rewards[:, 0] - rewards[:, 1]
-            metrics = {
-                "kl": ((logprobs - batch.ref_logprobs) * mask).sum(1).mean().item(),
-                "rewards/chosen": masked_mean(rewards[:, 0], weight).item(),
-                "rewards/rejected": masked_mean(rewards[:, 1], weight).item(),
-                "rewards/margins": masked_mean(margin, weight).item(),
-                "rewards/accuracies": masked_mean((margin > 0).float(), weight).item(),
-                "logps/chosen": masked_mean(policy[:, 0], weight).item(),
-                "logps/rejected": masked_mean(policy[:, 1], weight).item(),
-                "beta": beta,
-            }
-        return loss, metrics

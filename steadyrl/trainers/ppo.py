@@ -20,9 +20,7 @@ from transformers.utils import logging
 
 from ..checkpoint.checkpointer import TrainedModule
 from ..checkpoint.fingerprint import model_identity
-from ..distributed.fsdp import broadcast_at_prepare, is_sharded
-from ..distributed.sharded_loading import trained_copy_on_main
-from ..distributed.zero import copy_model
+from ..distributed.fsdp import broadcast_at_prepare
 from ..models.loading import (
     check_master_weights,
     disable_dropout,
@@ -32,9 +30,7 @@ from ..models.loading import (
 from ..models.scalar_head import (
     Critic,
     RewardModelFunction,
-    check_same_vocabulary,
-    critic_from_policy,
-    load_scalar_model,
+    initial_critic,
 )
 from ..ops import (
     RunningMoments,
@@ -54,6 +50,7 @@ from ..ops import (
 from ..rollout import Advantages, Rollout
 from .config.on_policy_config import OnPolicyConfig
 from .config.trl_names import Synonym, views_of
+from .loop.algorithm import Algorithm, Processes
 from .loop.on_policy import OnPolicyTrainer
 
 logger = logging.get_logger(__name__)
@@ -185,6 +182,97 @@ class PPOState:
         self.score_moments = RunningMoments.from_state_dict(state["score_moments"])
 
 
+class PPO(Algorithm):
+    """PPO's advantages (GAE over KL-shaped per-token rewards and the critic's values) and its clipped policy and
+    value losses, one per trained module; its state is the KL coefficient and the score moments.
+
+    Args:
+        args, processes, eos_token_id: as ``Algorithm``'s.
+        critic: the value model (``Critic``); the loss trains ``critic_engine``, the critic as prepared for training
+            (DDP, DeepSpeed), which ``PPOTrainer`` binds once it is made.
+
+    Example::
+
+        PPO(PPOConfig(output_dir="out"), Processes(accelerator), tokenizer.eos_token_id, Critic(value_model))
+    """
+
+    def __init__(self, args: PPOConfig, processes: Processes, eos_token_id: int | None, critic: Critic) -> None:
+        super().__init__(args, processes, eos_token_id)
+        self.critic = self.critic_engine = critic
+        self.state = PPOState(kl_coef=args.beta)
+        self.actor_frozen = False  # during critic_warmup_steps only the critic trains
+
+    def needs_old_logprobs(self) -> bool:
+        return True  # the per-token KL penalty in the rewards is computed before any training pass
+
+    def begin_step(self, global_step: int) -> None:
+        self.actor_frozen = global_step < self.args.critic_warmup_steps
+
+    def advantages(self, rollout: Rollout) -> Advantages:
+        args, state, mask = self.args, self.state, rollout.completion_mask.float()  # [N, C]
+        values = batched_forward(
+            self.critic,
+            lambda critic, *tensors: critic(*tensors, packing=args.packing),
+            rollout.token_tensors,
+            args.micro_rollout_batch_size,
+            args.pad_to_multiple_of,
+            args.packing,
+        )  # [N, C]
+        scores = rollout.scores  # [N]
+        if args.normalize_reward:  # by the mean and std of every score so far, on every process
+            state.score_moments = state.score_moments.updated(self.processes.gather(scores))
+            scores = state.score_moments.normalize(scores)
+        if args.reward_clip_range is not None:
+            scores = scores.clamp(-args.reward_clip_range, args.reward_clip_range)
+        if rollout.ref_logprobs is None:  # beta 0: no KL penalty, no reference
+            token_kl = torch.zeros_like(mask)
+        else:
+            token_kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs, args.kl_estimator) * mask  # [N, C]
+        rewards, non_score_rewards = shaped_token_rewards(scores, token_kl, state.kl_coef, mask)
+        advantages, returns = generalized_advantage_estimation(rewards, values, mask, args.gamma, args.lam)
+        moments = masked_moments(advantages, mask, self.processes.sum)  # over the whole rollout
+        metrics = {
+            "score": scores.mean().item(),
+            "non_score_reward": non_score_rewards.sum(1).mean().item(),
+            "rlhf_reward": rewards.sum(1).mean().item(),
+            "kl_coef": state.kl_coef,
+            "advantages_mean": moments[0].item(),
+            "advantages_std": moments[1].sqrt().item(),
+            "value_mean": masked_mean(values, mask).item(),
+            "explained_variance": 1 - (masked_var(returns - values, mask) / masked_var(returns, mask)).item(),
+        }
+        if args.whiten_advantages:
+            advantages = masked_whiten(advantages, mask, moments)
+        if args.target_kl is not None:
+            kl = self.processes.gather(token_kl.sum(1))  # [N x processes]
+            state.kl_coef = adaptive_kl_coef(state.kl_coef, kl.mean().item(), args.target_kl, len(kl), args.kl_horizon)
+        return Advantages(advantages=advantages, values=values, returns=returns, metrics=metrics)
+
+    def loss(self, model, batch: Rollout):
+        args, mask = self.args, self.loss_mask(batch)  # [B, C]
+        actor_frozen = self.actor_frozen
+        with torch.no_grad() if actor_frozen else contextlib.nullcontext():
+            logprobs, entropy = completion_logprobs(
+                model, *batch.token_tensors, temperature=args.temperature, with_entropy=True, packing=args.packing
+            )
+            policy_loss, policy_metrics = clipped_policy_loss(
+                logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange, args.cliprange_high
+            )
+        values = self.critic_engine(*batch.token_tensors, packing=args.packing)  # [B, C]
+        value_loss, value_metrics = clipped_value_loss(values, batch.values, batch.returns, mask, args.cliprange_value)
+        losses = {"critic": args.vf_coef * value_loss}  # one loss per trained module: their parameters are disjoint
+        if not actor_frozen:
+            losses["actor"] = policy_loss
+        metrics = {
+            "policy_loss": policy_loss.item(),
+            "value_loss": value_loss.item(),
+            "entropy": masked_mean(entropy, mask).item(),
+            **policy_metrics,
+            **value_metrics,
+        }
+        return losses, metrics
+
+
 class PPOTrainer(OnPolicyTrainer):
     """PPO with a learned critic on the shared on-policy loop.
 
@@ -204,35 +292,54 @@ class PPOTrainer(OnPolicyTrainer):
 
     algorithm_name = "ppo"
     config_class = PPOConfig
+    algorithm_class = PPO
 
-    def __init__(self, *args, value_model: str | PreTrainedModel | None = None, **kwargs):
-        """``OnPolicyTrainer``'s arguments, in its order (PPO has no multi-turn rollouts), and ``value_model``."""
-        multi_turn = [name for name in ("tools", "rollout_func", "environment_factory") if kwargs.get(name) is not None]
-        if len(args) > 11 or multi_turn:
-            raise TypeError(
-                f"PPOTrainer takes no {', '.join(multi_turn) or 'tools / rollout_func / environment_factory'}: "
-                "multi-turn rollouts are GRPO's and RLOO's (their critic would read the tools' tokens)."
-            )
-        super().__init__(*args, **kwargs)
-        actor = self.model
-        # Under ZeRO-3 the critic is created partitioned, as the models it comes from; creating it leaves the run's
-        # random stream where it was (transformers initialises a model created under zero.Init before loading it).
-        if value_model is not None:
-            with torch.random.fork_rng():
-                critic = load_scalar_model(
-                    value_model, "value_model", policy_init_kwargs(self.args), self.args, frozen=False
-                )
-            check_same_vocabulary(critic, "value_model", actor, self.processing_class)
-        elif self.reward_model is not None and self.reward_model_reads_policy_tokens():
-            sharded = is_sharded(self.reward_model)  # FSDP2: the main process holds the critic until it is prepared
-            critic = trained_copy_on_main(self.reward_model) if sharded else copy_model(self.reward_model)
-        else:
-            if self.reward_model is not None:
-                logger.warning(
-                    "The critic starts from the policy's backbone, not from a copy of reward_model: the reward model "
-                    "has a tokenizer of its own, and the critic reads the policy's token ids."
-                )
-            critic = critic_from_policy(actor, self.args.seed)
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs=None,
+        args: PPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        *,
+        value_model: str | PreTrainedModel | None = None,
+        reward_model: str | PreTrainedModel | None = None,
+        reward_processing_class=None,
+        ref_model: str | PreTrainedModel | None = None,
+    ):
+        """``OnPolicyTrainer``'s arguments, in its order (PPO has no multi-turn rollouts: no ``tools``,
+        ``rollout_func`` or ``environment_factory``), and ``value_model``."""
+        self._value_model_given = value_model
+        super().__init__(
+            model,
+            reward_funcs,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            reward_processing_classes,
+            callbacks,
+            optimizers,
+            quantization_config,
+            peft_config,
+            reward_model=reward_model,
+            reward_processing_class=reward_processing_class,
+            ref_model=ref_model,
+        )
+
+    def add_algorithm_models(self) -> None:
+        """The critic: ``value_model``, else a copy of the reward model, else the policy's backbone."""
+        reads_policy_tokens = self.reward_model is not None and self.reward_model_reads_policy_tokens()
+        given, init_kwargs = self._value_model_given, policy_init_kwargs(self.args)
+        critic = initial_critic(
+            given, init_kwargs, self.model, self.processing_class, self.reward_model, reads_policy_tokens, self.args
+        )
         if self.args.disable_dropout:
             disable_dropout(critic)
         self.critic = Critic(critic.train().requires_grad_(True)).to(self.accelerator.device)
@@ -240,15 +347,13 @@ class PPOTrainer(OnPolicyTrainer):
         broadcast_at_prepare(self.accelerator, critic)
         self.identity.update(model_identity("critic", critic))
 
+    def make_algorithm(self) -> PPO:
+        eos = self.processing_class.eos_token_id
+        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.critic)
+
     def reward_model_reads_policy_tokens(self) -> bool:
         scorer = next(func for func in self.reward_funcs if isinstance(func, RewardModelFunction))
         return scorer.tokenizer is None
-
-    def needs_old_logprobs(self) -> bool:
-        return True  # the per-token KL penalty in the rewards is computed before any training pass
-
-    def initial_algorithm_state(self) -> PPOState:
-        return PPOState(kl_coef=self.args.beta)
 
     # ---- models, optimizers, checkpoint state ---------------------------------------------------
 
@@ -272,6 +377,7 @@ class PPOTrainer(OnPolicyTrainer):
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(self.critic.model, args.gradient_checkpointing_kwargs)
         self.critic_wrapped, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
+        self.algorithm.critic_engine = self.critic_wrapped
 
     def trained_modules(self) -> list[TrainedModule]:
         def save_critic(directory):
@@ -282,70 +388,4 @@ class PPOTrainer(OnPolicyTrainer):
         )
         return [*super().trained_modules(), critic]
 
-    # ---- rollout -> advantages -----------------------------------------------------------------
-
-    def compute_advantages(self, rollout: Rollout) -> Advantages:
-        args, state, mask = self.args, self.algorithm_state, rollout.completion_mask.float()  # [N, C]
-        values = batched_forward(
-            self.critic,
-            lambda critic, *tensors: critic(*tensors, packing=args.packing),
-            rollout.token_tensors,
-            args.micro_rollout_batch_size,
-            args.pad_to_multiple_of,
-            args.packing,
-        )  # [N, C]
-        scores = rollout.scores  # [N]
-        if args.normalize_reward:  # by the mean and std of every score so far, on every process
-            state.score_moments = state.score_moments.updated(self.accelerator.gather(scores))
-            scores = state.score_moments.normalize(scores)
-        if args.reward_clip_range is not None:
-            scores = scores.clamp(-args.reward_clip_range, args.reward_clip_range)
-        if rollout.ref_logprobs is None:  # beta 0: no KL penalty, no reference
-            token_kl = torch.zeros_like(mask)
-        else:
-            token_kl = kl_penalty(rollout.old_logprobs, rollout.ref_logprobs, args.kl_estimator) * mask  # [N, C]
-        rewards, non_score_rewards = shaped_token_rewards(scores, token_kl, state.kl_coef, mask)
-        advantages, returns = generalized_advantage_estimation(rewards, values, mask, args.gamma, args.lam)
-        moments = masked_moments(advantages, mask, self.sum_over_processes())  # over the whole rollout
-        metrics = {
-            "score": scores.mean().item(),
-            "non_score_reward": non_score_rewards.sum(1).mean().item(),
-            "rlhf_reward": rewards.sum(1).mean().item(),
-            "kl_coef": state.kl_coef,
-            "advantages_mean": moments[0].item(),
-            "advantages_std": moments[1].sqrt().item(),
-            "value_mean": masked_mean(values, mask).item(),
-            "explained_variance": 1 - (masked_var(returns - values, mask) / masked_var(returns, mask)).item(),
-        }
-        if args.whiten_advantages:
-            advantages = masked_whiten(advantages, mask, moments)
-        if args.target_kl is not None:
-            kl = self.accelerator.gather(token_kl.sum(1))  # [N x processes]
-            state.kl_coef = adaptive_kl_coef(state.kl_coef, kl.mean().item(), args.target_kl, len(kl), args.kl_horizon)
-        return Advantages(advantages=advantages, values=values, returns=returns, metrics=metrics)
-
-    # ---- loss -------------------------------------------------------------------------------------
-
-    def compute_loss_on_batch(self, model, batch: Rollout):
-        args, mask = self.args, self.loss_mask(batch)  # [B, C]
-        actor_frozen = self.state.global_step < args.critic_warmup_steps
-        with torch.no_grad() if actor_frozen else contextlib.nullcontext():
-            logprobs, entropy = completion_logprobs(
-                model, *batch.token_tensors, temperature=args.temperature, with_entropy=True, packing=args.packing
-            )
-            policy_loss, policy_metrics = clipped_policy_loss(
-                logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange, args.cliprange_high
-            )
-        values = self.critic_wrapped(*batch.token_tensors, packing=args.packing)  # [B, C]
-        value_loss, value_metrics = clipped_value_loss(values, batch.values, batch.returns, mask, args.cliprange_value)
-        losses = {"critic": args.vf_coef * value_loss}  # one loss per trained module: their parameters are disjoint
-        if not actor_frozen:
-            losses["actor"] = policy_loss
-        metrics = {
-            "policy_loss": policy_loss.item(),
-            "value_loss": value_loss.item(),
-            "entropy": masked_mean(entropy, mask).item(),
-            **policy_metrics,
-            **value_metrics,
-        }
-        return losses, metrics
+    # ---- rollout -> advantages -> loss: the algorithm ---------------------------------------------

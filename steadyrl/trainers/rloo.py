@@ -20,8 +20,10 @@ from ..ops import leave_one_out_advantages, masked_mean, masked_moments, sequenc
 from ..rollout import Advantages, Rollout
 from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
-from .loop.loss_options import PolicyLossMixin, PolicyLossOptions, loss_type_help
+from .config.policy_loss import PolicyLossOptions, loss_type_help
+from .loop.algorithm import Processes
 from .loop.on_policy import OnPolicyTrainer
+from .loop.policy_loss import PolicyGradient
 
 
 @dataclass
@@ -66,7 +68,47 @@ class RLOOConfig(PolicyLossOptions, DynamicSamplingOptions, OnPolicyConfig):
     least_samples_per_prompt: ClassVar = (2, "RLOO", "the leave-one-out baseline needs")
 
 
-class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
+class RLOO(PolicyGradient):
+    """RLOO's advantages (the KL penalty in the reward, a leave-one-out baseline) and the ``loss_type`` family's
+    loss. Built by ``RLOOTrainer``.
+
+    Example::
+
+        RLOO(RLOOConfig(output_dir="out"), Processes(accelerator), tokenizer.eos_token_id, model)
+    """
+
+    def needs_old_logprobs(self) -> bool:
+        return super().needs_old_logprobs() or self.args.beta > 0  # the KL penalty is part of the reward
+
+    def advantages(self, rollout: Rollout) -> Advantages:
+        if rollout.ref_logprobs is None or rollout.old_logprobs is None:  # beta is 0: no KL penalty to compute
+            kl = torch.zeros_like(rollout.scores)
+        else:
+            kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.policy_mask)  # [N]
+        scores, clip = rollout.scores, self.args.reward_clip_range  # [N]; clip: TRL's (min, max) or None
+        if clip is not None:
+            scores = scores.clamp(*clip)
+        rewards = scores - self.args.beta * kl  # [N]
+        advantages = leave_one_out_advantages(rewards, self.args.n_samples_per_prompt)  # [N]
+        if self.args.normalize_advantages:  # over the whole rollout: every process's share
+            total = self.processes.sum
+            moments = None if total is None else masked_moments(advantages, torch.ones_like(advantages), total)
+            advantages = whiten(advantages, moments)
+        metrics = {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
+        return self.with_step_tokens(rollout, advantages, metrics)
+
+    def loss(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = self.loss_mask(batch)  # [B, C]
+        logprobs, entropy, outputs = self.policy_loss.logprobs(model, batch)
+        extra = {}
+        if batch.old_logprobs is None and batch.ref_logprobs is not None:  # the KL the rollout could not compute
+            extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.policy_mask).mean().item()
+        loss, metrics = self.policy_loss(logprobs, batch, mask)  # loss_type's, from ops.POLICY_LOSSES
+        loss, aux_metrics = self.policy_loss.with_aux_loss(loss, outputs)  # a Mixture-of-Experts model's load balancing
+        return loss, {**metrics, **aux_metrics, "entropy": masked_mean(entropy.detach(), mask).item(), **extra}
+
+
+class RLOOTrainer(OnPolicyTrainer):
     """RLOO on the shared on-policy loop; arguments as ``OnPolicyTrainer``'s.
 
     Example::
@@ -79,33 +121,8 @@ class RLOOTrainer(PolicyLossMixin, OnPolicyTrainer):
 
     algorithm_name = "rloo"
     config_class = RLOOConfig
+    algorithm_class = RLOO
 
-    def needs_old_logprobs(self) -> bool:
-        return super().needs_old_logprobs() or self.args.beta > 0  # the KL penalty is part of the reward
-
-    def compute_advantages(self, rollout: Rollout) -> Advantages:
-        if rollout.ref_logprobs is None or rollout.old_logprobs is None:  # beta is 0: no KL penalty to compute
-            kl = torch.zeros_like(rollout.scores)
-        else:
-            kl = sequence_kl(rollout.old_logprobs, rollout.ref_logprobs, rollout.policy_mask)  # [N]
-        scores, clip = rollout.scores, self.args.reward_clip_range  # [N]; clip: TRL's (min, max) or None
-        if clip is not None:
-            scores = scores.clamp(*clip)
-        rewards = scores - self.args.beta * kl  # [N]
-        advantages = leave_one_out_advantages(rewards, self.args.n_samples_per_prompt)  # [N]
-        if self.args.normalize_advantages:  # over the whole rollout: every process's share
-            total = self.sum_over_processes()
-            moments = None if total is None else masked_moments(advantages, torch.ones_like(advantages), total)
-            advantages = whiten(advantages, moments)
-        metrics = {"rlhf_reward": rewards.mean().item(), "advantages_std": advantages.std().item()}
-        return Advantages(advantages=advantages, tokens_per_micro_batch=self.step_tokens(rollout), metrics=metrics)
-
-    def compute_loss_on_batch(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = self.loss_mask(batch)  # [B, C]
-        logprobs, entropy, outputs = self.training_logprobs(model, batch)
-        extra = {}
-        if batch.old_logprobs is None and batch.ref_logprobs is not None:  # the KL the rollout could not compute
-            extra["kl"] = sequence_kl(logprobs.detach(), batch.ref_logprobs, batch.policy_mask).mean().item()
-        loss, metrics = self.policy_loss(logprobs, batch)  # loss_type's, from ops.POLICY_LOSSES
-        loss, aux_metrics = self.with_aux_loss(loss, outputs)  # a Mixture-of-Experts model's load balancing
-        return loss, {**metrics, **aux_metrics, "entropy": masked_mean(entropy.detach(), mask).item(), **extra}
+    def make_algorithm(self) -> RLOO:
+        eos = self.processing_class.eos_token_id
+        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.model)

@@ -148,7 +148,7 @@ def test_rollout_func_env_tokens_get_no_gradient(tmp_path):
     outputs = []
     handle = trainer.model.get_output_embeddings().register_forward_hook(lambda m, i, out: outputs.append(out))
     try:
-        loss, _ = trainer.compute_loss_on_batch(trainer.model, rollout)
+        loss, _ = trainer.algorithm.loss(trainer.model, rollout)
     finally:
         handle.remove()
     (per_token,) = outputs

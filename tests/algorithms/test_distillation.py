@@ -93,5 +93,5 @@ def test_a_teacher_object_from_a_hub_id_with_an_embedding_padded_past_its_tokeni
 
     args = make_config(tmp_path / "run", "distillation")
     trainer = DistillationTrainer(untrained_chat_model_path(), loaded, args, chat_dataset("train"))
-    weight, _ = trainer.teacher_head()
+    weight, _ = trainer.algorithm.teacher_head()
     assert torch.equal(weight, teacher.lm_head.weight[:rows]), "the student's rows of the teacher's head"

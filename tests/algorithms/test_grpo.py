@@ -46,7 +46,7 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
         advantages=given["advantages"],
         tokens_per_micro_batch=per_micro_batch,
     )
-    ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
+    ours = loss_and_gradients(trainer.model, lambda: trainer.algorithm.loss(trainer.model, batch)[0] / GA)
 
     model = trl_model(trainer.model)
     trl_grpo = trl_trainer("grpo", model, tmp_path, loss_type=loss_type, beta=BETA, **level)
@@ -58,7 +58,7 @@ def test_grpo_loss_and_gradients_equal_trl_in_float32(tmp_path, loss_type):
         "num_items_in_batch": torch.tensor(GENERATION_TOKENS),
     }
     assert_same(ours, loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs)))
-    clipped = trainer.compute_loss_on_batch(trainer.model, batch)[1]
+    clipped = trainer.algorithm.loss(trainer.model, batch)[1]
     if loss_type == "cispo":  # the weight capped at epsilon_high itself (0.28): wherever A > 0
         assert clipped["cispo_clip_ratio"] > 0
     elif loss_type in ("sapo", "vespo"):  # a smooth gate, no clip
@@ -85,7 +85,7 @@ def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
         advantages=given["advantages"],
         tokens_per_micro_batch=per_micro_batch,
     )
-    ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
+    ours = loss_and_gradients(trainer.model, lambda: trainer.algorithm.loss(trainer.model, batch)[0] / GA)
     model = trl_model(trainer.model)
     if loss_type == "rloo":
         trl_rloo = trl_trainer("rloo", model, tmp_path, beta=BETA)
@@ -112,7 +112,7 @@ def test_dapo_normaliser_counts_loss_tokens_of_the_rollout_per_micro_batch(tmp_p
     rollout = Rollout(
         prompt_ids=ids[:, :2], prompt_mask=mask[:, :2], completion_ids=ids, completion_mask=mask, scores=torch.zeros(8)
     )
-    assert trainer.tokens_per_micro_batch(rollout).tolist() == [7 * 6 / 4] * 8
+    assert trainer.algorithm.tokens_per_micro_batch(rollout).tolist() == [7 * 6 / 4] * 8
 
 
 def test_beta_zero_makes_no_reference_and_runs_no_reference_pass(tmp_path):

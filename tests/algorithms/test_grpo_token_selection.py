@@ -59,7 +59,7 @@ def both_sides(tmp_path, settings: dict):
     batch, inputs = parity_inputs(tokens, given)
     model = trl_model(trainer.model)
     trl_grpo = trl_trainer("grpo", model, tmp_path, beta=BETA, **settings)
-    ours = (trainer, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
+    ours = (trainer, lambda: trainer.algorithm.loss(trainer.model, batch)[0] / GA)
     theirs = (model, trl_grpo, lambda: trl_grpo._compute_loss(model, inputs))
     return ours, theirs, batch
 
@@ -69,10 +69,10 @@ def test_token_selection_and_entropy_bonus_equal_trl(tmp_path, case):
     settings = CASES[case]
     (trainer, ours), (model, trl_grpo, theirs), batch = both_sides(tmp_path, settings)
     if settings.get("use_adaptive_entropy"):  # applied once the last step's entropy is at or below the target
-        trainer.algorithm_state.last_entropy, trl_grpo._last_world_entropy = 1.0, 1.0
+        trainer.algorithm.state.last_entropy, trl_grpo._last_world_entropy = 1.0, 1.0
     assert_same(loss_and_gradients(trainer.model, ours), loss_and_gradients(model, theirs))
     if "entropy_coef" in settings:  # the bonus changes the loss: without it the two would differ
-        assert trainer.compute_loss_on_batch(trainer.model, batch)[1]["policy_loss"] != 0
+        assert trainer.algorithm.loss(trainer.model, batch)[1]["policy_loss"] != 0
 
 
 def test_masks_drop_what_they_should(tmp_path):
@@ -95,11 +95,11 @@ def test_adaptive_coefficient_updates_as_trl_and_is_checkpointed(tmp_path):
     settings = dict(loss_type="grpo", entropy_coef=0.1, use_adaptive_entropy=True, entropy_target=50.0)
     settings["entropy_coef_delta"] = 0.03
     (trainer, ours), (model, trl_grpo, theirs), _ = both_sides(tmp_path, settings)
-    trainer._entropy_window = None
+    trainer.algorithm.begin_step(0)
     ours()
-    trainer.update_entropy_coefficient()
+    trainer.algorithm.end_step(refused={})
     theirs()  # outside an accumulation context: the step's boundary, where TRL updates
-    state = trainer.algorithm_state
+    state = trainer.algorithm.state
     assert state.coef == pytest.approx(trl_grpo.entropy_coef, abs=1e-12) and state.coef == pytest.approx(0.13)
     assert state.last_entropy == pytest.approx(trl_grpo._last_world_entropy, rel=1e-6)
 
@@ -130,7 +130,7 @@ def test_grpo_trains_with_every_option_and_resumes_exactly(tmp_path):
     cut.train()
     resumed = make_trainer(tmp_path / "cut", algorithm="grpo", **settings)
     resumed.train(resume_from_checkpoint=True)
-    assert resumed.algorithm_state.coef == full.algorithm_state.coef
+    assert resumed.algorithm.state.coef == full.algorithm.state.coef
     for (name, ours), theirs in zip(resumed.model.state_dict().items(), full.model.state_dict().values()):
         assert torch.equal(ours, theirs), name
 
@@ -178,7 +178,7 @@ def test_float32_lm_head_equals_trl_on_a_bfloat16_model(tmp_path, loss_type):
     model = AutoModelForCausalLM.from_pretrained(toy_model_path(), dtype=torch.bfloat16).train()
     trl_grpo = trl_trainer("grpo", model, tmp_path, beta=BETA, **settings)
     model.load_state_dict(trainer.model.state_dict())  # both heads float32 now: an exact copy
-    ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
+    ours = loss_and_gradients(trainer.model, lambda: trainer.algorithm.loss(trainer.model, batch)[0] / GA)
     theirs = loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs))
     assert {name: g.dtype for name, g in ours[1].items()} == {name: g.dtype for name, g in theirs[1].items()}
     assert_same_up_to_rounding(ours, theirs, trainer.model, tokens, settings["entropy_coef"])

@@ -6,13 +6,18 @@ from conftest import step_entries
 from support.toy_run import make_trainer
 
 from steadyrl import RLOOTrainer
+from steadyrl.trainers.rloo import RLOO
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-6)
 
 
-class ForcedOldPass(RLOOTrainer):
+class ForcedOldPassRLOO(RLOO):
     def needs_old_logprobs(self) -> bool:
         return True
+
+
+class ForcedOldPass(RLOOTrainer):
+    algorithm_class = ForcedOldPassRLOO
 
 
 def test_skipping_the_old_logprob_pass_changes_no_metric(tmp_path):
@@ -29,7 +34,7 @@ def test_skipping_the_old_logprob_pass_changes_no_metric(tmp_path):
         save_steps=4,
     )
     skipped = make_trainer(tmp_path / "skipped", **one_step)
-    assert not skipped.needs_old_logprobs()
+    assert not skipped.algorithm.needs_old_logprobs()
     skipped.train()
     forced = make_trainer(tmp_path / "forced", trainer_cls=ForcedOldPass, **one_step)
     forced.train()

@@ -56,8 +56,8 @@ def test_load_balancing_loss_equals_trl(tmp_path, moe_path, algorithm, coef):
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
     given = scoring_inputs(trainer, tokens)  # (its reference log-probs: the dense toy model's)
     batch, inputs = parity_inputs(tokens, given)
-    ours = loss_and_gradients(trainer.model, lambda: trainer.compute_loss_on_batch(trainer.model, batch)[0] / GA)
-    metrics = trainer.compute_loss_on_batch(trainer.model, batch)[1]
+    ours = loss_and_gradients(trainer.model, lambda: trainer.algorithm.loss(trainer.model, batch)[0] / GA)
+    metrics = trainer.algorithm.loss(trainer.model, batch)[1]
     assert metrics["aux_loss"] > 0
 
     model = AutoModelForCausalLM.from_pretrained(moe_path)
@@ -65,6 +65,6 @@ def test_load_balancing_loss_equals_trl(tmp_path, moe_path, algorithm, coef):
     trl_grpo = trl_trainer("grpo", model.train(), tmp_path, beta=beta, **settings)
     assert trl_grpo.aux_loss_enabled
     assert_same(ours, loss_and_gradients(model, lambda: trl_grpo._compute_loss(model, inputs)))
-    with_term = trainer.compute_loss_on_batch(trainer.model, batch)[0]
-    trainer.router_aux_loss_coef = 0.0  # the same model and batch without the term: another loss
-    assert trainer.compute_loss_on_batch(trainer.model, batch)[0] != with_term
+    with_term = trainer.algorithm.loss(trainer.model, batch)[0]
+    trainer.algorithm.policy_loss.router_aux_loss_coef = 0.0  # the same model and batch without the term: another loss
+    assert trainer.algorithm.loss(trainer.model, batch)[0] != with_term

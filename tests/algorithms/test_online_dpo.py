@@ -111,8 +111,8 @@ def steadyrl_loss(trainer, pairs):
     with torch.no_grad():
         ref_logprobs = trainer.scoring_passes.reference_logprobs(tokens)
     rollout = Rollout(**vars(tokens), scores=torch.tensor(scores), ref_logprobs=ref_logprobs)
-    rollout = rollout.with_advantages(trainer.compute_advantages(rollout))
-    return trainer.compute_loss_on_batch(trainer.model, rollout)
+    rollout = rollout.with_advantages(trainer.algorithm.advantages(rollout))
+    return trainer.algorithm.loss(trainer.model, rollout)
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
@@ -157,7 +157,7 @@ def test_pairs_are_ordered_chosen_first_and_ties_follow_the_tie_rule(tmp_path, t
     trainer = make_trainer(tmp_path, algorithm="online-dpo", tie_rule=tie_rule)
     ids = torch.arange(8).view(8, 1)  # row i is recognisable by its token id
     rollout = Rollout(ids, torch.ones_like(ids), ids, torch.ones_like(ids), scores, torch.zeros(8, 1))
-    added = trainer.compute_advantages(rollout)
+    added = trainer.algorithm.advantages(rollout)
     labelled = rollout.with_advantages(added)
     assert rollout.completion_ids.flatten().tolist() == list(range(8)), "compute_advantages left its input alone"
     assert labelled.completion_ids.flatten().tolist() == [1, 0, 2, 3, 4, 5, 7, 6]
@@ -169,14 +169,14 @@ def test_pairs_are_ordered_chosen_first_and_ties_follow_the_tie_rule(tmp_path, t
 def test_beta_schedule_follows_the_epoch_of_each_rollout(tmp_path):
     trainer = make_trainer(tmp_path, algorithm="online-dpo", beta=[0.3, 0.2, 0.1], max_steps=20)
     betas = {}
-    original = trainer.compute_loss_on_batch
+    original = trainer.algorithm.loss
 
     def recording(model, batch):
         loss, metrics = original(model, batch)
         betas[trainer.state.global_step + 1] = metrics["beta"]
         return loss, metrics
 
-    trainer.compute_loss_on_batch = recording
+    trainer.algorithm.loss = recording
     trainer.train()
     # 8 prompts, 4 per rollout, 4 steps per rollout: rollouts 1-2 are epoch 0, 3-4 epoch 1, 5 epoch 2
     assert [betas[s] for s in (1, 8, 9, 16, 17, 20)] == [0.3, 0.3, 0.2, 0.2, 0.1, 0.1]

@@ -75,13 +75,13 @@ def train(tmp_path, name: str, algorithm: str, **overrides):
     trainer = make_trainer(
         tmp_path / name, algorithm=algorithm, max_steps=2, save_steps=100, num_ppo_epochs=1, **overrides
     )
-    compute = trainer.compute_loss_on_batch
+    compute = trainer.algorithm.loss
 
     def recording(model, batch):
         widths.append((batch.prompt_ids.shape[1], batch.completion_ids.shape[1]))
         return compute(model, batch)
 
-    trainer.compute_loss_on_batch = recording
+    trainer.algorithm.loss = recording
     trainer.train()
     actor = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     assert trainer.state.global_step == 2 and trainer.state.log_history[-1]["train_loss"] is not None

@@ -37,7 +37,7 @@ def test_clipped_loss_takes_the_pessimistic_branch(tmp_path):
         old_logprobs=old,
         advantages=torch.tensor([1.0, -1.0]),
     )
-    loss, metrics = trainer.compute_loss_on_batch(FixedLogits(new), batch)
+    loss, metrics = trainer.algorithm.loss(FixedLogits(new), batch)
     # A=+1, ratio 1.5: max(-1.5, -1.2) = -1.2 ; A=-1, ratio 0.75: max(0.75, 0.8) = 0.8 -> mean over 4 tokens
     torch.testing.assert_close(loss, torch.tensor((-1.2 * 2 + 0.8 * 2) / 4))
     assert metrics["clip_ratio"] == 1.0

@@ -199,7 +199,7 @@ def make_trainer(
     **overrides,
 ):
     trainer_cls = trainer_cls or ALGORITHMS[algorithm].trainer_class
-    if not trainer_cls.uses_rewards:  # distillation: a teacher instead of rewards
+    if not trainer_cls.algorithm_class.uses_rewards:  # distillation: a teacher instead of rewards
         from steadyrl.toy import chat_dataset, chat_model_path, untrained_chat_model_path
 
         extra = dict(peft_config=peft_config, processing_class=processing_class, tools=tools, eval_dataset=eval_dataset)

@@ -51,7 +51,7 @@ def test_epsilon_high_and_masked_truncated_completions_shape_the_loss(tmp_path):
     # completion_ids of token 1 only make sense for FixedLogits' two-token vocabulary when EOS is 1 or 0 there;
     # the loss reads only log-probs and the EOS test, so any ids do
     model, rollout = batch([1.5, 1.5], [1.0, 1.0], eos, ended=[True, False])
-    loss, metrics = trainer.compute_loss_on_batch(model, rollout)
+    loss, metrics = trainer.algorithm.loss(model, rollout)
     # row 0 ended with EOS: ratio 1.5, A=+1 clipped at 1 + epsilon_high = 1.28; row 1 (no EOS) is left out
     torch.testing.assert_close(loss, torch.tensor(-1.28))
     assert metrics["clip_ratio"] == 1.0
@@ -68,7 +68,7 @@ def test_rloo_reward_clip_range_clips_the_scores_before_the_kl_penalty(tmp_path)
         ref_logprobs=torch.zeros(2, 1),
         old_logprobs=torch.zeros(2, 1),
     )
-    added = trainer.compute_advantages(rollout)
+    added = trainer.algorithm.advantages(rollout)
     torch.testing.assert_close(added.advantages, torch.tensor([1.5, -1.5]))  # 1 - (-0.5) and back
 
 

@@ -129,7 +129,7 @@ class EvaluationMixin:
             for name, dataset in eval_dataset.items():
                 metrics.update(self.evaluate_datasets(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        if not self.reward_funcs and self.uses_rewards:
+        if not self.reward_funcs and self.algorithm.uses_rewards:
             raise ValueError("evaluate() scores completions with reward_funcs or reward_model; this trainer has none.")
         if is_stream(eval_dataset):  # a stream is read whole at each evaluation, as TRL's eval DataLoader reads it
             eval_dataset = datasets.Dataset.from_list(list(eval_dataset))
@@ -169,8 +169,9 @@ class EvaluationMixin:
 
         per_function = {reward_func_name(f): kept(scores[:, j].tolist()) for j, f in enumerate(self.reward_funcs)}
         lengths = kept([len(ids) for ids in completion_ids])
-        metrics = summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()), self.uses_rewards)
-        if self.evaluates_loss:
+        rewarded = self.algorithm.uses_rewards
+        metrics = summary(prefix, kept(total.tolist()), per_function, lengths, kept(no_eos.tolist()), rewarded)
+        if self.algorithm.evaluates_loss:
             metrics[f"{prefix}_loss"] = self.evaluation_loss(sampled, scores)
         return metrics
 
@@ -198,7 +199,7 @@ class EvaluationMixin:
         args, k = self.args, self.args.num_generations_eval or self.args.n_samples_per_prompt
         trained_k, args.n_samples_per_prompt = args.n_samples_per_prompt, k  # groups of the evaluation's size
         try:
-            rollout = rollout.with_advantages(self.compute_advantages(rollout))
+            rollout = rollout.with_advantages(self.algorithm.advantages(rollout))
         finally:
             args.n_samples_per_prompt = trained_k
         model, size, device = self.model_wrapped, self.args.micro_train_batch_size, self.accelerator.device
@@ -209,10 +210,10 @@ class EvaluationMixin:
         try:
             for start in range(0, len(rollout), size):
                 batch = rollout.select(slice(start, start + size)).trimmed(**padding).to(device)
-                loss = self.compute_loss_on_batch(model, batch)[0]
+                loss = self.algorithm.loss(model, batch)[0]
                 losses.append(float(sum(loss.values()) if isinstance(loss, dict) else loss))
         finally:
             model.train(was_training)
         mean = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64, device=device)
-        total = self.sum_over_processes()
+        total = self.algorithm.processes.sum
         return (mean if total is None else total(mean) / self.accelerator.num_processes).item()

@@ -22,7 +22,8 @@ logger = logging.get_logger(__name__)
 
 class Learner(TrainerStage):
     """Trains the modules ``trained_modules()`` returns (the actor first) on one mini-batch per call, with the
-    algorithm's ``compute_loss_on_batch(model, micro_batch) -> (loss or {module: loss}, metrics)``.
+    algorithm's ``loss(model, micro_batch) -> (loss or {module: loss}, metrics)`` between its ``begin_step`` and
+    ``end_step``.
 
     Events, in ``Trainer``'s order: ``on_substep_end`` after each micro-batch but the last, then (gradients clipped)
     ``on_pre_optimizer_step``, the optimizer steps, ``on_optimizer_step``. A module whose loss or gradient norm is not
@@ -43,6 +44,8 @@ class Learner(TrainerStage):
         for module in modules.values():
             module.engine.train()
         num_micro = len(minibatch) // size
+        algorithm = trainer.algorithm
+        algorithm.begin_step(trainer.state.global_step)
         metrics: dict[str, float] = defaultdict(float)
         losses: dict[str, float] = defaultdict(float)  # each module's loss summed over the micro-batches
         pad_id = getattr(trainer.processing_class, "pad_token_id", None) or 0  # masked: any id keeps the numbers
@@ -54,7 +57,7 @@ class Learner(TrainerStage):
                 if not last:  # gradients are all-reduced on the last micro-batch only
                     for module in modules.values():
                         stack.enter_context(accelerator.no_sync(module.engine))
-                loss, batch_metrics = trainer.compute_loss_on_batch(trainer.model_wrapped, batch)
+                loss, batch_metrics = algorithm.loss(trainer.model_wrapped, batch)
                 parts = loss if isinstance(loss, dict) else {"actor": loss}
                 total = sum(parts.values())
                 if trainer.is_deepspeed_enabled:
@@ -76,7 +79,8 @@ class Learner(TrainerStage):
                 self.fire("on_substep_end")
         if trainer.args.logging_nan_inf_filter and not math.isfinite(metrics["loss"]):
             del metrics["loss"]  # as Trainer: the logged loss is the mean of the steps whose loss was finite
-        return {**metrics, **self.apply_gradients(losses, minibatch)}
+        metrics.update(self.apply_gradients(losses, minibatch))
+        return {**metrics, **algorithm.end_step(self.last_refused)}
 
     def apply_gradients(self, losses: dict[str, float], minibatch: Rollout) -> dict[str, float]:
         """Clip the accumulated gradients and step every optimizer and scheduler whose module's loss and gradient norm

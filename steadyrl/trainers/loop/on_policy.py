@@ -60,7 +60,6 @@ from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
 from .ahead import AheadSource
-from .algorithm import AlgorithmHooks
 from .checkpoints import CheckpointMixin
 from .dynamic_sampling import DynamicSampling
 from .epochs import Epochs
@@ -74,13 +73,14 @@ from .reporting import ReportingMixin
 from .run_start import start_run
 from .scoring import Scorer, ScoringPasses
 from .sources import ActorGenerator, PromptDraw, RolloutSource
+from .trainer_hooks import TrainerHooks
 from .trl_attributes import TRLAttributesMixin
 
 logger = logging.get_logger(__name__)
 
 
 class OnPolicyTrainer(
-    AlgorithmHooks, CheckpointMixin, EvaluationMixin, ReportingMixin, PublishMixin, TRLAttributesMixin, Trainer
+    TrainerHooks, CheckpointMixin, EvaluationMixin, ReportingMixin, PublishMixin, TRLAttributesMixin, Trainer
 ):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
@@ -126,7 +126,6 @@ class OnPolicyTrainer(
 
     algorithm_name = "on-policy"
     config_class = OnPolicyConfig
-    aux_loss_enabled = False  # TRL's flag: the loss adds a MoE model's load balancing (GRPO, RLOO: loss_options.py)
 
     def __init__(
         self,
@@ -199,7 +198,7 @@ class OnPolicyTrainer(
             given = tokenizer if tokenizer is not None else scorer.tokenizer
             self.reward_processing_classes[index] = given if given is not None else processing_class
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
-        self.uses_reference = self.needs_reference(args)
+        self.uses_reference = self.algorithm_class.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
             raise ValueError(
                 f"ref_model was given, but with beta={args.beta} {name} has no KL term and uses no reference model: "
@@ -248,7 +247,11 @@ class OnPolicyTrainer(
         self.ref_model = place_frozen_models(
             self.ref_model, scorers, self.accelerator.device, zero3_config, args.ref_reward_offload
         )
-        self.backend = make_backend(args, processing_class, model, self.accelerator.device, self.logprob_temperature)
+        self.add_algorithm_models()
+        self.sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
+        self.algorithm = self.make_algorithm()
+        temperature = self.algorithm.logprob_temperature
+        self.backend = make_backend(args, processing_class, model, self.accelerator.device, temperature)
         main = self.accelerator.is_main_process
         turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
         log = CompletionLog(args.output_dir, args.num_completions_to_print, turns, args.log_unique_prompts)
@@ -260,7 +263,6 @@ class OnPolicyTrainer(
         """The loop's stages and the checkpoint parts of its state, each registered where it is made."""
         args, tokenizer = self.args, self.processing_class
         self.checkpointer = Checkpointer(self.accelerator)
-        self.sampler = make_sampler(train_dataset, args.seed, args.shuffle_dataset, self.conversational)
         self.prompt_draw = PromptDraw(self.sampler, train_dataset, args, self.accelerator)
         self.generator = ActorGenerator(self)
         self.scorer = Scorer(self, tokenizer, self.conversational, args)
@@ -278,12 +280,11 @@ class OnPolicyTrainer(
         self.learner = Learner(self)
         self.training_buffer = TrainingBuffer(self.accelerator.process_index, self.accelerator.num_processes)
         self.pending_metrics = PendingMetrics()
-        self.algorithm_state = self.initial_algorithm_state()
         self.meter = RunMeter(0)
         register = self.checkpointer.register
         register("sampler", self.sampler)
         register("rollouts", self.prompt_draw)
-        register("algorithm", self.algorithm_state)
+        register("algorithm", self.algorithm.state)
         register("rollout_buffer", self.training_buffer, per_process=True)
         register("pending_metrics", self.pending_metrics, per_process=True)
         register("meter", self.meter, per_process=True)
@@ -330,9 +331,9 @@ class OnPolicyTrainer(
             sampled = self.rollout_source.next()  # prompts -> completions
             scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
         rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
-        added = self.compute_advantages(rollout)  # the algorithm's part
+        added = self.algorithm.advantages(rollout)  # the algorithm's part
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
-        step, group = self.state.global_step, self.samples_per_group
+        step, group = self.state.global_step, self.algorithm.samples_per_group
         return whole_rollout_buffer(rollout, metrics, self.args, step, group, self.accelerator)
 
     def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:

@@ -86,8 +86,8 @@ class ScoringPasses(TrainerStage):
         metrics = {**rollout_metrics(rollout, scores, names, sampled.generation_time), **metrics}
         if engine:  # health of the weight sync (and the correction): engine vs trainer
             engine_logprobs = engine_logprob_tensor(generation.logprobs, rollout.completion_mask.float())
-            if rollout.old_logprobs is None or trainer.reads_engine_logprobs:  # trained once: the training pass's
-                rollout = dataclasses.replace(rollout, engine_logprobs=engine_logprobs)  # own log-probs check them
+            if rollout.old_logprobs is None or trainer.algorithm.reads_engine_logprobs:  # trained once: the training
+                rollout = dataclasses.replace(rollout, engine_logprobs=engine_logprobs)  # pass's log-probs check them
             if rollout.old_logprobs is not None:
                 weights, checked = engine_check(args, rollout.old_logprobs, engine_logprobs, rollout.policy_mask)
                 rollout, metrics = dataclasses.replace(rollout, engine_weights=weights), {**metrics, **checked}
@@ -109,7 +109,8 @@ class ScoringPasses(TrainerStage):
             total = trainer.penalise_missing_eos(total, no_eos)
         # vLLM's log-probs are checked against them, here or (a loss that can: ``checks_engine_in_loss``) by the
         # training pass of a rollout trained once
-        needed = trainer.needs_old_logprobs() or (engine and not trainer.checks_engine_in_loss)
+        algorithm = trainer.algorithm
+        needed = algorithm.needs_old_logprobs() or (engine and not algorithm.checks_engine_in_loss)
         old_logprobs = self.policy_logprobs(trainer.model, tokens) if needed else None
         ref_logprobs = self.reference_logprobs(tokens) if trainer.uses_reference else None
         return Rollout(
@@ -127,7 +128,7 @@ class ScoringPasses(TrainerStage):
         trainer = self.trainer
         size = trainer.args.micro_rollout_batch_size
         multiple = trainer.args.pad_to_multiple_of
-        temperature, packing = trainer.logprob_temperature, trainer.args.packing
+        temperature, packing = trainer.algorithm.logprob_temperature, trainer.args.packing
         return batched_logprobs(model, tokens.token_tensors, temperature, size, multiple, packing)
 
     def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:

@@ -16,6 +16,18 @@ class TRLAttributesMixin:
         return bool(self.args.use_vllm)
 
     @property
+    def aux_loss_enabled(self) -> bool:
+        """TRL's flag: the loss adds a Mixture-of-Experts model's load-balancing loss (GRPO, RLOO)."""
+        policy_loss = getattr(getattr(self, "algorithm", None), "policy_loss", None)
+        return bool(policy_loss is not None and policy_loss.aux_loss_enabled)
+
+    @property
+    def router_aux_loss_coef(self) -> float:
+        """TRL's attribute: the load-balancing loss's weight (0.0 where the loss adds none)."""
+        policy_loss = getattr(getattr(self, "algorithm", None), "policy_loss", None)
+        return 0.0 if policy_loss is None else policy_loss.router_aux_loss_coef
+
+    @property
     def reward_func_names(self) -> list[str]:
         """Each reward's name, in order, as its metrics are logged (``rewards/<name>/mean``)."""
         return [reward_func_name(func) for func in self.reward_funcs]

@@ -2,6 +2,8 @@
 token-level options each objective reads), and adding a loss is one class plus one registry line, which a config
 then accepts and the trainers' loss computes."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from support.toy_run import make_trainer
@@ -9,7 +11,8 @@ from support.toy_run import make_trainer
 from steadyrl import GRPOConfig, RLOOConfig
 from steadyrl.ops import POLICY_LOSSES, ClippedSurrogate, LossSettings, RegisteredLoss, TokenLoss, TokenMean
 from steadyrl.rollout import Rollout
-from steadyrl.trainers.loop.loss_options import PolicyLossMixin, accepted_loss_types
+from steadyrl.trainers.config.policy_loss import accepted_loss_types
+from steadyrl.trainers.loop.policy_loss import ConfiguredPolicyLoss
 
 
 def config(config_class, tmp_path, **settings):
@@ -63,16 +66,6 @@ class HalfSurrogate(ClippedSurrogate):
         return TokenLoss(out.loss / 2, out.log_weights, out.flags)
 
 
-class Trainer(PolicyLossMixin):
-    """The loss part of a GRPO trainer, without a model."""
-
-    def __init__(self, args):
-        self.args = args
-
-    def loss_mask(self, batch):
-        return batch.policy_mask
-
-
 def test_adding_a_loss_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
     monkeypatch.setitem(POLICY_LOSSES, "half_bnpo", RegisteredLoss(HalfSurrogate(), TokenMean()))  # the one line
 
@@ -93,13 +86,14 @@ def test_adding_a_loss_is_one_class_and_one_registry_line(tmp_path, monkeypatch)
         old_logprobs=logprobs + 0.3 * torch.randn(2, 3, generator=generator),
         advantages=torch.tensor([1.0, -1.0]),
     )
-    loss, metrics = Trainer(args).policy_loss(logprobs, batch)
+    no_moe = SimpleNamespace(config=SimpleNamespace())  # a policy without a load-balancing loss
+    loss, metrics = ConfiguredPolicyLoss(args, no_moe)(logprobs, batch, batch.policy_mask)
     bnpo, bnpo_metrics = POLICY_LOSSES["bnpo"](
         logprobs, batch.old_logprobs, batch.advantages, mask, LossSettings.of(args)
     )
     torch.testing.assert_close(loss, bnpo / 2)
     assert metrics == bnpo_metrics
-    assert Trainer(args).step_tokens(batch) is None  # a token mean over the micro-batch needs no step normaliser
+    assert not ConfiguredPolicyLoss(args, no_moe).divides_by_step_tokens  # a micro-batch token mean
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,60 @@
+"""What a trainer shell (grpo.py, ppo.py, ...) may override besides its config: the algorithm it builds, the models it
+adds to the run (PPO's critic, distillation's teacher), the modules it trains, and the rewards it takes."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from transformers import TrainerState
+
+from ...checkpoint.checkpointer import TrainedModule
+from ...models.loading import enable_gradient_checkpointing
+from ...rewards import RewardInputs, check_reward_funcs, score_completions
+from .algorithm import Algorithm, Processes
+
+
+class TrainerHooks:
+    """The overridable parts of ``OnPolicyTrainer`` (a base of it: the hooks read the trainer's models and config)."""
+
+    algorithm_class: ClassVar[type[Algorithm]]  # the algorithm the trainer builds (its class-level facts are read
+    # before any model exists: ``uses_rewards``, ``needs_reference(args)``, ``samples_per_group``)
+
+    def make_algorithm(self) -> Algorithm:
+        """The algorithm, built from the config and its inputs once the models exist."""
+        return self.algorithm_class(self.args, Processes(self.accelerator), self.processing_class.eos_token_id)
+
+    def add_algorithm_models(self) -> None:
+        """Load the models the algorithm needs beyond the policy, the reference and the reward models (PPO's critic,
+        distillation's teacher), before the algorithm is built."""
+
+    def checked_rewards(self, reward_funcs: list, args, dataset) -> tuple[list, torch.Tensor]:
+        """The reward functions (a reward model last), checked against the dataset's columns, and one weight each."""
+        return check_reward_funcs(reward_funcs, args.reward_weights, dataset, args.remove_unused_columns)
+
+    def score(self, inputs: RewardInputs, state: TrainerState | None = None) -> torch.Tensor:
+        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them. The functions read
+        ``state`` as ``trainer_state`` (default: the trainer's)."""
+        return score_completions(self.reward_funcs, inputs, state or self.state, self.args.reward_timeout)
+
+    def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
+        """The weighted scores [N] less ``missing_eos_penalty`` where a completion ends without EOS [N]."""
+        return total - self.args.missing_eos_penalty * no_eos.float()
+
+    def trained_modules(self) -> list[TrainedModule]:
+        """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""
+        return [
+            TrainedModule("actor", self.model_wrapped, self.optimizer, self.lr_scheduler, self.model, self.save_actor)
+        ]
+
+    def prepare_for_training(self, max_steps: int) -> None:
+        """Create the optimizers and schedulers and let accelerate prepare them with their models."""
+        self.create_optimizer()
+        if self.is_deepspeed_enabled:  # DeepSpeed drops parameter groups without parameters (under LoRA: the
+            # no-weight-decay group); the scheduler must be made for the groups it steps
+            self.optimizer.param_groups[:] = [group for group in self.optimizer.param_groups if group["params"]]
+        self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
+        if self.args.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs)
+        # Schedulers stay unprepared: accelerate would step them once per process for every optimizer step.
+        self.model_wrapped, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
