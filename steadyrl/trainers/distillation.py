@@ -28,13 +28,13 @@ from ..models.loading import disable_dropout, from_pretrained_kwargs, saved_toke
 from ..ops import masked_mean
 from ..ops.divergence import completion_divergence
 from ..redaction import redact_secrets
-from ..rewards import RewardInputs
 from ..rollout import Advantages, Rollout
 from .config.field_groups import inherited_field
 from .config.input_checks import check_model_path
 from .config.on_policy_config import OnPolicyConfig
 from .loop.algorithm import Algorithm, Processes
 from .loop.on_policy import OnPolicyTrainer
+from .loop.rollout_rewards import NoRewards
 
 
 @dataclass
@@ -133,6 +133,11 @@ class Distillation(Algorithm):
     def needs_old_logprobs(self) -> bool:
         return False  # the loss has no importance ratio
 
+    @property
+    def divergence_temperature(self) -> float:
+        """Temperature of both distributions in the divergence: the sampling temperature, as TRL's distillation."""
+        return self.args.temperature
+
     def advantages(self, rollout: Rollout) -> Advantages:
         """No advantages: the number of loss tokens per micro-batch, over every process, which the loss divides
         by, so that a step's loss is the token mean over all its micro-batches as in TRL."""
@@ -142,7 +147,7 @@ class Distillation(Algorithm):
         args, mask = self.args, self.loss_mask(batch)  # [B, C]
         with offloaded(self.teacher, self.processes.accelerator.device, self.offload):
             divergence, entropy = completion_divergence(
-                model, batch.token_tensors, self.teacher, self.teacher_head(), args.beta, args.temperature
+                model, batch.token_tensors, self.teacher, self.teacher_head(), args.beta, self.divergence_temperature
             )  # [B, C] each
         mask = mask.to(divergence.dtype)
         loss = (divergence * mask).sum() / batch.tokens_per_micro_batch[0].clamp(min=1.0)
@@ -259,8 +264,8 @@ class DistillationTrainer(OnPolicyTrainer):
             )
         return [], torch.zeros(0)
 
-    def score(self, inputs: RewardInputs, state=None) -> torch.Tensor:
-        return torch.zeros(len(inputs.completion_ids), 0)
+    def make_rewards(self) -> NoRewards:
+        return NoRewards(self.args)
 
 
 def load_teacher(teacher, policy: PreTrainedModel, tokenizer, args: DistillationConfig) -> torch.nn.Module:

@@ -29,9 +29,6 @@ from ..distributed.placement import offloaded
 from ..generation import Generation, SamplingSettings
 from ..generation.base import trim_completion
 from ..generation.hf import HFGenerationBackend
-from ..ops import masked_mean
-from ..ops.divergence import completion_divergence
-from ..rollout import Rollout
 from .config.field_groups import inherited_field
 from .config.on_policy_config import OnPolicyConfig
 from .config.trl_calls import refuse_unused
@@ -223,16 +220,7 @@ class GKD(Distillation):
     """Distillation's loss at temperature 1, as TRL's ``GKDTrainer.compute_loss`` calls ``generalized_jsd_loss``
     (its ``temperature`` samples only); the student's log-probs stay at the sampling temperature (vLLM's check)."""
 
-    def loss(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = self.loss_mask(batch)  # [B, C]
-        with offloaded(self.teacher, self.processes.accelerator.device, self.offload):
-            divergence, entropy = completion_divergence(
-                model, batch.token_tensors, self.teacher, self.teacher_head(), self.args.beta, 1.0
-            )  # [B, C] each
-        mask = mask.to(divergence.dtype)
-        loss = (divergence * mask).sum() / batch.tokens_per_micro_batch[0].clamp(min=1.0)
-        metrics = {"divergence": masked_mean(divergence.detach(), mask).item()}
-        return loss, {**metrics, "entropy": masked_mean(entropy, mask).item()}
+    divergence_temperature = 1.0
 
 
 class GKDTrainer(DistillationTrainer):
