@@ -41,6 +41,7 @@ from .config.trl_calls import refuse_unused
 from .config.trl_names import MAX_NEW_TOKENS, SYNONYMS, resolve_max_prompt_length, views_of
 from .loop.algorithm import Algorithm, Processes
 from .loop.on_policy import OnPolicyTrainer
+from .loop.rollout_rewards import RolloutRewards
 
 LOSS_TYPES = ("sigmoid", "ipo")
 TIE_RULES = ("skip", "first")
@@ -344,9 +345,18 @@ class OnlineDPOTrainer(OnPolicyTrainer):
             )
         return [], torch.ones(1)
 
-    def score(self, inputs: RewardInputs, state=None) -> torch.Tensor:
-        if self.judge is None:
-            return super().score(inputs, state)
+    def make_rewards(self) -> RolloutRewards:
+        return super().make_rewards() if self.judge is None else JudgeRewards(self.judge, self.args)
+
+
+class JudgeRewards(RolloutRewards):
+    """A pairwise judge's verdicts as scores: 1 for the preferred completion of each pair, 0 for the other."""
+
+    def __init__(self, judge, args: OnlineDPOConfig) -> None:
+        super().__init__([], torch.ones(1), args)
+        self.judge = judge
+
+    def score(self, inputs: RewardInputs, state) -> torch.Tensor:
         texts = inputs.completion_texts  # a judge reads text: the prompt as rendered for the policy, the completions
         pairs = [list(pair) for pair in zip(texts[0::2], texts[1::2])]
         preferred = call_judge(self.judge, inputs.prompt_texts[0::2], pairs)
@@ -355,9 +365,7 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         return scores
 
     def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
-        """With a judge (scores 0 and 1), a completion without EOS loses to one with EOS whatever the judge said, and
-        the judge decides between two with EOS or two without: a penalty of 2 orders them so, whatever
-        ``missing_eos_penalty``'s value (subtracting it from 0/1 scores would turn preferences into ties)."""
-        if self.judge is None:
-            return super().penalise_missing_eos(total, no_eos)
+        """A completion without EOS loses to one with EOS whatever the judge said, and the judge decides between two
+        with EOS or two without: a penalty of 2 orders the 0/1 scores so, whatever ``missing_eos_penalty``'s value
+        (subtracting it from 0/1 scores would turn preferences into ties)."""
         return total - 2.0 * no_eos.float()

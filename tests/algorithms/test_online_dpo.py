@@ -210,12 +210,12 @@ def test_missing_eos_penalty_with_a_judge_ranks_eos_first_and_never_ties_a_prefe
     )
     judged = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     no_eos = torch.tensor([True, False, False, False, True, True, False, True])
-    total = trainer.penalise_missing_eos(judged, no_eos)
+    total = trainer.rewards.total(judged[:, None], no_eos)  # one score per completion
     order = chosen_first_order(total)
     assert order.tolist() == [1, 0, 3, 2, 4, 5, 6, 7]  # EOS beats the judge; the judge; the judge; EOS
     assert not pair_ties(total).any()
     plain = make_trainer(tmp_path / "scores", algorithm="online-dpo", missing_eos_penalty=1.0)
-    assert torch.equal(plain.penalise_missing_eos(judged, no_eos), judged - no_eos.float())
+    assert torch.equal(plain.rewards.total(judged[:, None], no_eos), judged - no_eos.float())
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,8 @@ from ...agents.turns import Trajectories
 from ...distributed.metrics import combine_by_name
 from ...generation import Generation
 from ...ops import zero_std_groups
-from ...rewards import weighted_total
-from .sources import Sampled, TrainerStage
+from .rollout_rewards import RolloutRewards
+from .sources import Sampled
 
 GroupKey = tuple[int, int, int]  # (draw, process, group on the process): a drawn group's place in draw order
 
@@ -85,16 +85,30 @@ def sampled_from_rows(rows: list[dict], generation_time: float, metrics: dict) -
     return sampled, torch.stack([row["scores"] for row in rows])
 
 
-class DynamicSampling(TrainerStage):
-    """The next rollout's sampled completions and scores, made of groups whose rewards differ (module docstring)."""
+class DynamicSampling:
+    """The next rollout's sampled completions and scores, made of groups whose rewards differ (module docstring).
 
-    def __init__(self, trainer, source, scorer, args) -> None:
-        super().__init__(trainer)
-        self.source, self.scorer, self.args = source, scorer, args
+    Args:
+        source: where completions come from (a ``RolloutSource``).
+        scorer: scores them (``Scorer``).
+        rewards: gives each sample its total (``RolloutRewards``).
+        eos_token_id: the policy tokenizer's EOS (``missing_eos_penalty``).
+        accelerator: the run's processes.
+        args: the config (rollout_batch_size, n_samples_per_prompt, max_num_gen_batches).
 
-    def __call__(self) -> tuple[Sampled, torch.Tensor, dict[str, float]]:
-        """``(sampled, scores [N, num_rewards], metrics)`` of this process's share of the rollout."""
-        args, accelerator = self.args, self.trainer.accelerator
+    Example::
+
+        sampled, scores, metrics = DynamicSampling(source, scorer, rewards, eos, accelerator, args)(trainer.state)
+    """
+
+    def __init__(self, source, scorer, rewards: RolloutRewards, eos_token_id: int | None, accelerator, args) -> None:
+        self.source, self.scorer, self.rewards, self.eos_token_id = source, scorer, rewards, eos_token_id
+        self.accelerator, self.args = accelerator, args
+
+    def __call__(self, state) -> tuple[Sampled, torch.Tensor, dict[str, float]]:
+        """``(sampled, scores [N, num_rewards], metrics)`` of this process's share of the rollout; the reward
+        functions read ``state`` as ``trainer_state``."""
+        args, accelerator = self.args, self.accelerator
         k, needed = args.n_samples_per_prompt, args.rollout_batch_size
         processes, rank = accelerator.num_processes, accelerator.process_index
         keys: list[GroupKey] = []  # every process's kept groups, in draw order
@@ -105,7 +119,7 @@ class DynamicSampling(TrainerStage):
             if args.max_num_gen_batches and draws == args.max_num_gen_batches:
                 raise DynamicSamplingError(self.bound_message(draws, len(keys), dropped))
             sampled = self.source.next()
-            scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
+            scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled, state)
             drawn_metrics.append({**metrics, **sampled.metrics})
             generation_time += sampled.generation_time
             signal = groups_with_signal(self.totals(sampled, scores), k).tolist()  # [G] this process's groups
@@ -132,13 +146,9 @@ class DynamicSampling(TrainerStage):
     def totals(self, sampled: Sampled, scores: torch.Tensor) -> torch.Tensor:
         """[N] each sample's total reward as the rollout will hold it (``Rollout.scores``): the weighted sum of the
         rewards, less ``missing_eos_penalty`` where the completion ends without EOS."""
-        trainer = self.trainer
-        total = weighted_total(scores, trainer.reward_weights)
-        if self.args.missing_eos_penalty is not None:
-            eos = trainer.processing_class.eos_token_id
-            no_eos = torch.tensor([not ids or ids[-1] != eos for ids in sampled.generation.completion_ids])
-            total = trainer.penalise_missing_eos(total, no_eos.to(total.device))
-        return total
+        eos = self.eos_token_id
+        no_eos = torch.tensor([not ids or ids[-1] != eos for ids in sampled.generation.completion_ids])
+        return self.rewards.total(scores, no_eos)
 
     def bound_message(self, draws: int, kept: int, dropped: int) -> str:
         args = self.args

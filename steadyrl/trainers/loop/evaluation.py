@@ -20,7 +20,7 @@ from ...data.prompts import prompt_kind
 from ...data.stream import is_stream
 from ...generation import Generation, sampling_seed
 from ...ops import ends_without_eos, pad_prompts_and_completions
-from ...rewards import reward_func_name, weighted_total
+from ...rewards import reward_func_name
 from ...rng import rng_untouched
 from ..config.input_checks import check_dataset
 from .sources import Sampled, repeat_rows
@@ -159,9 +159,7 @@ class EvaluationMixin:
         no_eos = ends_without_eos(
             tokens["completion_ids"], tokens["completion_mask"], self.processing_class.eos_token_id
         )
-        total = weighted_total(scores, self.reward_weights)
-        if args.missing_eos_penalty is not None:
-            total -= args.missing_eos_penalty * no_eos.float()
+        total = self.rewards.total(scores, no_eos)
 
         def kept(values) -> list:
             values = [v for v, keep in zip(values, counted) if keep]
@@ -187,7 +185,7 @@ class EvaluationMixin:
                 prompts[rows], batch_columns, seeds[rows], chunk=size
             )
             parts.append(Sampled(batch_prompts, batch_columns, prompt_ids, generation, 0.0))
-            scores.append(self.scorer(parts[-1])[0])
+            scores.append(self.scorer(parts[-1], self.state)[0])
             self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
         return joined(parts), torch.cat(scores)
 

@@ -29,7 +29,6 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging
 
 from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
-from ...checkpoint.checkpointer import Checkpointer
 from ...checkpoint.fingerprint import run_identity
 from ...checkpoint.output_dir import take_output_dir
 from ...data.prompts import UserTurns, check_prompts
@@ -52,27 +51,22 @@ from ...models.scalar_head import RewardModelFunction
 from ...models.zero3_release import bound_zero3_buffers
 from ...publish.actor import PublishMixin
 from ...reporting.completion_log import CompletionLog
-from ...reporting.run_summary import MetricsLog, RunMeter
+from ...reporting.run_summary import MetricsLog
 from ...rewards import as_list
 from ...rollout import Rollout, RolloutBuffer
 from ..config.input_checks import check_model_path, check_output_dir, check_train_dataset
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
-from .ahead import AheadSource
 from .checkpoints import CheckpointMixin
-from .dynamic_sampling import DynamicSampling
-from .epochs import Epochs
 from .evaluation import EvaluationMixin, check_eval_dataset
-from .learner import Learner
-from .loop_state import PendingMetrics, TrainingBuffer, whole_rollout_buffer
-from .multi_turn import MultiTurnSource, check_multi_turn, environment_owned_data
+from .loop_state import whole_rollout_buffer
+from .multi_turn import check_multi_turn, environment_owned_data
 from .preemption import StopSignals
-from .reference_sync import check_reference_sync
+from .reference_sync import check_reference_sync, sync_reference
 from .reporting import ReportingMixin
 from .run_start import start_run
-from .scoring import Scorer, ScoringPasses
-from .sources import ActorGenerator, PromptDraw, RolloutSource
+from .stage_wiring import StageWiring
 from .trainer_hooks import TrainerHooks
 from .trl_attributes import TRLAttributesMixin
 
@@ -80,7 +74,14 @@ logger = logging.get_logger(__name__)
 
 
 class OnPolicyTrainer(
-    TrainerHooks, CheckpointMixin, EvaluationMixin, ReportingMixin, PublishMixin, TRLAttributesMixin, Trainer
+    TrainerHooks,
+    StageWiring,
+    CheckpointMixin,
+    EvaluationMixin,
+    ReportingMixin,
+    PublishMixin,
+    TRLAttributesMixin,
+    Trainer,
 ):
     """A ``transformers.Trainer`` whose ``train()`` runs the on-policy RL loop; the algorithms subclass it.
 
@@ -259,40 +260,6 @@ class OnPolicyTrainer(
         self.metrics_log = MetricsLog(args.output_dir) if main else None
         self.build_stages(train_dataset)
 
-    def build_stages(self, train_dataset) -> None:
-        """The loop's stages and the checkpoint parts of its state, each registered where it is made."""
-        args, tokenizer = self.args, self.processing_class
-        self.checkpointer = Checkpointer(self.accelerator)
-        self.prompt_draw = PromptDraw(self.sampler, train_dataset, args, self.accelerator)
-        self.generator = ActorGenerator(self)
-        self.scorer = Scorer(self, tokenizer, self.conversational, args)
-        source_args = (self.prompt_draw, self.generator, tokenizer, self.conversational, args)
-        if self.multi_turn.active:
-            self.rollout_source = MultiTurnSource(self.multi_turn, self, self.context_length(), *source_args)
-        elif args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
-            on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
-            self.rollout_source = AheadSource(self, self.scorer, on_worker, *source_args)
-        else:
-            self.rollout_source = RolloutSource(*source_args)
-        dynamic = getattr(args, "dynamic_sampling", False)
-        self.dynamic_sampling = DynamicSampling(self, self.rollout_source, self.scorer, args) if dynamic else None
-        self.scoring_passes = ScoringPasses(self)
-        self.learner = Learner(self)
-        self.training_buffer = TrainingBuffer(self.accelerator.process_index, self.accelerator.num_processes)
-        self.pending_metrics = PendingMetrics()
-        self.meter = RunMeter(0)
-        register = self.checkpointer.register
-        register("sampler", self.sampler)
-        register("rollouts", self.prompt_draw)
-        register("algorithm", self.algorithm.state)
-        register("rollout_buffer", self.training_buffer, per_process=True)
-        register("pending_metrics", self.pending_metrics, per_process=True)
-        register("meter", self.meter, per_process=True)
-        self.epochs = Epochs(self, self.sampler, self.rollout_source, args.rollout_batch_size)
-        register("epochs", self.epochs, optional=True)
-        if isinstance(self.rollout_source, AheadSource):
-            register("rollouts_ahead", self.rollout_source, per_process=True)
-
     def context_length(self) -> int:
         """The longest sequence generation may be given: the model's, or the backend's (vLLM's ``max_model_len``)."""
         limits = [getattr(self.model.config, "max_position_embeddings", None), self.backend.max_model_len]
@@ -326,10 +293,10 @@ class OnPolicyTrainer(
     def make_rollout(self) -> RolloutBuffer:
         """The next rollout, through each stage in order, as a buffer with a fixed mini-batch schedule."""
         if self.dynamic_sampling is not None:  # draws until the groups whose rewards differ fill the rollout
-            sampled, scores, metrics = self.dynamic_sampling()
+            sampled, scores, metrics = self.dynamic_sampling(self.state)
         else:
             sampled = self.rollout_source.next()  # prompts -> completions
-            scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled)
+            scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled, self.state)
         rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
         added = self.algorithm.advantages(rollout)  # the algorithm's part
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
@@ -338,7 +305,11 @@ class OnPolicyTrainer(
 
     def train_on_minibatch(self, minibatch: Rollout) -> dict[str, float]:
         """One global step's update of every trained module on ``minibatch`` (learner.py); its metrics."""
-        return self.learner.step(minibatch)
+        return self.learner.step(minibatch, self.trained_modules(), self.state.global_step, self.fire)
+
+    def fire(self, event: str) -> None:
+        """Call the callbacks' ``event`` as ``Trainer`` does, keeping the control they return."""
+        self.control = getattr(self.callback_handler, event)(self.args, self.state, self.control)
 
     def run_loop(self, checkpoint: Path | None) -> TrainOutput:
         """Train from ``checkpoint`` (or from the start) to ``max_steps``, with ``output_dir`` locked."""
@@ -366,7 +337,8 @@ class OnPolicyTrainer(
                     metrics = self.train_on_minibatch(current.next_minibatch())
                     self.pending_metrics.record({**current.buffer.metrics, **metrics})
                     self.state.global_step += 1
-                    self.learner.sync_reference(self.state.global_step)
+                    main = self.accelerator.is_main_process
+                    sync_reference(args, self.state.global_step, self.model, self.reference_module, main)
                     self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self.report_step()  # log and evaluate as the callbacks decided

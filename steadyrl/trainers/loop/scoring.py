@@ -2,8 +2,10 @@
 weighted total and the log-probs the loss needs besides its own (the sampling policy's, the reference's), with
 vLLM's log-probs checked against the trainer's.
 
-    Scorer          reward functions / reward models (the algorithm's ``score``) on TRL's inputs -> [N, num_rewards]
-    ScoringPasses   padded tokens, weighted total, old and reference log-probs -> ``Rollout``; ``engine_check``
+    Scorer          the rewards' scores (reward functions and models, or a judge) on TRL's inputs -> [N, num_rewards]
+    ScoringPasses   padded tokens, total reward, old and reference log-probs -> ``Rollout``; ``engine_check``
+
+Each is built from its inputs: the rewards (rollout_rewards.py), the tokenizer, the algorithm, the models.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from ...ops import (
     masked_mean,
     pad_prompts_and_completions,
 )
-from ...rewards import RewardInputs, reward_func_name, weighted_total
+from ...rewards import RewardInputs
 from ...rollout import Rollout, TokenBatch, engine_logprob_tensor, rollout_metrics
-from .sources import Sampled, TrainerStage
+from .algorithm import Algorithm
+from .rollout_rewards import RolloutRewards
+from .sources import Sampled
 
 
 def trajectory_fields(generation: Generation) -> dict:
@@ -37,20 +41,23 @@ def trajectory_fields(generation: Generation) -> dict:
     return fields if generation.completions is None else {**fields, "completions": generation.completions}
 
 
-class Scorer(TrainerStage):
-    """Scores a sampled rollout's completions with the trainer's ``score(inputs, trainer_state)`` (reward functions
-    and models, or online DPO's judge) on the inputs TRL's reward functions receive."""
+class Scorer:
+    """Scores a sampled rollout's completions with ``rewards`` (reward functions and models, or online DPO's judge)
+    on the inputs TRL's reward functions receive.
 
-    def __init__(self, trainer, tokenizer, conversational: bool, args) -> None:
-        super().__init__(trainer)
-        self.tokenizer, self.conversational, self.args = tokenizer, conversational, args
+    Example::
 
-    def __call__(self, sampled: Sampled, state=None, tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores [N, num_rewards] with ``state`` as ``trainer_state`` (default: the trainer's now), and the metrics
-        the reward functions logged; ``tokenizer`` decodes (default the policy's; a worker thread passes its own)."""
+        scores, metrics = Scorer(rewards, tokenizer, conversational=False, args=args)(sampled, trainer.state)
+    """
+
+    def __init__(self, rewards: RolloutRewards, tokenizer, conversational: bool, args) -> None:
+        self.rewards, self.tokenizer, self.conversational, self.args = rewards, tokenizer, conversational, args
+
+    def __call__(self, sampled: Sampled, state, tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores [N, num_rewards] with ``state`` as ``trainer_state``, and the metrics the reward functions logged;
+        ``tokenizer`` decodes (default the policy's; a worker thread passes its own)."""
         inputs = self.reward_inputs(sampled.prompts, sampled.prompt_ids, sampled.generation, sampled.columns, tokenizer)
-        trainer = self.trainer
-        return trainer.score(inputs, state or trainer.state), inputs.metric_means()
+        return self.rewards.score(inputs, state), inputs.metric_means()
 
     def reward_inputs(self, prompts, prompt_ids, generation: Generation, columns: dict, tokenizer=None) -> RewardInputs:
         """What reward functions and judges see of the completions, in TRL's conventions."""
@@ -68,25 +75,63 @@ class Scorer(TrainerStage):
         return dataclasses.replace(inputs, **trajectory_fields(generation))
 
 
-class ScoringPasses(TrainerStage):
+class ScoringPasses:
     """The passes over a scored rollout before training: the sampling policy's log-probs where the loss needs them
     apart from its own pass (``needs_old_logprobs``), the reference's where a KL term reads them, and the check of
-    vLLM's log-probs (``engine_check``)."""
+    vLLM's log-probs (``engine_check``).
+
+    Args:
+        args: the config (micro_rollout_batch_size, pad_to_multiple_of, packing, vLLM's correction settings).
+        tokenizer: the policy's (pad and EOS ids).
+        device: where the rollout's tensors go.
+        algorithm: the facts it asks (``needs_old_logprobs``, ``logprob_temperature``, ...).
+        rewards: the rollout's rewards (their names and each sample's total).
+        policy: the policy model (the actor, unwrapped).
+        reference: the frozen reference, or None: under PEFT the policy with its adapters disabled; with
+            ``uses_reference`` False no reference pass runs.
+        offload_reference: move the reference to the device for its pass only (``ref_reward_offload``).
+
+    Example::
+
+        passes = ScoringPasses(args, tokenizer, device, algorithm, rewards, model, ref_model, True, False)
+        rollout, metrics = passes(sampled, scores, {})
+    """
+
+    def __init__(
+        self,
+        args,
+        tokenizer,
+        device: torch.device,
+        algorithm: Algorithm,
+        rewards: RolloutRewards,
+        policy: torch.nn.Module,
+        reference: torch.nn.Module | None,
+        uses_reference: bool,
+        offload_reference: bool,
+    ) -> None:
+        self.args, self.tokenizer, self.device, self.algorithm, self.rewards = (
+            args,
+            tokenizer,
+            device,
+            algorithm,
+            rewards,
+        )
+        self.policy, self.reference = policy, reference
+        self.uses_reference, self.offload_reference = uses_reference, offload_reference
 
     @torch.no_grad()
     def __call__(self, sampled: Sampled, scores: torch.Tensor, metrics: dict) -> tuple[Rollout, dict[str, float]]:
         """The padded ``Rollout`` [N, P + C] of ``sampled`` with its scores [N, num_rewards], and its metrics."""
-        trainer, generation = self.trainer, sampled.generation
-        engine, args = generation.logprobs is not None, trainer.args
+        generation, args = sampled.generation, self.args
+        engine = generation.logprobs is not None
         rollout = self.padded(sampled.prompt_ids, generation.completion_ids, scores, engine, generation)
         if sampled.prompt_index is not None:
             index = torch.tensor(sampled.prompt_index, dtype=torch.long, device=rollout.scores.device)
             rollout = dataclasses.replace(rollout, prompt_index=index)
-        names = [reward_func_name(func) for func in trainer.reward_funcs]
-        metrics = {**rollout_metrics(rollout, scores, names, sampled.generation_time), **metrics}
+        metrics = {**rollout_metrics(rollout, scores, self.rewards.names, sampled.generation_time), **metrics}
         if engine:  # health of the weight sync (and the correction): engine vs trainer
             engine_logprobs = engine_logprob_tensor(generation.logprobs, rollout.completion_mask.float())
-            if rollout.old_logprobs is None or trainer.algorithm.reads_engine_logprobs:  # trained once: the training
+            if rollout.old_logprobs is None or self.algorithm.reads_engine_logprobs:  # trained once: the training
                 rollout = dataclasses.replace(rollout, engine_logprobs=engine_logprobs)  # pass's log-probs check them
             if rollout.old_logprobs is not None:
                 weights, checked = engine_check(args, rollout.old_logprobs, engine_logprobs, rollout.policy_mask)
@@ -94,8 +139,7 @@ class ScoringPasses(TrainerStage):
         return rollout, metrics
 
     def padded(self, prompt_ids, completion_ids, scores, engine: bool, generation: Generation) -> Rollout:
-        trainer = self.trainer
-        args, tok, device = trainer.args, trainer.processing_class, trainer.accelerator.device
+        args, tok, device, algorithm = self.args, self.tokenizer, self.device, self.algorithm
         multiple = args.pad_to_multiple_of  # TRL's: widths a multiple of it, the padding masked
         tokens = TokenBatch(
             **pad_prompts_and_completions(prompt_ids, completion_ids, tok.pad_token_id, device, multiple)
@@ -103,16 +147,13 @@ class ScoringPasses(TrainerStage):
         env_mask = getattr(generation, "env_mask", None)  # multi-turn: the completion tokens the policy sampled
         if env_mask is not None:
             env_mask = pad_prompts_and_completions(prompt_ids, env_mask, 0, device, multiple)["completion_ids"]
-        total = weighted_total(scores, trainer.reward_weights).to(device)  # [N]: a None (NaN) score left out
-        if args.missing_eos_penalty is not None:
-            no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
-            total = trainer.penalise_missing_eos(total, no_eos)
+        no_eos = ends_without_eos(tokens.completion_ids, tokens.completion_mask, tok.eos_token_id)
+        total = self.rewards.total(scores.to(device), no_eos)  # [N]: a None (NaN) score left out
         # vLLM's log-probs are checked against them, here or (a loss that can: ``checks_engine_in_loss``) by the
         # training pass of a rollout trained once
-        algorithm = trainer.algorithm
         needed = algorithm.needs_old_logprobs() or (engine and not algorithm.checks_engine_in_loss)
-        old_logprobs = self.policy_logprobs(trainer.model, tokens) if needed else None
-        ref_logprobs = self.reference_logprobs(tokens) if trainer.uses_reference else None
+        old_logprobs = self.policy_logprobs(self.policy, tokens) if needed else None
+        ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
         return Rollout(
             **vars(tokens),
             scores=total,
@@ -125,21 +166,18 @@ class ScoringPasses(TrainerStage):
     def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
         """[N, C] log-probs of the completion tokens under ``model``, at the algorithm's ``logprob_temperature``, in
         micro-batches of ``micro_rollout_batch_size``."""
-        trainer = self.trainer
-        size = trainer.args.micro_rollout_batch_size
-        multiple = trainer.args.pad_to_multiple_of
-        temperature, packing = trainer.algorithm.logprob_temperature, trainer.args.packing
+        args = self.args
+        size, multiple, packing = args.micro_rollout_batch_size, args.pad_to_multiple_of, args.packing
+        temperature = self.algorithm.logprob_temperature
         return batched_logprobs(model, tokens.token_tensors, temperature, size, multiple, packing)
 
     def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
         """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""
-        trainer = self.trainer
-        if trainer.ref_model is not None:
-            offload = trainer.args.ref_reward_offload and not trainer.zero3  # ZeRO-3: the engine offloads
-            with offloaded(trainer.ref_model, trainer.accelerator.device, offload):
-                return self.policy_logprobs(trainer.ref_model, tokens)
-        with trainer.model.disable_adapter():
-            return self.policy_logprobs(trainer.model, tokens)
+        if self.reference is not None:
+            with offloaded(self.reference, self.device, self.offload_reference):
+                return self.policy_logprobs(self.reference, tokens)
+        with self.policy.disable_adapter():
+            return self.policy_logprobs(self.policy, tokens)
 
 
 def engine_check(

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-from transformers import TrainerState
 
 from ...checkpoint.checkpointer import TrainedModule
 from ...models.loading import enable_gradient_checkpointing
-from ...rewards import RewardInputs, check_reward_funcs, score_completions
+from ...rewards import check_reward_funcs
 from .algorithm import Algorithm, Processes
+from .rollout_rewards import RolloutRewards
 
 
 class TrainerHooks:
@@ -32,14 +32,9 @@ class TrainerHooks:
         """The reward functions (a reward model last), checked against the dataset's columns, and one weight each."""
         return check_reward_funcs(reward_funcs, args.reward_weights, dataset, args.remove_unused_columns)
 
-    def score(self, inputs: RewardInputs, state: TrainerState | None = None) -> torch.Tensor:
-        """Scores [N, num_rewards] of the rollout's completions; ``reward_weights`` combines them. The functions read
-        ``state`` as ``trainer_state`` (default: the trainer's)."""
-        return score_completions(self.reward_funcs, inputs, state or self.state, self.args.reward_timeout)
-
-    def penalise_missing_eos(self, total: torch.Tensor, no_eos: torch.Tensor) -> torch.Tensor:
-        """The weighted scores [N] less ``missing_eos_penalty`` where a completion ends without EOS [N]."""
-        return total - self.args.missing_eos_penalty * no_eos.float()
+    def make_rewards(self) -> RolloutRewards:
+        """How the rollouts are rewarded: the checked reward functions and models with their weights."""
+        return RolloutRewards(self.reward_funcs, self.reward_weights, self.args)
 
     def trained_modules(self) -> list[TrainedModule]:
         """Every model the run trains, the actor first (``self.model`` is what DDP or DeepSpeed wraps)."""
