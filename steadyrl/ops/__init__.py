@@ -22,6 +22,15 @@ from .advantages import (
     whiten,
     zero_std_groups,
 )
+from .aggregations import (
+    Aggregation,
+    BatchMean,
+    FixedLengthSum,
+    SequenceMean,
+    SequenceSum,
+    StepTokenMean,
+    TokenMean,
+)
 from .logit_rows import token_entropy, token_logprobs
 from .logprobs import (
     batched_forward,
@@ -36,6 +45,7 @@ from .logprobs import (
     sequence_kl,
     trim_padding,
 )
+from .loss_registry import POLICY_LOSSES, MicroBatchLoss, RegisteredLoss
 from .losses import clipped_policy_loss, clipped_value_loss, dpo_logits, pair_logps, preference_loss
 from .masked import masked_mean, masked_moments, masked_var, masked_whiten
 from .packing import pad_prompts_and_completions, padded_width
@@ -43,23 +53,13 @@ from .policy_loss import (
     CISPO,
     ENGINE_CORRECTION_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
-    POLICY_LOSSES,
     SAPO,
     TOKEN_OPTIONS,
     VESPO,
-    Aggregation,
-    BatchMean,
     ClippedSurrogate,
-    FixedLengthSum,
-    LossSettings,
     PolicyLoss,
-    RegisteredLoss,
-    SequenceMean,
     SequenceRatio,
-    SequenceSum,
-    StepTokenMean,
     TokenLoss,
-    TokenMean,
     clip_metrics,
     clipped_surrogate,
     engine_importance_weights,
@@ -67,6 +67,7 @@ from .policy_loss import (
     importance_log_weights,
     importance_ratio_metrics,
 )
+from .ppo_loss import ClippedValue, PPOClippedSurrogate
 
 __all__ = [
     "ENGINE_CORRECTION_MODES",
@@ -83,7 +84,9 @@ __all__ = [
     "VESPO",
     "ClippedSurrogate",
     "FixedLengthSum",
-    "LossSettings",
+    "MicroBatchLoss",
+    "PPOClippedSurrogate",
+    "ClippedValue",
     "PolicyLoss",
     "RegisteredLoss",
     "SequenceMean",

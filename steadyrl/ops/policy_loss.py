@@ -1,4 +1,5 @@
-"""GRPO's and RLOO's policy losses (TRL's ``loss_type``): each a per-token objective plus an aggregation, by name.
+"""The policy objectives of TRL's ``loss_type`` family (GRPO, RLOO, REINFORCE++): each a per-token loss that owns its
+hyperparameters; loss_registry.py pairs each with an aggregation (aggregations.py) under TRL's names.
 
 Shapes: B sequences in a micro-batch, C completion tokens. An objective's loss is [B, C], or [B, 1] with one
 importance weight per sequence; the aggregations multiply it by the [B, C] loss mask either way. Advantages are one
@@ -12,16 +13,8 @@ per sequence [B], or one per token [B, C] (REINFORCE++) for the objectives that 
     VESPO             l = -sg(phi(W)) A log pi, phi(W) = e^lam W^k e^(-lam W), W the sequence's   (arXiv 2602.10693)
                       product of token ratios (times vLLM's, folded in); k, lam by the advantage's sign
 
-    SequenceMean      mean over sequences of each sequence's token mean                 grpo  (Shao et al., 2024)
-    TokenMean         token mean over the micro-batch                                    bnpo
-    FixedLengthSum    token sum / (B x max_completion_length)                            dr_grpo (Liu et al., 2025)
-    StepTokenMean     token sum / mean loss tokens per micro-batch of the rollout: a     dapo, cispo (Yu et al., 2025)
-                      token mean over the whole optimizer step, across accumulation and processes
-    BatchMean         mean of the [B, 1] sequence losses                                 rloo  (Ahmadian et al., 2024)
-    SequenceSum       mean over sequences of each sequence's token sum                   luspo (arXiv 2602.05261)
-
-``POLICY_LOSSES`` pairs them under TRL's names; GRPOConfig and RLOOConfig accept its names. Adding a loss is a
-``PolicyLoss`` subclass and one line there.
+An objective is built once from a config (``from_config`` reads its hyperparameters) and refuses the config's bad
+values in ``check(config)``; PPO's two (ppo_loss.py) are built the same way.
 """
 
 from __future__ import annotations
@@ -32,16 +25,6 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .aggregations import (
-    Aggregation,
-    BatchMean,
-    FixedLengthSum,
-    SequenceMean,
-    SequenceSum,
-    StepTokenMean,
-    TokenMean,
-)
-from .loss_settings import LossSettings
 from .masked import masked_mean
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -145,25 +128,36 @@ def importance_ratio_metrics(weights: torch.Tensor, mask: torch.Tensor) -> dict[
     }
 
 
+def finite_number(value) -> bool:
+    """A real number, not a bool, neither infinite nor NaN (the check of a loss's float hyperparameter)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def clip_high(config) -> float:
+    """The config's upper clip epsilon: ``cliprange_high`` (TRL's ``epsilon_high``), else ``cliprange``."""
+    return config.cliprange if config.cliprange_high is None else config.cliprange_high
+
+
 # ---- objectives ----------------------------------------------------------------------------------------------------
 
 
 class PolicyLoss(abc.ABC):
-    """A per-token policy objective: log-probs [B, C] of the policy being trained, of the one that sampled
-    (``old_logprobs`` [B, C]), advantages [B] (one per sequence; [B, C] where ``takes_token_advantages``), the loss
-    mask [B, C] and the ``LossSettings`` in; a ``TokenLoss`` out. ``reads``: which of the token-level options
-    (``TOKEN_OPTIONS``) it honours; the config refuses the others. ``metrics`` turns its flags into logged numbers.
+    """A per-token policy objective that owns its hyperparameters (constructor arguments; ``from_config`` reads them
+    from a config, ``check(config)`` refuses bad values there): log-probs [B, C] of the policy being trained, of the
+    one that sampled (``old_logprobs`` [B, C]), advantages [B] (one per sequence; [B, C] where
+    ``takes_token_advantages``) and the loss mask [B, C] in; a ``TokenLoss`` out. ``reads``: which of the
+    token-level options (``TOKEN_OPTIONS``) it honours; the config refuses the others. ``metrics`` turns its flags
+    into logged numbers.
 
     Args (of ``__call__``):
         logprobs: [B, C] under the policy being trained (with gradients).
         old_logprobs: [B, C] under the policy that sampled.
         advantages: [B] one per sequence, or [B, C] one per token (``takes_token_advantages``).
         mask: [B, C] the tokens the loss counts.
-        settings: ``LossSettings``.
 
     Example::
 
-        out = ClippedSurrogate()(logprobs, old_logprobs, advantages, mask, LossSettings(cliprange=0.2))
+        out = ClippedSurrogate(cliprange=0.2, cliprange_high=0.28)(logprobs, old_logprobs, advantages, mask)
         out.loss.shape  # [B, C]
     """
 
@@ -175,14 +169,20 @@ class PolicyLoss(abc.ABC):
     # accepts one advantage per token [B, C] (REINFORCE++'s returns) as well as one per sequence
     takes_token_advantages: ClassVar[bool] = True
 
+    @classmethod
+    def from_config(cls, config) -> PolicyLoss:
+        """The objective with the config's values of its hyperparameters (it has none: ``cls()``)."""
+        return cls()
+
+    @classmethod
+    def check(cls, config) -> None:
+        """Refuse, with a ValueError naming the field, the value, and what is valid, a config value this objective
+        cannot use; called by a config whose ``loss_type`` picks it. (Most have nothing of their own to refuse.)"""
+        return None
+
     @abc.abstractmethod
     def __call__(
-        self,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        settings: LossSettings,
+        self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
     ) -> TokenLoss:
         """The objective's per-token loss, its log importance weights and its flags."""
 
@@ -198,10 +198,24 @@ class ClippedSurrogate(PolicyLoss):
 
     description = "the clipped surrogate"
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
-        log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
+    def __init__(
+        self,
+        cliprange: float = 0.2,
+        cliprange_high: float | None = None,
+        delta: float | None = None,
+        importance_sampling_level: str = "token",
+    ) -> None:
+        self.cliprange, self.cliprange_high = cliprange, cliprange_high
+        self.delta, self.importance_sampling_level = delta, importance_sampling_level
+
+    @classmethod
+    def from_config(cls, config) -> ClippedSurrogate:
+        return cls(config.cliprange, config.cliprange_high, config.delta, config.importance_sampling_level)
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask):
+        log_weights = importance_log_weights(logprobs, old_logprobs, mask, self.importance_sampling_level)
         loss, bound = clipped_surrogate(
-            log_weights, advantage_columns(advantages), settings.cliprange, settings.cliprange_high, settings.delta
+            log_weights, advantage_columns(advantages), self.cliprange, self.cliprange_high, self.delta
         )
         return TokenLoss(loss, log_weights, bound)
 
@@ -217,10 +231,14 @@ class SequenceRatio(ClippedSurrogate):
     reads = frozenset()
     takes_token_advantages = False
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
+    @classmethod
+    def from_config(cls, config) -> SequenceRatio:
+        return cls(config.cliprange, config.cliprange_high)
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask):
         mask = mask.to(logprobs.dtype)
         log_ratio = ((logprobs - old_logprobs) * mask).sum(1, keepdim=True)  # [B, 1]
-        loss, bound = clipped_surrogate(log_ratio, advantages.unsqueeze(1), settings.cliprange, settings.cliprange_high)
+        loss, bound = clipped_surrogate(log_ratio, advantages.unsqueeze(1), self.cliprange, self.cliprange_high)
         return TokenLoss(loss, log_ratio, bound)
 
 
@@ -233,26 +251,50 @@ class CISPO(PolicyLoss):
     description = "CISPO: -min(w, epsilon_high) x A x log-prob, the weight detached"
     reads = frozenset({"importance_sampling_level", "vllm_importance_sampling_correction"})
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
-        log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
+    def __init__(self, weight_max: float = 0.2, importance_sampling_level: str = "token") -> None:
+        self.weight_max, self.importance_sampling_level = weight_max, importance_sampling_level
+
+    @classmethod
+    def from_config(cls, config) -> CISPO:
+        return cls(clip_high(config), config.importance_sampling_level)
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask):
+        log_weights = importance_log_weights(logprobs, old_logprobs, mask, self.importance_sampling_level)
         weights, advantages = torch.exp(log_weights), advantage_columns(advantages)  # [B, C] or [B, 1] each
-        loss = -weights.clamp(max=settings.high).detach() * advantages * logprobs  # [B, C]
-        return TokenLoss(loss, log_weights, {"cispo_clip_ratio": (weights > settings.high) & (advantages > 0)})
+        loss = -weights.clamp(max=self.weight_max).detach() * advantages * logprobs  # [B, C]
+        return TokenLoss(loss, log_weights, {"cispo_clip_ratio": (weights > self.weight_max) & (advantages > 0)})
 
 
 class SAPO(PolicyLoss):
     """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347, 2025), as TRL's ``loss_type="sapo"``: a smooth gate
     in place of the hard clip, l = -sigmoid(tau (w - 1)) x 4 / tau x A, whose gradient in w is A at w = 1 and fades
-    as w leaves it; tau is ``sapo_temperature_pos`` where A > 0, ``sapo_temperature_neg`` elsewhere (a higher one
-    fades faster), w per token or per sequence."""
+    as w leaves it; tau is ``temperature_pos`` (``sapo_temperature_pos``) where A > 0, ``temperature_neg``
+    (``sapo_temperature_neg``) elsewhere (a higher one fades faster), w per token or per sequence."""
 
     description = "SAPO: -sigmoid(tau x (w - 1)) x 4 / tau x A, tau by the advantage's sign"
     reads = frozenset({"importance_sampling_level", "vllm_importance_sampling_correction"})
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
-        log_weights = importance_log_weights(logprobs, old_logprobs, mask, settings.importance_sampling_level)
+    def __init__(
+        self, temperature_pos: float = 1.0, temperature_neg: float = 1.05, importance_sampling_level: str = "token"
+    ) -> None:
+        self.temperature_pos, self.temperature_neg = temperature_pos, temperature_neg
+        self.importance_sampling_level = importance_sampling_level
+
+    @classmethod
+    def from_config(cls, config) -> SAPO:
+        return cls(config.sapo_temperature_pos, config.sapo_temperature_neg, config.importance_sampling_level)
+
+    @classmethod
+    def check(cls, config) -> None:
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            value = getattr(config, name)
+            if not (finite_number(value) and value > 0):
+                raise ValueError(f"{name}={value!r} is invalid: SAPO's gate temperature must be a finite number > 0.")
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask):
+        log_weights = importance_log_weights(logprobs, old_logprobs, mask, self.importance_sampling_level)
         advantages = advantage_columns(advantages)  # [B, 1] or [B, C]
-        tau = torch.where(advantages > 0, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
+        tau = torch.where(advantages > 0, self.temperature_pos, self.temperature_neg)
         loss = -torch.sigmoid(tau * (torch.exp(log_weights) - 1)) * 4 / tau * advantages
         return TokenLoss(loss, log_weights, {})
 
@@ -266,7 +308,8 @@ def gamma_weights(
     log_ratio: torch.Tensor,  # [B, C] log(pi / pi_old) per token
     mask: torch.Tensor,  # [B, C]
     engine_weights: torch.Tensor | None,  # [B, C]: pi_old / pi_vLLM per token (truncated or masked), or None
-    settings: LossSettings,
+    k: tuple[float, float],  # the shape where A >= 0, where A < 0
+    lam: tuple[float, float],  # the rate where A >= 0, where A < 0
 ) -> torch.Tensor:
     """VESPO's sequence weights phi(W) [B, 1] = e^lam W^k e^(-lam W) (so phi(1) = 1), in log space, detached: W is
     the sequence's product of its token ratios, times vLLM's, each log bounded as in the reference code."""
@@ -275,92 +318,50 @@ def gamma_weights(
         log_w = log_w + torch.log(engine_weights).clamp(LOG_FLOOR, 20.0).sum(-1, keepdim=True)
     log_w = log_w.clamp(LOG_FLOOR, 20.0)
     positive = advantages >= 0
-    k = torch.where(positive, settings.vespo_k_pos, settings.vespo_k_neg)
-    lam = torch.where(positive, settings.vespo_lambda_pos, settings.vespo_lambda_neg).clamp(min=1e-4)
-    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    shape = torch.where(positive, *k)
+    rate = torch.where(positive, *lam).clamp(min=1e-4)
+    return torch.exp(rate + shape * log_w - rate * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 class VESPO(PolicyLoss):
     """VESPO (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693, 2026), as TRL's
     ``loss_type="vespo"``: REINFORCE scaled by a detached Gamma weight of the sequence's importance weight,
-    l = -sg(phi(W)) A log pi, with shape ``vespo_k_pos`` / ``vespo_lambda_pos`` where A >= 0 and ``_neg`` elsewhere;
-    with the vLLM correction its token weights enter W (``folds_engine_weights``). Logged: ``vespo/phi_seq_mean``."""
+    l = -sg(phi(W)) A log pi, with shape ``k_pos`` / rate ``lambda_pos`` (``vespo_k_pos``, ``vespo_lambda_pos``)
+    where A >= 0 and ``_neg`` elsewhere; with the vLLM correction its token weights enter W
+    (``folds_engine_weights``), so only the per-token correction modes apply. Logged: ``vespo/phi_seq_mean``."""
 
     description = "VESPO: -phi(W) x A x log-prob, phi a Gamma weight of the sequence's importance weight, detached"
     reads = frozenset({"vllm_importance_sampling_correction"})
     folds_engine_weights = True
     takes_token_advantages = False  # phi is the sequence's, chosen by the sign of its one advantage
+    # vLLM's per-token weights enter W: the correction modes that give them
+    engine_modes: ClassVar[tuple[str, ...]] = tuple(m for m in ENGINE_CORRECTION_MODES if m.startswith("token"))
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, settings, engine_weights=None):
+    def __init__(
+        self, k_pos: float = 2.0, lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0
+    ) -> None:
+        self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg = k_pos, lambda_pos, k_neg, lambda_neg
+
+    @classmethod
+    def from_config(cls, config) -> VESPO:
+        return cls(config.vespo_k_pos, config.vespo_lambda_pos, config.vespo_k_neg, config.vespo_lambda_neg)
+
+    @classmethod
+    def check(cls, config) -> None:
+        mode = config.vllm_importance_sampling_mode
+        if config.vllm_importance_sampling_correction and mode not in cls.engine_modes:
+            raise ValueError(
+                f"vllm_importance_sampling_mode={mode!r} does not apply to loss_type='vespo': VESPO multiplies "
+                "vLLM's per-token weights into its sequence weight, so use "
+                f"{' or '.join(repr(mode) for mode in cls.engine_modes)}."
+            )
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, engine_weights=None):
         log_ratio, advantages = logprobs - old_logprobs, advantages.unsqueeze(1)  # [B, C], [B, 1]
-        phi = gamma_weights(advantages, log_ratio, mask.to(logprobs.dtype), engine_weights, settings)  # [B, 1]
+        k, lam = (self.k_pos, self.k_neg), (self.lambda_pos, self.lambda_neg)
+        phi = gamma_weights(advantages, log_ratio, mask.to(logprobs.dtype), engine_weights, k, lam)  # [B, 1]
         return TokenLoss(-phi * advantages * logprobs, log_ratio, {"vespo/phi_seq_mean": phi})
 
     def metrics(self, flags, mask):
         phi = flags["vespo/phi_seq_mean"].expand(mask.shape)
         return {"vespo/phi_seq_mean": masked_mean(phi, mask.to(phi.dtype)).item()}
-
-
-# ---- the registry --------------------------------------------------------------------------------------------------
-
-
-class RegisteredLoss(NamedTuple):
-    """A ``loss_type``: its objective and aggregation. ``shared``: accepted by GRPOConfig and RLOOConfig alike;
-    else only by a config that names it in ``extra_loss_types`` (RLOO's own ``rloo``).
-
-    Example::
-
-        POLICY_LOSSES["my_loss"] = RegisteredLoss(MyObjective(), TokenMean())
-        loss, metrics = POLICY_LOSSES["my_loss"](logprobs, old_logprobs, advantages, mask, LossSettings())
-    """
-
-    objective: PolicyLoss
-    aggregation: Aggregation
-    shared: bool = True
-
-    @property
-    def description(self) -> str:
-        return f"{self.objective.description}, {self.aggregation.description}"
-
-    def __call__(
-        self,
-        logprobs: torch.Tensor,  # [B, C]
-        old_logprobs: torch.Tensor,  # [B, C]
-        advantages: torch.Tensor,  # [B], or [B, C] (objective.takes_token_advantages)
-        mask: torch.Tensor,  # [B, C]
-        settings: LossSettings,
-        engine_weights: torch.Tensor | None = None,  # [B, C] or [B, 1]: pi_trainer / pi_vLLM, truncated
-        kl: torch.Tensor | None = None,  # [B, C]: GRPO's KL term, added with coefficient settings.beta
-        tokens_per_micro_batch: float | torch.Tensor | None = None,
-        keep: torch.Tensor | None = None,  # [B, C] or [B, 1]: 0 where a token selection drops the policy term
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's loss and metrics: the objective's per-token loss, times ``keep`` (entropy and
-        off-policy masking) and the engine weights, plus beta x KL (times w with ``use_bias_correction_kl``),
-        aggregated over ``mask`` (TRL's order: a dropped token still counts where the aggregation counts tokens)."""
-        if self.objective.folds_engine_weights:
-            out = self.objective(logprobs, old_logprobs, advantages, mask, settings, engine_weights=engine_weights)
-            per_token = out.loss
-        else:
-            out = self.objective(logprobs, old_logprobs, advantages, mask, settings)
-            per_token = out.loss if engine_weights is None else out.loss * engine_weights
-        if keep is not None:
-            per_token = per_token * keep
-        if kl is not None:
-            if settings.use_bias_correction_kl:
-                kl = kl * torch.exp(out.log_weights)
-            per_token = per_token + settings.beta * kl
-        loss = self.aggregation(per_token, mask, settings, tokens_per_micro_batch)
-        return loss, self.objective.metrics(out.flags, mask)
-
-
-POLICY_LOSSES: dict[str, RegisteredLoss] = {
-    "grpo": RegisteredLoss(ClippedSurrogate(), SequenceMean()),
-    "bnpo": RegisteredLoss(ClippedSurrogate(), TokenMean()),
-    "dr_grpo": RegisteredLoss(ClippedSurrogate(), FixedLengthSum()),
-    "dapo": RegisteredLoss(ClippedSurrogate(), StepTokenMean()),
-    "rloo": RegisteredLoss(SequenceRatio(), BatchMean(), shared=False),
-    "cispo": RegisteredLoss(CISPO(), StepTokenMean()),
-    "sapo": RegisteredLoss(SAPO(), SequenceMean()),
-    "luspo": RegisteredLoss(ClippedSurrogate(), SequenceSum()),  # LUSPO: GSPO's weights, each sequence x its length
-    "vespo": RegisteredLoss(VESPO(), StepTokenMean()),
-}

@@ -79,30 +79,12 @@ class GRPOConfig(
         default=True, metadata={"help": "Weight the KL term by the importance ratio (TRL's default True)."}
     )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
-    sapo_temperature_neg: float = field(
-        default=1.05, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is <= 0."}
-    )
-    sapo_temperature_pos: float = field(
-        default=1.0, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is > 0."}
-    )
     cast_lm_head_to_fp32: bool = field(
         default=False,
         metadata={
             "help": "Store the policy's and the reference's LM head in float32 and compute their logits in float32 "
             "(ScaleRL), for bf16/fp16 training; its gradient is float32 too. A LoRA adapter on lm_head is refused."
         },
-    )
-    vespo_k_pos: float = field(
-        default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is >= 0."}
-    )
-    vespo_lambda_pos: float = field(
-        default=3.0, metadata={"help": "loss_type='vespo': the Gamma weight's rate lambda where the advantage is >= 0."}
-    )
-    vespo_k_neg: float = field(
-        default=3.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is < 0."}
-    )
-    vespo_lambda_neg: float = field(
-        default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's rate lambda where the advantage is < 0."}
     )
 
     def __post_init__(self):

@@ -33,11 +33,10 @@ from ..models.scalar_head import (
     initial_critic,
 )
 from ..ops import (
+    POLICY_LOSSES,
     RunningMoments,
     adaptive_kl_coef,
     batched_forward,
-    clipped_policy_loss,
-    clipped_value_loss,
     completion_logprobs,
     generalized_advantage_estimation,
     kl_penalty,
@@ -184,7 +183,8 @@ class PPOState:
 
 class PPO(Algorithm):
     """PPO's advantages (GAE over KL-shaped per-token rewards and the critic's values) and its clipped policy and
-    value losses, one per trained module; its state is the KL coefficient and the score moments.
+    value losses (``ops.POLICY_LOSSES``' ``ppo`` and ``ppo_value``, built once), one per trained module; its state is
+    the KL coefficient and the score moments.
 
     Args:
         args, processes, eos_token_id: as ``Algorithm``'s.
@@ -201,6 +201,8 @@ class PPO(Algorithm):
         self.critic = self.critic_engine = critic
         self.state = PPOState(kl_coef=args.beta)
         self.actor_frozen = False  # during critic_warmup_steps only the critic trains
+        self.policy_loss = POLICY_LOSSES["ppo"].from_config(args)  # cliprange, cliprange_high
+        self.value_loss = POLICY_LOSSES["ppo_value"].from_config(args)  # cliprange_value
 
     def needs_old_logprobs(self) -> bool:
         return True  # the per-token KL penalty in the rewards is computed before any training pass
@@ -255,11 +257,9 @@ class PPO(Algorithm):
             logprobs, entropy = completion_logprobs(
                 model, *batch.token_tensors, temperature=args.temperature, with_entropy=True, packing=args.packing
             )
-            policy_loss, policy_metrics = clipped_policy_loss(
-                logprobs, batch.old_logprobs, batch.advantages, mask, args.cliprange, args.cliprange_high
-            )
+            policy_loss, policy_metrics = self.policy_loss(logprobs, batch.old_logprobs, batch.advantages, mask)
         values = self.critic_engine(*batch.token_tensors, packing=args.packing)  # [B, C]
-        value_loss, value_metrics = clipped_value_loss(values, batch.values, batch.returns, mask, args.cliprange_value)
+        value_loss, value_metrics = self.value_loss(values, batch.values, batch.returns, mask)
         losses = {"critic": args.vf_coef * value_loss}  # one loss per trained module: their parameters are disjoint
         if not actor_frozen:
             losses["actor"] = policy_loss

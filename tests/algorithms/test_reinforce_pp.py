@@ -8,7 +8,6 @@ from support.toy_run import make_trainer
 from steadyrl import ReinforcePPConfig
 from steadyrl.ops import (
     POLICY_LOSSES,
-    LossSettings,
     approx_kl,
     completion_logprobs,
     fit_columns,
@@ -58,12 +57,11 @@ def test_the_loss_is_the_token_level_clipped_surrogate_of_the_per_token_advantag
     batch = trainer.training_buffer.buffer.rollout.select(slice(0, 2))
     loss, metrics = trainer.algorithm.loss(trainer.model, batch)
     logprobs, _ = completion_logprobs(trainer.model, *batch.token_tensors, temperature=trainer.args.temperature)
-    expected, _ = POLICY_LOSSES["dapo"](
+    expected, _ = POLICY_LOSSES["dapo"].from_config(trainer.args)(
         logprobs,
         batch.old_logprobs,
         batch.advantages,
         batch.policy_mask,
-        LossSettings.of(trainer.args),
         tokens_per_micro_batch=batch.tokens_per_micro_batch[0],
     )
     torch.testing.assert_close(loss, expected)

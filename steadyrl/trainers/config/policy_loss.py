@@ -1,9 +1,10 @@
 """TRL's policy-loss options, shared by GRPO and RLOO: ``loss_type``, GSPO's sequence-level importance weights,
 two-sided clipping (``delta``) and the truncated importance-sampling correction for vLLM's log-probs.
 
-``PolicyLossOptions`` declares and checks the fields (a mixin of the algorithms' configs); the algorithms' policy-loss
-part (trainers/loop/policy_loss.py) computes the loss. The losses, and the names ``loss_type`` accepts, are
-``ops.POLICY_LOSSES``: a loss registered there is accepted without a change here.
+``PolicyLossOptions`` declares and checks the fields (a mixin of the algorithms' configs), the hyperparameters of the
+registered losses among them (SAPO's, VESPO's: each read and checked by its loss alone); the algorithms' policy-loss
+part (trainers/loop/policy_loss.py) builds the loss once. The losses, and the names ``loss_type`` accepts, are
+``ops.POLICY_LOSSES``: a loss registered there is accepted without a change here, and checks its own settings.
 """
 
 from __future__ import annotations
@@ -88,7 +89,29 @@ class PolicyLossOptions:
         },
     )
 
+    sapo_temperature_neg: float = field(
+        default=1.05, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is <= 0."}
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0, metadata={"help": "loss_type='sapo': the gate's temperature where the advantage is > 0."}
+    )
+    vespo_k_pos: float = field(
+        default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is >= 0."}
+    )
+    vespo_lambda_pos: float = field(
+        default=3.0, metadata={"help": "loss_type='vespo': the Gamma weight's rate lambda where the advantage is >= 0."}
+    )
+    vespo_k_neg: float = field(
+        default=3.0, metadata={"help": "loss_type='vespo': the Gamma weight's shape k where the advantage is < 0."}
+    )
+    vespo_lambda_neg: float = field(
+        default=2.0, metadata={"help": "loss_type='vespo': the Gamma weight's rate lambda where the advantage is < 0."}
+    )
+
     extra_loss_types: ClassVar[tuple[str, ...]] = ()  # the registered losses only this algorithm accepts
+    # Whether the importance ratio weighs a KL term in the loss: GRPO's field (TRL's use_bias_correction_kl) replaces
+    # this default; the others' KL is in the reward, so their loss has no KL term to weigh.
+    use_bias_correction_kl = False
 
     def _check_policy_loss(self) -> None:
         """Check the fields above (after the TRL synonyms are resolved)."""
@@ -140,18 +163,7 @@ class PolicyLossOptions:
                 "between vLLM's log-probs and the trainer's, and HF generate samples with the trained model itself."
             )
         self._check_loss_reads_options()
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            value = getattr(self, name, 1.0)
-            if not (finite(value) and value > 0):
-                raise ValueError(f"{name}={value!r} is invalid: SAPO's gate temperature must be a finite number > 0.")
-        token_modes = [mode for mode in ENGINE_CORRECTION_MODES if mode.startswith("token")]
-        if self.loss_type == "vespo" and self.vllm_importance_sampling_correction:
-            if self.vllm_importance_sampling_mode not in token_modes:
-                raise ValueError(
-                    f"vllm_importance_sampling_mode={self.vllm_importance_sampling_mode!r} does not apply to "
-                    "loss_type='vespo': VESPO multiplies vLLM's per-token weights into its sequence weight, so use "
-                    f"{' or '.join(repr(mode) for mode in token_modes)}."
-                )
+        POLICY_LOSSES[self.loss_type].check(self)  # the loss's own settings (SAPO's temperatures, VESPO's modes)
 
     def _check_loss_reads_options(self) -> None:
         """Refuse a token-level option (``ops.TOKEN_OPTIONS``) set for a loss whose objective does not read it."""

@@ -1,13 +1,14 @@
 """The policy-loss part of the algorithms that take TRL's ``loss_type`` family (GRPO, RLOO, REINFORCE++): the loss
-``ops.POLICY_LOSSES[loss_type]`` with the config's settings, built once, with what it reads besides the log-probs
-(vLLM's importance weights, a Mixture-of-Experts model's load-balancing loss). Its fields: config/policy_loss.py."""
+``ops.POLICY_LOSSES[loss_type]`` built once from the config (it holds its hyperparameters), with what it reads
+besides the log-probs (vLLM's importance weights, a Mixture-of-Experts model's load-balancing loss). Its fields:
+config/policy_loss.py."""
 
 from __future__ import annotations
 
 import torch
 from transformers.utils import logging
 
-from ...ops import POLICY_LOSSES, LossSettings, completion_logprobs
+from ...ops import POLICY_LOSSES, completion_logprobs
 from ...rollout import Advantages, Rollout
 from .algorithm import Algorithm, Processes
 from .scoring import engine_check
@@ -46,7 +47,8 @@ def router_aux_loss(model, coef: float | None) -> tuple[float, bool]:
 
 
 class ConfiguredPolicyLoss:
-    """``loss_type``'s loss (``ops.POLICY_LOSSES``) with the config's settings, and the log-probs it is given.
+    """``loss_type``'s loss (``ops.POLICY_LOSSES``), built once from the config with GRPO's KL term (``beta``,
+    ``use_bias_correction_kl``), and the log-probs it is given.
 
     Args:
         args: a config with ``PolicyLossOptions`` (GRPOConfig, RLOOConfig, ...).
@@ -62,13 +64,16 @@ class ConfiguredPolicyLoss:
 
     def __init__(self, args, policy: torch.nn.Module) -> None:
         warn_about_loss_setup(args)
-        self.args, self.registered, self.settings = args, POLICY_LOSSES[args.loss_type], LossSettings.of(args)
+        self.args = args
+        self.loss = POLICY_LOSSES[args.loss_type].from_config(
+            args, kl_coef=args.beta, kl_bias_correction=args.use_bias_correction_kl
+        )
         self.router_aux_loss_coef, self.aux_loss_enabled = router_aux_loss(policy, args.router_aux_loss_coef)
 
     @property
     def divides_by_step_tokens(self) -> bool:
         """Whether the aggregation divides each micro-batch by the step's tokens (``dapo``)."""
-        return self.registered.aggregation.step_tokens
+        return self.loss.aggregation.step_tokens
 
     def logprobs(self, model, batch: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Log-probs and entropies [B, C] of the batch's completions at the sampling temperature, and the model's
@@ -113,12 +118,11 @@ class ConfiguredPolicyLoss:
         sampled = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs  # trained once: the same
         engine_weights, engine_metrics = self.engine_weights_of(logprobs, batch)
         normaliser = None if batch.tokens_per_micro_batch is None else batch.tokens_per_micro_batch[0]
-        loss, metrics = self.registered(
+        loss, metrics = self.loss(
             logprobs,
             sampled,
             batch.advantages,
             mask,
-            self.settings,
             engine_weights=engine_weights,
             kl=kl,
             tokens_per_micro_batch=normaliser,

@@ -2,10 +2,12 @@
 the objective (clipped surrogate per token or per sequence, delta's cap, TRL's RLOO loss, TRL's CISPO), the vLLM
 weights and the KL term in TRL's order, and each aggregation; the clip metrics; the registry's shape."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from steadyrl.ops import POLICY_LOSSES, Aggregation, LossSettings, PolicyLoss, RegisteredLoss
+from steadyrl.ops import POLICY_LOSSES, Aggregation, PolicyLoss, RegisteredLoss
 
 B, C, MAX_LENGTH, STEP_TOKENS = 6, 7, 9, 11.5
 EPS, EPS_HIGH = 0.2, 0.28
@@ -51,19 +53,35 @@ def direct_aggregate(name: str, per_token: torch.Tensor, mask: torch.Tensor) -> 
     return per_token[mask > 0].sum() / STEP_TOKENS
 
 
-def settings(**overrides) -> LossSettings:
-    return LossSettings(
-        **{"cliprange": EPS, "cliprange_high": EPS_HIGH, "max_completion_length": MAX_LENGTH, **overrides}
+def settings(**overrides) -> SimpleNamespace:
+    """The config fields the registered losses read, at the configs' defaults but for ``overrides``."""
+    defaults = dict(
+        cliprange=EPS,
+        cliprange_high=EPS_HIGH,
+        max_completion_length=MAX_LENGTH,
+        delta=None,
+        importance_sampling_level="token",
+        beta=0.0,
+        use_bias_correction_kl=False,
+        sapo_temperature_pos=1.0,
+        sapo_temperature_neg=1.05,
+        vespo_k_pos=2.0,
+        vespo_lambda_pos=3.0,
+        vespo_k_neg=3.0,
+        vespo_lambda_neg=2.0,
     )
+    return SimpleNamespace(**{**defaults, **overrides})
 
 
-def compute(name: str, batch, config: LossSettings, engine: bool = False, kl: bool = False):
-    return POLICY_LOSSES[name](
+def compute(name: str, batch, config: SimpleNamespace, engine: bool = False, kl: bool = False):
+    loss = POLICY_LOSSES[name].from_config(
+        config, kl_coef=config.beta, kl_bias_correction=config.use_bias_correction_kl
+    )
+    return loss(
         batch["logprobs"],
         batch["old_logprobs"],
         batch["advantages"],
         batch["mask"],
-        config,
         engine_weights=batch["engine"] if engine else None,
         kl=batch["kl"] if kl else None,
         tokens_per_micro_batch=STEP_TOKENS,
@@ -130,9 +148,10 @@ def test_the_registry_pairs_an_objective_with_an_aggregation_under_trls_names():
     assert list(POLICY_LOSSES)[:5] == ["grpo", "bnpo", "dr_grpo", "dapo", "rloo"]
     for name, loss in POLICY_LOSSES.items():
         assert isinstance(loss, RegisteredLoss), name
-        assert isinstance(loss.objective, PolicyLoss) and isinstance(loss.aggregation, Aggregation), name
+        assert issubclass(loss.objective, PolicyLoss) and issubclass(loss.aggregation, Aggregation), name
         assert loss.objective.description and loss.aggregation.description, name
-    assert [name for name, loss in POLICY_LOSSES.items() if not loss.shared] == ["rloo"]  # RLOO's own
+    # RLOO's own, and PPO's actor and critic losses
+    assert [name for name, loss in POLICY_LOSSES.items() if not loss.shared] == ["rloo", "ppo", "ppo_value"]
     assert [name for name, loss in POLICY_LOSSES.items() if loss.aggregation.step_tokens] == ["dapo", "cispo", "vespo"]
     assert POLICY_LOSSES["rloo"].objective.reads == frozenset()  # one ratio per sequence: no token-level option
 
@@ -197,3 +216,43 @@ def test_vespo_equals_trls_formula_with_vllms_weights_folded_in(engine, kl):
     torch.testing.assert_close(grad, expected_grad)
     assert metrics == {"vespo/phi_seq_mean": pytest.approx(phi.expand(B, C)[mask > 0].mean().item())}
     assert 0 < phi.min() < phi.max(), "the batch must give the sequences different weights"
+
+
+def test_ppos_losses_through_the_registry_are_ppos_clipped_losses():
+    """PPO's actor and critic losses, built from the registry (``ppo``, ``ppo_value``), give PPO's clipped losses
+    (ops.clipped_policy_loss, ops.clipped_value_loss) to the bit: values, gradients and metrics."""
+    from steadyrl.ops import clipped_policy_loss, clipped_value_loss
+
+    batch, config = random_batch(5), settings(cliprange_value=0.1)
+    token_advantages = torch.randn(B, C, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    args = (batch["logprobs"], batch["old_logprobs"], token_advantages, batch["mask"])
+    ours, our_metrics = POLICY_LOSSES["ppo"].from_config(config)(*args)
+    theirs, their_metrics = clipped_policy_loss(*args, EPS, EPS_HIGH)
+    assert torch.equal(ours, theirs) and our_metrics == their_metrics
+    assert list(our_metrics) == ["clip_ratio", "approx_kl"]
+    assert torch.equal(*(torch.autograd.grad(loss, batch["logprobs"])[0] for loss in (ours, theirs)))
+
+    values = batch["logprobs"]  # [B, C] with gradients: the critic's values
+    old_values, returns = batch["old_logprobs"], batch["engine"]
+    ours, our_metrics = POLICY_LOSSES["ppo_value"].from_config(config)(values, old_values, returns, batch["mask"])
+    theirs, their_metrics = clipped_value_loss(values, old_values, returns, batch["mask"], 0.1)
+    assert torch.equal(ours, theirs) and our_metrics == their_metrics
+    assert 0 < our_metrics["value_clip_ratio"] < 1, "the clip must bind somewhere, not everywhere"
+    assert torch.equal(*(torch.autograd.grad(loss, values)[0] for loss in (ours, theirs)))
+
+
+def test_a_loss_is_built_once_and_owns_its_hyperparameters():
+    """``from_config`` reads each hyperparameter once into the loss's own attributes: the loss then computes with
+    them whatever the config object does later."""
+    config = settings(sapo_temperature_pos=2.0, sapo_temperature_neg=3.0, importance_sampling_level="sequence")
+    sapo = POLICY_LOSSES["sapo"].from_config(config).objective
+    assert (sapo.temperature_pos, sapo.temperature_neg, sapo.importance_sampling_level) == (2.0, 3.0, "sequence")
+    vespo = POLICY_LOSSES["vespo"].from_config(settings(vespo_k_pos=1.5, vespo_lambda_neg=0.5)).objective
+    assert (vespo.k_pos, vespo.lambda_pos, vespo.k_neg, vespo.lambda_neg) == (1.5, 3.0, 3.0, 0.5)
+    assert POLICY_LOSSES["dr_grpo"].from_config(config).aggregation.max_completion_length == MAX_LENGTH
+    assert POLICY_LOSSES["cispo"].from_config(settings(cliprange_high=None)).objective.weight_max == EPS
+    batch, built = random_batch(7), POLICY_LOSSES["dr_grpo"].from_config(config)
+    before, _ = built(batch["logprobs"], batch["old_logprobs"], batch["advantages"], batch["mask"])
+    config.max_completion_length, config.cliprange = 1, 0.01
+    after, _ = built(batch["logprobs"], batch["old_logprobs"], batch["advantages"], batch["mask"])
+    assert torch.equal(before, after)

@@ -5,13 +5,13 @@ compute_reinforce_plus_plus_baseline_outcome_advantage)."""
 
 import math
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from steadyrl.ops import (
     POLICY_LOSSES,
-    LossSettings,
     approx_kl,
     discounted_returns,
     kl_penalised_rewards,
@@ -206,9 +206,12 @@ def test_token_level_losses_take_one_advantage_per_token():
     old = torch.log(torch.tensor([[0.4, 0.4], [0.5, 0.5]]))  # ratios 1.5, 0.75, 1, 1
     advantages = torch.tensor([[1.0, -1.0], [2.0, -2.0]])
     mask = torch.ones(2, 2)
-    loss, _ = POLICY_LOSSES["bnpo"](logprobs, old, advantages, mask, LossSettings(cliprange=0.2))
+    bnpo = POLICY_LOSSES["bnpo"].from_config(
+        SimpleNamespace(cliprange=0.2, cliprange_high=None, delta=None, importance_sampling_level="token")
+    )
+    loss, _ = bnpo(logprobs, old, advantages, mask)
     # -min(1.5, 1.2) = -1.2; -min(-0.75, -0.8) = 0.8; -2; 2 -> mean over 4 tokens
     torch.testing.assert_close(loss, torch.tensor((-1.2 + 0.8 - 2.0 + 2.0) / 4))
-    sequence, _ = POLICY_LOSSES["bnpo"](logprobs, old, torch.tensor([1.0, 2.0]), mask, LossSettings(cliprange=0.2))
-    per_token, _ = POLICY_LOSSES["bnpo"](logprobs, old, torch.tensor([[1.0, 1.0], [2.0, 2.0]]), mask, LossSettings())
+    sequence, _ = bnpo(logprobs, old, torch.tensor([1.0, 2.0]), mask)
+    per_token, _ = bnpo(logprobs, old, torch.tensor([[1.0, 1.0], [2.0, 2.0]]), mask)
     torch.testing.assert_close(sequence, per_token)

@@ -14,7 +14,7 @@ from transformers import HfArgumentParser
 
 from steadyrl import GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
 from steadyrl.cli.train import parse
-from steadyrl.ops.policy_loss import LossSettings
+from steadyrl.ops import POLICY_LOSSES
 from steadyrl.trainers.config.resume_settings import split_settings
 from steadyrl.trainers.config.trl_names import MAX_NEW_TOKENS, SYNONYMS, Synonym
 
@@ -59,7 +59,7 @@ def test_epsilon_set_after_construction_is_the_cliprange_the_loss_reads(tmp_path
     args = build(GRPOConfig, tmp_path, epsilon=0.3)
     assert (args.epsilon, args.cliprange, args.epsilon_high, args.cliprange_high) == (0.3, 0.3, 0.3, 0.3)
     args.epsilon = 0.25
-    assert args.cliprange == 0.25 and LossSettings.of(args).cliprange == 0.25
+    assert args.cliprange == 0.25 and POLICY_LOSSES[args.loss_type].from_config(args).objective.cliprange == 0.25
 
 
 def test_trl_names_read_steadyrls_defaults(tmp_path):

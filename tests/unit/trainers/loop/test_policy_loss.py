@@ -1,7 +1,9 @@
 """The policy-loss seam from the trainer side: ``loss_type`` is checked against ops.POLICY_LOSSES (names, help, the
-token-level options each objective reads), and adding a loss is one class plus one registry line, which a config
-then accepts and the trainers' loss computes."""
+token-level options each objective reads, each loss's own checks), and adding a loss with a parameter is one class
+plus one registry line (and its config field), which a config then accepts and checks and the trainers' loss, built
+once, computes."""
 
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from support.toy_run import make_trainer
 
 from steadyrl import GRPOConfig, RLOOConfig
-from steadyrl.ops import POLICY_LOSSES, ClippedSurrogate, LossSettings, RegisteredLoss, TokenLoss, TokenMean
+from steadyrl.ops import POLICY_LOSSES, ClippedSurrogate, RegisteredLoss, TokenLoss, TokenMean
 from steadyrl.rollout import Rollout
 from steadyrl.trainers.config.policy_loss import accepted_loss_types
 from steadyrl.trainers.loop.policy_loss import ConfiguredPolicyLoss
@@ -55,45 +57,90 @@ def test_a_token_level_option_is_refused_for_a_loss_that_does_not_read_it(tmp_pa
     assert config(RLOOConfig, tmp_path, loss_type="bnpo", delta=2.0).delta == 2.0
 
 
-class HalfSurrogate(ClippedSurrogate):
-    """A throwaway loss: half the clipped surrogate, and no delta."""
+class ScaledSurrogate(ClippedSurrogate):
+    """A throwaway loss with a hyperparameter of its own: the clipped surrogate times ``scale``, no delta."""
 
-    description = "half the clipped surrogate"
+    description = "the clipped surrogate, scaled"
     reads = frozenset({"importance_sampling_level", "vllm_importance_sampling_correction"})
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, settings):
-        out = super().__call__(logprobs, old_logprobs, advantages, mask, settings)
-        return TokenLoss(out.loss / 2, out.log_weights, out.flags)
+    def __init__(self, scale: float, **clipping) -> None:
+        super().__init__(**clipping)
+        self.scale = scale
+
+    @classmethod
+    def from_config(cls, config) -> "ScaledSurrogate":
+        clipping = ClippedSurrogate.from_config(config)
+        return cls(config.surrogate_scale, cliprange=clipping.cliprange, cliprange_high=clipping.cliprange_high)
+
+    @classmethod
+    def check(cls, config) -> None:
+        if not config.surrogate_scale > 0:
+            raise ValueError(f"surrogate_scale={config.surrogate_scale!r} is invalid: it must be > 0.")
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask):
+        out = super().__call__(logprobs, old_logprobs, advantages, mask)
+        return TokenLoss(out.loss * self.scale, out.log_weights, out.flags)
 
 
-def test_adding_a_loss_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
-    monkeypatch.setitem(POLICY_LOSSES, "half_bnpo", RegisteredLoss(HalfSurrogate(), TokenMean()))  # the one line
+@dataclass
+class ScaledConfig(GRPOConfig):
+    """The loss's field, declared by the user's config (steadyrl's own losses declare theirs in PolicyLossOptions)."""
 
-    args = config(GRPOConfig, tmp_path, loss_type="half_bnpo", beta=0.0)
-    assert "half_bnpo" in refusal(GRPOConfig, tmp_path, loss_type="nope")
-    assert "delta=2.0 does not apply to loss_type='half_bnpo'" in refusal(
-        GRPOConfig, tmp_path, loss_type="half_bnpo", delta=2.0
-    )
+    surrogate_scale: float = field(default=0.5, metadata={"help": "loss_type='scaled_bnpo': the scale."})
+
+
+def toy_batch() -> Rollout:
     generator = torch.Generator().manual_seed(0)
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     logprobs = -torch.rand(2, 3, generator=generator)
-    batch = Rollout(
+    return Rollout(
         prompt_ids=torch.ones(2, 2, dtype=torch.long),
         prompt_mask=torch.ones(2, 2, dtype=torch.long),
         completion_ids=torch.ones(2, 3, dtype=torch.long),
-        completion_mask=mask,
+        completion_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
         scores=torch.zeros(2),
         old_logprobs=logprobs + 0.3 * torch.randn(2, 3, generator=generator),
         advantages=torch.tensor([1.0, -1.0]),
     )
-    no_moe = SimpleNamespace(config=SimpleNamespace())  # a policy without a load-balancing loss
-    loss, metrics = ConfiguredPolicyLoss(args, no_moe)(logprobs, batch, batch.policy_mask)
-    bnpo, bnpo_metrics = POLICY_LOSSES["bnpo"](
-        logprobs, batch.old_logprobs, batch.advantages, mask, LossSettings.of(args)
+
+
+NO_MOE = SimpleNamespace(config=SimpleNamespace())  # a policy without a load-balancing loss
+
+
+def test_adding_a_loss_with_a_parameter_is_one_class_and_one_registry_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(POLICY_LOSSES, "scaled_bnpo", RegisteredLoss(ScaledSurrogate, TokenMean))  # the one line
+
+    args = config(ScaledConfig, tmp_path, loss_type="scaled_bnpo", surrogate_scale=0.25, beta=0.0)
+    assert "scaled_bnpo" in refusal(GRPOConfig, tmp_path, loss_type="nope")
+    assert "delta=2.0 does not apply to loss_type='scaled_bnpo'" in refusal(
+        ScaledConfig, tmp_path, loss_type="scaled_bnpo", delta=2.0
     )
-    torch.testing.assert_close(loss, bnpo / 2)
+    message = refusal(ScaledConfig, tmp_path, loss_type="scaled_bnpo", surrogate_scale=0.0)
+    assert message == "surrogate_scale=0.0 is invalid: it must be > 0."  # the loss's own check
+    assert config(ScaledConfig, tmp_path, loss_type="bnpo", surrogate_scale=0.0)  # checked only where it is the loss
+    batch = toy_batch()
+    logprobs = batch.old_logprobs - 0.3 * torch.randn(2, 3, generator=torch.Generator().manual_seed(1))
+    policy_loss = ConfiguredPolicyLoss(args, NO_MOE)
+    assert policy_loss.loss.objective.scale == 0.25  # built once, holding its parameter
+    loss, metrics = policy_loss(logprobs, batch, batch.policy_mask)
+    bnpo, bnpo_metrics = POLICY_LOSSES["bnpo"].from_config(args)(
+        logprobs, batch.old_logprobs, batch.advantages, batch.policy_mask
+    )
+    torch.testing.assert_close(loss, bnpo / 4)
     assert metrics == bnpo_metrics
-    assert not ConfiguredPolicyLoss(args, no_moe).divides_by_step_tokens  # a micro-batch token mean
+    assert not policy_loss.divides_by_step_tokens  # a micro-batch token mean
+
+
+def test_every_config_that_accepts_sapo_and_vespo_takes_their_settings(tmp_path):
+    """SAPO's and VESPO's settings are fields of every config that accepts the loss (RLOO's too, where they were
+    GRPO's alone), read by the loss alone, and checked by it with the same words."""
+    args = config(RLOOConfig, tmp_path, loss_type="sapo", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5)
+    sapo = ConfiguredPolicyLoss(args, NO_MOE).loss.objective
+    assert (sapo.temperature_pos, sapo.temperature_neg) == (2.0, 0.5)
+    vespo = ConfiguredPolicyLoss(config(RLOOConfig, tmp_path, loss_type="vespo", vespo_k_neg=1.0), NO_MOE).loss
+    assert vespo.objective.k_neg == 1.0
+    for config_class in (GRPOConfig, RLOOConfig):
+        message = refusal(config_class, tmp_path, loss_type="sapo", sapo_temperature_neg=float("inf"))
+        assert message == "sapo_temperature_neg=inf is invalid: SAPO's gate temperature must be a finite number > 0."
 
 
 @pytest.mark.parametrize(
