@@ -29,22 +29,26 @@ from ..distributed.placement import offloaded
 from ..generation import Generation, SamplingSettings
 from ..generation.base import trim_completion
 from ..generation.hf import HFGenerationBackend
+from .config.batch_hierarchy import check_positive_int
 from .config.field_groups import inherited_field
-from .config.on_policy_config import OnPolicyConfig
+from .config.on_policy_config import DEFAULT_MAX_PROMPT_LENGTH, OnPolicyConfig
+from .config.sft_fields import SFT_UNSUPPORTED, TRLSFTFields
 from .config.trl_calls import refuse_unused
-from .config.trl_names import MAX_NEW_TOKENS, SYNONYMS, views_of
+from .config.trl_names import MAX_NEW_TOKENS, SYNONYMS, UNSUPPORTED, resolve_max_prompt_length, views_of
 from .distillation import Distillation, DistillationConfig, DistillationTrainer
 from .loop.sources import RolloutSource, Sampled
 
 GKD_MAX_NEW_TOKENS = 128  # TRL's GKDConfig.max_new_tokens
+GKD_MAX_LENGTH = 1024  # TRL's GKDConfig.max_length (SFTConfig's): prompt + completion tokens
 
 
 @views_of(MAX_NEW_TOKENS)
 @dataclass
-class GKDConfig(DistillationConfig):
+class GKDConfig(DistillationConfig, TRLSFTFields):
     """``DistillationConfig`` plus GKD's options, with TRL 1.16's ``GKDConfig`` names and defaults: ``lmbda`` 0.5,
     ``beta`` 0.5, ``temperature`` 0.9 (sampling only), ``max_new_tokens`` 128 (``max_completion_length``),
-    ``seq_kd`` False, ``disable_dropout`` True, ``learning_rate`` 2e-5. Every column of the dataset is kept
+    ``max_length`` 1024 (prompt + completion), ``seq_kd`` False, ``disable_dropout`` True, ``learning_rate`` 2e-5;
+    the fields TRL's ``GKDConfig`` inherits from ``SFTConfig`` (sft_fields.py). Every column of the dataset is kept
     (``remove_unused_columns`` is False, as TRL's GKDTrainer sets it): the off-policy rollouts read ``completion``.
 
     Example::
@@ -55,6 +59,7 @@ class GKDConfig(DistillationConfig):
 
     settings_group: ClassVar[str] = "GKD"
     synonyms = (*SYNONYMS, MAX_NEW_TOKENS)
+    unsupported_trl_fields = {**UNSUPPORTED, **SFT_UNSUPPORTED}
 
     temperature: float = inherited_field(OnPolicyConfig, "temperature", 0.9)
     lmbda: float = field(
@@ -80,6 +85,7 @@ class GKDConfig(DistillationConfig):
     def __post_init__(self):
         self.remove_unused_columns = False  # as TRL's GKDTrainer: the off-policy rollouts read the completion column
         super().__post_init__()
+        self._check_sft_fields()
         valid = isinstance(self.lmbda, (int, float)) and not isinstance(self.lmbda, bool) and math.isfinite(self.lmbda)
         if not valid or not 0.0 <= self.lmbda <= 1.0:
             raise ValueError(
@@ -89,9 +95,22 @@ class GKDConfig(DistillationConfig):
         self.lmbda = float(self.lmbda)
 
     def _resolve_lengths(self, names: dict[str, str]) -> None:
+        """TRL's lengths: 128 new tokens, prompt + completion ``max_length`` 1024 (the prompt's 896 tokens)."""
         if self.max_completion_length is None:
             self.max_completion_length = GKD_MAX_NEW_TOKENS
+        completion_name = names["max_completion_length"]
+        check_positive_int(completion_name, self.max_completion_length)
+        check_positive_int("max_length", self.max_length)
+        room = GKD_MAX_LENGTH - self.max_completion_length
+        self.max_prompt_length = resolve_max_prompt_length(
+            self.max_prompt_length,
+            self.max_length,
+            self.max_completion_length,
+            completion_name,
+            room if room > 0 else DEFAULT_MAX_PROMPT_LENGTH,
+        )
         super()._resolve_lengths(names)
+        self.max_length = self.max_prompt_length + self.max_completion_length
 
 
 def student_samples(seed: int, draw: int, lmbda: float) -> bool:

@@ -85,6 +85,7 @@ def _(ctx):
 
 config_error("distillation-beta", "distillation", beta=1.5)
 config_error("gkd-lmbda", "gkd", lmbda=1.5)
+config_error("gkd-loss-type", "gkd", loss_type="dpo")
 
 
 @trigger("gkd-no-completions")
@@ -307,6 +308,15 @@ UNSUPPORTED_VALUES = {
 }
 for name, value in UNSUPPORTED_VALUES.items():
     config_error(f"trl-{name.replace('_', '-')}", **{name: value})
+# TRL's SFT fields on GKDConfig
+GKD_UNSUPPORTED_VALUES = {
+    "padding_free": True,
+    "chat_template_path": "template.jinja",
+    "eos_token": "</s>",
+    "activation_offloading": True,
+}
+for name, value in GKD_UNSUPPORTED_VALUES.items():
+    config_error(f"trl-{name.replace('_', '-')}", "gkd", **{name: value})
 config_error("pad-to-multiple-of", pad_to_multiple_of=0)
 config_error("log-completions-hub-repo", "grpo", log_completions_hub_repo="me/completions")
 config_error("log-completions-hub-repo-id", "grpo", log_completions=True, log_completions_hub_repo="a/b/c")

@@ -1,7 +1,7 @@
 """TRL's argument names on steadyrl's configs, against TRL's own: the batch sizes resolve as TRL computes them, and
-every field of TRL's RLOO and online-DPO configs is either honoured or refused (the "Every TRL field" table of
-docs/coming-from-trl.md lists each; a field TRL adds fails here until it is listed). Contradictions and value
-checks without TRL: unit/trainers/config/test_config_resolution.py."""
+every field of TRL's RLOO, GRPO, online-DPO, distillation and GKD configs is honoured, refused or (as in TRL) without
+effect (the "Every TRL field" table of docs/coming-from-trl.md lists each; a field TRL adds fails here until it is
+listed). Contradictions and value checks without TRL: unit/trainers/config/test_config_resolution.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT
 from transformers import TrainingArguments
 
-from steadyrl import DistillationConfig, GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
+from steadyrl import DistillationConfig, GKDConfig, GRPOConfig, OnlineDPOConfig, PPOConfig, RLOOConfig
 
 SECTION = "## Every TRL field"
 TABLE_PAGE = ROOT / "docs" / "coming-from-trl.md"
@@ -25,21 +25,30 @@ TABLE_PAGE = ROOT / "docs" / "coming-from-trl.md"
 @pytest.fixture(scope="module")
 def trl():
     """TRL's config classes: ``{"rloo": trl.RLOOConfig, "grpo": trl.GRPOConfig, "online-dpo":
-    trl.experimental.online_dpo.OnlineDPOConfig, "distillation": trl.DistillationConfig}``."""
+    trl.experimental.online_dpo.OnlineDPOConfig, "distillation": trl.DistillationConfig, "gkd":
+    trl.experimental.gkd.GKDConfig}``."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TRL's notes on the installed vLLM version
         import trl
+        from trl.experimental.gkd import GKDConfig as TRLGKDConfig
         from trl.experimental.online_dpo import OnlineDPOConfig as TRLOnlineDPOConfig
     return {
         "rloo": trl.RLOOConfig,
         "grpo": trl.GRPOConfig,
         "online-dpo": TRLOnlineDPOConfig,
         "distillation": trl.DistillationConfig,
+        "gkd": TRLGKDConfig,
     }
 
 
-OURS = {"rloo": RLOOConfig, "grpo": GRPOConfig, "online-dpo": OnlineDPOConfig, "distillation": DistillationConfig}
+OURS = {
+    "rloo": RLOOConfig,
+    "grpo": GRPOConfig,
+    "online-dpo": OnlineDPOConfig,
+    "distillation": DistillationConfig,
+    "gkd": GKDConfig,
+}
 
 
 def build(config_class, tmp_path, **settings):
@@ -174,6 +183,8 @@ DEFAULT_DIFFERENCES = {
     },
     "online-dpo": {"temperature": (0.9, 1.0), "max_length": (512, 576)},
     "distillation": {},
+    # SFT's dataset packing is steadyrl's packed passes (the same numbers); TRL's GKDTrainer ignores shuffle_dataset
+    "gkd": {"packing": (False, True), "shuffle_dataset": (False, True)},
 }
 
 
@@ -205,13 +216,16 @@ def refused_rows() -> list[tuple[str, object, str]]:
     return rows
 
 
+REFUSING_CONFIGS = [RLOOConfig, OnlineDPOConfig, PPOConfig, GRPOConfig, GKDConfig]
+
+
 @pytest.mark.parametrize("name, value, message", refused_rows(), ids=lambda v: v if isinstance(v, str) else "")
-@pytest.mark.parametrize("config_class", [RLOOConfig, OnlineDPOConfig, PPOConfig, GRPOConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("config_class", REFUSING_CONFIGS, ids=lambda c: c.__name__)
 def test_each_refused_trl_field_says_why(tmp_path, config_class, name, value, message):
-    """Each refused row holds for every config that declares the field (GRPO's own ones for GRPO alone)."""
+    """Each refused row holds for every config that refuses the field (GKD's SFT fields for GKD alone)."""
     rules = config_class.unsupported_trl_fields
     if name not in rules:
-        assert config_class is not GRPOConfig and name in GRPOConfig.unsupported_trl_fields, name
+        assert any(name in other.unsupported_trl_fields for other in REFUSING_CONFIGS), name
         return
     _, error = build(config_class, tmp_path, **{name: value})
     assert error == message
