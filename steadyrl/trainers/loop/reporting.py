@@ -10,6 +10,7 @@ from ...ops import masked_mean
 from ...publish.completions import CompletionsHubPush
 from ...rewards import reward_func_name
 from ...rollout import Rollout, completion_rows
+from ..config.completions_hub import CompletionsHubOptions
 
 
 class ReportingMixin:
@@ -74,7 +75,8 @@ class ReportingMixin:
 
     def completions_hub(self) -> CompletionsHubPush | None:
         """GRPO's ``log_completions_hub_repo``: its pusher, made at the first logging step; None if unset."""
-        repo = getattr(self.args, "log_completions_hub_repo", None)
+        args = self.args
+        repo = args.log_completions_hub_repo if isinstance(args, CompletionsHubOptions) else None
         if repo is None:
             return None
         if getattr(self, "_completions_hub", None) is None:

@@ -28,6 +28,7 @@ from ...ops import (
 )
 from ...rewards import RewardInputs
 from ...rollout import Rollout, TokenBatch, engine_logprob_tensor, rollout_metrics
+from ..config.policy_loss import PolicyLossOptions
 from .algorithm import Algorithm
 from .rollout_rewards import RolloutRewards
 from .sources import Sampled
@@ -189,7 +190,7 @@ def engine_check(
     truncated importance weights pi_trainer / pi_vLLM and their min / mean / max (TRL's
     ``sampling/importance_sampling_ratio/*``); None without the correction."""
     metrics = {"generation_logprob_diff": masked_mean((engine_logprobs - trainer_logprobs).abs(), mask).item()}
-    if not getattr(args, "vllm_importance_sampling_correction", False):
+    if not (isinstance(args, PolicyLossOptions) and args.vllm_importance_sampling_correction):
         return None, metrics
     weights = engine_importance_weights(
         trainer_logprobs,
