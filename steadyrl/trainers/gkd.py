@@ -307,9 +307,13 @@ class GKDTrainer(DistillationTrainer):
         )
 
     def build_stages(self, train_dataset) -> None:
+        check_completions(train_dataset, self.args)  # before any stage is built
         super().build_stages(train_dataset)
+
+    def algorithm_source(self, source: RolloutSource) -> GKDSource:
+        """The run's source with off-policy rollouts mixed in: the dataset's completions, or with ``seq_kd`` the
+        teacher's."""
         args = self.args
-        check_completions(train_dataset, args)
         check_teacher_generates(args, self.zero3, self.fsdp_version)
         if args.seq_kd:
             offload = args.ref_reward_offload and not self.zero3
@@ -317,7 +321,7 @@ class GKDTrainer(DistillationTrainer):
             completions = TeacherCompletions(self.teacher_model, self.processing_class, args, device, offload)
         else:
             completions = DatasetCompletions(self.processing_class, self.conversational, args)
-        self.rollout_source = GKDSource(self.rollout_source, args.lmbda, args.seed, completions)
+        return GKDSource(source, args.lmbda, args.seed, completions)
 
 
 def check_completions(dataset, args: GKDConfig) -> None:
