@@ -125,11 +125,14 @@ def test_fsdp2_ppo_shards_actor_and_critic_and_trains_like_ddp(tmp_path, ddp_run
     assert max(shard_sizes(checkpoint / f"critic_optimizer_{rank}.pt") for rank in (0, 1)) <= critic // 2 + 1024
 
 
-def test_fsdp2_distillation_shards_the_student_and_trains_like_ddp(tmp_path, ddp_runs):
-    """The frozen teacher, sharded as it is read, beside the sharded student: its LM head is put together whole for
-    the chunked divergence, and the student trains as under DDP."""
-    run_toy(tmp_path, "--algorithm", "distillation", *TWO_PROCESSES, accelerate_config=FSDP2)
-    assert_trains_like_ddp(tmp_path, ddp_runs("distillation"), ("loss", "grad_norm", "divergence"))
+def test_fsdp2_gkd_shards_the_student_and_trains_like_ddp(tmp_path, ddp_runs):
+    """GKD (distillation's loss; lmbda 0.5: rollouts 1 and 3 the student's samples, 2 the dataset's completions): the
+    frozen teacher, sharded as it is read, beside the sharded student: its LM head is put together whole for the
+    chunked divergence, and the student trains as under DDP (ZeRO-3 runs distillation: test_deepspeed_zero.py)."""
+    run_toy(tmp_path, "--algorithm", "gkd", *TWO_PROCESSES, accelerate_config=FSDP2)
+    ddp = ddp_runs("gkd")
+    assert [read_logs(ddp)[step]["on_policy"] for step in (1, 5, 9)] == [1.0, 0.0, 1.0]
+    assert_trains_like_ddp(tmp_path, ddp, ("loss", "grad_norm", "divergence"))
     student = sum(t.numel() for t in load_file(tmp_path / "checkpoint-6" / "model.safetensors").values())
     assert (
         max(shard_sizes(tmp_path / "checkpoint-6" / f"optimizer_{rank}.pt") for rank in (0, 1)) <= student // 2 + 1024

@@ -3,7 +3,7 @@ chosen moments.
 
 As a script::
 
-    python tests/support/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo|distillation] [--resume]
+    python tests/support/toy_run.py OUTPUT_DIR [--algorithm rloo|ppo|online-dpo|grpo|distillation|gkd|...] [--resume]
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
@@ -234,6 +234,17 @@ def make_trainer(
     )
 
 
+def gkd_dataset():
+    """The toy chat prompts in TRL's GKD format: a ``messages`` conversation whose last message, the completion of
+    GKD's off-policy rollouts, is the assistant's answer (the word's letters)."""
+    from steadyrl.toy import chat_dataset
+
+    def with_answer(row):
+        return {"messages": row["prompt"] + [{"role": "assistant", "content": row["letters"]}]}
+
+    return chat_dataset("train").map(with_answer, remove_columns=["prompt", "letters"])
+
+
 def toy_rewards(reward_funcs):
     """``reward_funcs`` as given, or a toy reward of ``TOY_REWARDS`` by name (from the command line)."""
     return [TOY_REWARDS[reward_funcs]] if isinstance(reward_funcs, str) else reward_funcs
@@ -422,6 +433,8 @@ def main() -> None:
             eval_steps=2,
             per_device_eval_batch_size=4,
         )
+    if opts.algorithm == "gkd":
+        overrides.setdefault("train_dataset", gkd_dataset())
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
     if opts.poison_grad:
         from poison import poison_gradient  # tests/support, this script's own folder
