@@ -207,9 +207,9 @@ class GKDSource:
     def __init__(self, source: RolloutSource, lmbda: float, seed: int, completions) -> None:
         self.source, self.lmbda, self.seed, self.completions = source, lmbda, seed, completions
 
-    def next(self) -> Sampled:
+    def next(self, state) -> Sampled:
         on_policy = student_samples(self.seed, self.source.draw.draws, self.lmbda)
-        sampled = self.source.next() if on_policy else self.off_policy()
+        sampled = self.source.next(state) if on_policy else self.off_policy()
         sampled.metrics["on_policy"] = float(on_policy)
         return sampled
 

@@ -112,7 +112,7 @@ ENV_IDS = [5, 6, 7]  # what a user's environment wrote after the policy's turn
 def rollout_with_feedback(prompts, trainer):
     """A rollout_func: sample with the trainer, then append environment ids the policy did not sample."""
     prompt_ids = trainer.processing_class(prompts)["input_ids"]
-    generation = trainer.generator(prompt_ids, seeds=list(range(len(prompts))))  # a seed per completion
+    generation = trainer.generator(prompt_ids, seeds=list(range(len(prompts))), version=0)  # a seed per completion
     completion_ids = [ids + ENV_IDS for ids in generation.completion_ids]
     return {
         "prompt_ids": prompt_ids,

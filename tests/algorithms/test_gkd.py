@@ -75,7 +75,7 @@ def test_off_policy_rollouts_are_the_datasets_completions_and_on_policy_ones_the
     """lmbda=0: every rollout is the dataset's completions (the assistant's message, ending with EOS as the student's
     samples do) and trains; lmbda=1: the same prompts, completions the student sampled."""
     off = gkd_trainer(tmp_path / "off", lmbda=0.0, max_steps=4, save_steps=100, **ONE_BATCH)
-    sampled = off.rollout_source.next()
+    sampled = off.rollout_source.next(off.state)
     tok = off.processing_class
     answers = {
         tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=False): row["messages"][-1]
@@ -87,7 +87,7 @@ def test_off_policy_rollouts_are_the_datasets_completions_and_on_policy_ones_the
     assert sampled.metrics["on_policy"] == 0.0 and sampled.generation.logprobs is None
 
     on = gkd_trainer(tmp_path / "on", lmbda=1.0, **ONE_BATCH)
-    sampled_on = on.rollout_source.next()
+    sampled_on = on.rollout_source.next(on.state)
     assert sampled_on.prompts == sampled.prompts and sampled_on.metrics["on_policy"] == 1.0
     assert tok.batch_decode(sampled_on.generation.completion_ids) != texts
 

@@ -39,7 +39,7 @@ from ...ops.finite import refuse_nonfinite
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
 from .ahead_worker import AheadWorker
 from .scoring import Scorer
-from .sources import RolloutSource, Sampled, TrainerStage
+from .sources import RolloutSource, Sampled
 
 logger = logging.get_logger(__name__)
 
@@ -73,12 +73,12 @@ def state_fields(state) -> dict:
     return {f.name: copy.deepcopy(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name != "log_history"}
 
 
-class AheadSource(RolloutSource, TrainerStage):
-    """Single-turn rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead."""
+class AheadSource(RolloutSource):
+    """Single-turn rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead, by the
+    backend of the source's ``generate`` from copies of its actor's weights."""
 
-    def __init__(self, trainer, scorer: Scorer, scores_on_worker: bool, *args) -> None:
-        RolloutSource.__init__(self, *args)
-        TrainerStage.__init__(self, trainer)
+    def __init__(self, scorer: Scorer, scores_on_worker: bool, *args) -> None:
+        super().__init__(*args)
         self.scorer, self.scores_on_worker = scorer, scores_on_worker
         self.ahead: list[Ahead] = []  # requested, oldest first (a checkpoint part)
         self.worker: AheadWorker | None = None
@@ -87,15 +87,16 @@ class AheadSource(RolloutSource, TrainerStage):
         self.worker_tokenizer = copy.deepcopy(self.tokenizer)  # a tokenizer is not safe across threads
         self.worker_idle_since = time.perf_counter()
 
-    def next(self) -> Sampled:
-        """The oldest rollout generated ahead, after requesting every rollout up to this one + max_staleness."""
+    def next(self, state) -> Sampled:
+        """The oldest rollout generated ahead, after requesting every rollout up to this one + max_staleness;
+        ``state``: the trainer's now (requests carry its step, and its fields for the reward functions)."""
         if self.worker is None:
             self.worker, self.worker_idle_since = AheadWorker(), time.perf_counter()
         for item in self.ahead:  # requests restored from a checkpoint: generated first, in order
             if item.future is None and item.result is None:
-                self.submit(item)
+                self.submit(item, state)
         while len(self.ahead) <= self.args.max_staleness:
-            self.request()
+            self.request(state)
         start = time.perf_counter()
         item = self.ahead.pop(0)
         # a failure raises here, and on every process (none waits for it in the scoring passes' collectives)
@@ -107,7 +108,7 @@ class AheadSource(RolloutSource, TrainerStage):
         metrics = {
             **sampled.metrics,
             "async/trainer_wait_s": time.perf_counter() - start,
-            "async/staleness_steps": self.trainer.state.global_step - sampled.version,
+            "async/staleness_steps": state.global_step - sampled.version,
         }
         scores = None if sampled.scores is None else scores_from_rows(sampled.scores)  # None: scored by the trainer
         generation = Generation(sampled.completion_ids, sampled.logprobs)
@@ -122,27 +123,26 @@ class AheadSource(RolloutSource, TrainerStage):
             sampled.prompt_index,
         )
 
-    def request(self) -> None:
+    def request(self, trainer_state) -> None:
         """Draw the next rollout's prompts and seeds, and have the worker generate and score it with a copy of the
         actor's current weights."""
-        trainer = self.trainer
         prompts, columns, seeds, prompt_index = self.draw()
         check_json_columns(columns, self.args.max_staleness)  # a stream's rows: stored in checkpoints as JSON
         prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
-        version = trainer.state.global_step
+        version = trainer_state.global_step
         if self.snapshot_version != version:  # every rollout requested at one step shares one copy
-            with whole_weights(trainer.model, everywhere=False, merged=True) as weights:
+            with whole_weights(self.generate.actor, everywhere=False, merged=True) as weights:
                 self.snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             refuse_nonfinite(self.snapshot.items(), f"Refused to push the actor's weights of step {version} to vLLM")
             self.snapshot_version = version
-        state = state_fields(trainer.state)  # what the reward functions read: this step's, whenever they run
+        state = state_fields(trainer_state)  # what the reward functions read: this step's, whenever they run
         item = Ahead(prompts, columns, seeds, prompt_ids, truncated, version, state, self.snapshot)
         item.prompt_index = prompt_index
         self.ahead.append(item)
-        self.submit(item)
+        self.submit(item, trainer_state)
 
-    def submit(self, item: Ahead) -> None:
-        state = copy.copy(self.trainer.state)  # shares the live log history, with this request's step and counters
+    def submit(self, item: Ahead, trainer_state) -> None:
+        state = copy.copy(trainer_state)  # shares the live log history, with this request's step and counters
         state.__dict__.update(copy.deepcopy(item.state))
         what = f"generating and scoring the rollout requested at global step {item.version}"
         item.future = self.worker.submit(what, self.sample, item, state)
@@ -150,7 +150,7 @@ class AheadSource(RolloutSource, TrainerStage):
     def sample(self, item: Ahead, state) -> SampledRollout:
         """On the worker thread: push the request's weights if the server holds others, generate, and score with the
         reward functions (not reward models, which run on the trainer's thread)."""
-        backend = self.trainer.backend
+        backend = self.generate.backend
         metrics = {"async/generator_wait_s": time.perf_counter() - self.worker_idle_since}
         backend.push_copy(item.weights, item.version)
         start = time.perf_counter()

@@ -118,7 +118,7 @@ class DynamicSampling:
         while len(keys) < needed:
             if args.max_num_gen_batches and draws == args.max_num_gen_batches:
                 raise DynamicSamplingError(self.bound_message(draws, len(keys), dropped))
-            sampled = self.source.next()
+            sampled = self.source.next(state)
             scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled, state)
             drawn_metrics.append({**metrics, **sampled.metrics})
             generation_time += sampled.generation_time

@@ -18,21 +18,28 @@ The pass a rollout began in is a checkpoint part, so a resumed run ends its epoc
 
 from __future__ import annotations
 
+import weakref
+
 from ...data.sampling import PromptSampler
 from ...data.stream import StreamSampler
-from .sources import TrainerStage
 
 
-class Epochs(TrainerStage):
+class Epochs:
     """The epoch events of ``trainer``'s loop over the prompts of ``sampler`` (drawn ``rollout_batch_size`` at a time
-    by ``source``, which may hold draws not trained on yet: ``max_staleness``)."""
+    by ``source``, which may hold draws not trained on yet: ``max_staleness``). Not a stage but the trainer's own event
+    machinery, as ``Trainer``'s epoch loop is: it fires the trainer's callbacks, logs and saves through it, and reads
+    its control flags; it holds the trainer weakly (the trainer holds it)."""
 
     def __init__(self, trainer, sampler, source, rollout_batch_size: int) -> None:
-        super().__init__(trainer)
+        self._trainer = weakref.ref(trainer)
         self.sampler, self.source, self.rollout_batch_size = sampler, source, rollout_batch_size
         self.rollout_pass: int | None = None  # the pass the rollout being trained on began in
         self.open = False  # an epoch has begun in this train() call and not ended
         self.skip_pending = False  # resumed from a checkpoint saved after should_epoch_stop, before the skip
+
+    @property
+    def trainer(self):
+        return self._trainer()
 
     def pass_of(self, prompts_back: int = 0) -> int:
         """The pass of the prompt ``prompts_back`` before the next one training will use: the sampler's position,

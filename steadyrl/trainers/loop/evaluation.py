@@ -182,7 +182,7 @@ class EvaluationMixin:
             rows = slice(start, start + size)
             batch_columns = {name: values[rows] for name, values in columns.items()}
             batch_prompts, prompt_ids, _, generation = self.rollout_source.complete(
-                prompts[rows], batch_columns, seeds[rows], chunk=size
+                prompts[rows], batch_columns, seeds[rows], self.state.global_step, chunk=size
             )
             parts.append(Sampled(batch_prompts, batch_columns, prompt_ids, generation, 0.0))
             scores.append(self.scorer(parts[-1], self.state)[0])

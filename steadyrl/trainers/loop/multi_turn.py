@@ -9,6 +9,7 @@ rows become completions through the tool-call loop (agents/turns.py), or through
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from ...agents.rollout_func import trajectories_from
 from ...agents.tools import ToolBox
 from ...agents.turns import run_turns
 from ...generation import Generation
-from .sources import RolloutSource, TrainerStage
+from .sources import RolloutSource
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -133,23 +134,23 @@ def check_multi_turn(
     return multi_turn, reward_funcs + added
 
 
-class MultiTurnSource(RolloutSource, TrainerStage):
+class MultiTurnSource(RolloutSource):
     """Rollouts whose completions interleave sampled turns with tool results (masked out of the loss by
-    ``env_mask``), or come from ``rollout_func(prompts, trainer)``."""
+    ``env_mask``), or come from ``rollout_func(prompts, trainer)``: TRL's API hands the trainer to it, so this source
+    holds it (weakly: the trainer holds its source)."""
 
     def __init__(self, multi_turn: MultiTurn, trainer, context_length: int, *args) -> None:
-        RolloutSource.__init__(self, *args)
-        TrainerStage.__init__(self, trainer)
+        super().__init__(*args)
         self.multi_turn, self.context_length = multi_turn, context_length
+        self.rollout_func_trainer = weakref.ref(trainer)
 
-    def complete(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
+    def complete(self, prompts: list, columns: dict, seeds: list[int], version: int, chunk: int | None = None):
         """``prompts`` come back as the reward functions see them (with an environment's ``reset()`` text)."""
         args, tok, multi_turn = self.args, self.tokenizer, self.multi_turn
         chunk = chunk or args.micro_generation_batch_size
         if multi_turn.rollout_func is not None:
-            trainer = self.trainer
-            trainer.backend.sync_weights(trainer.model, version=trainer.state.global_step)
-            output = multi_turn.rollout_func(prompts, trainer)
+            self.generate.backend.sync_weights(self.generate.actor, version=version)
+            output = multi_turn.rollout_func(prompts, self.rollout_func_trainer())
             prompt_ids, generation = trajectories_from(output, len(prompts), multi_turn.rollout_func)
             return prompts, prompt_ids, 0, generation
         kwargs, tools = multi_turn.template_kwargs, multi_turn.tools
@@ -162,10 +163,10 @@ class MultiTurnSource(RolloutSource, TrainerStage):
             boxes = pool.tool_boxes(environments)
             tools_per_row = [pool.tools_of(name) for name in names]
         prompt_ids, truncated = self.truncate_prompts(tokenize_with_tools(prompts, tok, tools_per_row, kwargs))
-        first = self.generate(prompt_ids, seeds, chunk=chunk)
+        first = self.generate(prompt_ids, seeds, version, chunk=chunk)
 
         def next_turn(contexts: list[list[int]], rows: list[int], turn: int) -> Generation:
-            return self.generate(contexts, [turn_seed(seeds[i], turn) for i in rows], chunk=chunk)
+            return self.generate(contexts, [turn_seed(seeds[i], turn) for i in rows], version, chunk=chunk)
 
         trajectories = run_turns(
             next_turn,

@@ -2,7 +2,7 @@
 
 One global step, as ``run_loop`` and ``make_rollout`` call the stages (each an object the trainer holds)::
 
-    sampled  <- rollout_source.next()     prompts (PromptDraw) -> completions: sources.py (max_staleness: ahead.py;
+    sampled  <- rollout_source.next(state)     prompts (PromptDraw) -> completions: sources.py (max_staleness: ahead.py;
                                           tools / environments / rollout_func: multi_turn.py)
     scores   <- scorer(sampled)           reward functions and models on TRL's inputs: scoring.py
                                           (dynamic_sampling: both, repeated until the groups whose rewards differ
@@ -295,7 +295,7 @@ class OnPolicyTrainer(
         if self.dynamic_sampling is not None:  # draws until the groups whose rewards differ fill the rollout
             sampled, scores, metrics = self.dynamic_sampling(self.state)
         else:
-            sampled = self.rollout_source.next()  # prompts -> completions
+            sampled = self.rollout_source.next(self.state)  # prompts -> completions
             scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled, self.state)
         rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
         added = self.algorithm.advantages(rollout)  # the algorithm's part
@@ -317,6 +317,7 @@ class OnPolicyTrainer(
         max_steps = args.total_steps(self.sampler.num_prompts)  # a stream's: None, with max_steps set
         self.is_in_train = True
         self.prepare_for_training(max_steps)
+        self.generator.engine = self.model_wrapped  # ZeRO-3 gathers the engine's partitions for HF generate
         for module in self.trained_modules():
             bind_scheduler(module.scheduler, module.optimizer)
         self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler

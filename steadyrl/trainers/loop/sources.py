@@ -1,6 +1,7 @@
 """Rollout sources: where a rollout's completions come from. One small interface, ``RolloutSource``:
 
-    next()       the next rollout's prompts (this process's share, drawn by ``PromptDraw``), sampled -> ``Sampled``
+    next(state)  the next rollout's prompts (this process's share, drawn by ``PromptDraw``), sampled -> ``Sampled``;
+                 ``state``: the trainer's TrainerState now (its global_step is the weights' version)
     complete()   completions for given prompt rows (evaluation reuses it)
     drain()      wait for work in flight (before a checkpoint or an evaluation); close() at the end
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -85,36 +85,43 @@ class PromptDraw:
         self.draws = state["count"]
 
 
-class TrainerStage:
-    """A stage that reads the trainer's current state (its model, TrainerState, backend, ...). It holds the trainer
-    weakly: the trainer holds its stages, and a strong reference back would make a cycle that keeps a finished trainer
-    (models, optimizer states, a vLLM engine) in memory until Python's cyclic collector happens to run."""
+class ActorGenerator:
+    """One completion per prompt row with the actor through the generation backend, each sampled with its seed; the
+    actor's weights pushed first (as of ``version``), and gathered for HF generate under ZeRO-3 or FSDP2.
 
-    def __init__(self, trainer) -> None:
-        self._trainer = weakref.ref(trainer)
+    Args:
+        backend: the generation backend.
+        actor: the policy (the Hugging Face model; under FSDP2 its sharded module).
+        args: the config (``ds3_gather_for_generation``).
+        reshard_after_forward: under FSDP2 the plugin's setting (None: not FSDP2).
 
-    @property
-    def trainer(self):
-        return self._trainer()
+    ``engine`` is the actor as prepared for training (a DeepSpeed engine under ZeRO-3), bound by the trainer once it
+    is made; until then the actor itself.
 
+    Example::
 
-class ActorGenerator(TrainerStage):
-    """One completion per prompt row with the trainer's current actor through its generation backend, each sampled
-    with its seed; the actor's weights pushed first, and gathered for HF generate under ZeRO-3 or FSDP2."""
+        generate = ActorGenerator(backend, model, args, reshard_after_forward=None)
+        generation = generate(prompt_ids, seeds, version=0)
+    """
 
-    def __call__(self, prompt_ids: list[list[int]], seeds: list[int], chunk: int | None = None) -> Generation:
+    def __init__(self, backend, actor, args, reshard_after_forward: bool | None) -> None:
+        self.backend, self.actor, self.engine, self.args = backend, actor, actor, args
+        self.reshard_after_forward = reshard_after_forward
+
+    def __call__(
+        self, prompt_ids: list[list[int]], seeds: list[int], version: int, chunk: int | None = None
+    ) -> Generation:
         """With HF generate in calls of ``chunk`` rows (all at once if None); vLLM schedules its own batches."""
-        trainer = self.trainer
-        backend, actor = trainer.backend, trainer.model
-        backend.sync_weights(actor, version=trainer.state.global_step)
+        backend, actor = self.backend, self.actor
+        backend.sync_weights(actor, version=version)
         if not backend.capabilities.runs_training_model or chunk is None:
             chunk = max(1, len(prompt_ids))
         if not backend.capabilities.runs_training_model:
             whole = contextlib.nullcontext()
-        elif trainer.fsdp_version:
-            whole = unsharded(actor, trainer.accelerator.state.fsdp_plugin.reshard_after_forward)
+        elif self.reshard_after_forward is not None:
+            whole = unsharded(actor, self.reshard_after_forward)
         else:
-            whole = zero3_generation(trainer.model_wrapped, trainer.args.ds3_gather_for_generation)
+            whole = zero3_generation(self.engine, self.args.ds3_gather_for_generation)
         with whole:
             parts = [
                 backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk])
@@ -132,11 +139,11 @@ class RolloutSource:
         self.conversational = conversational
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
 
-    def next(self) -> Sampled:
+    def next(self, state) -> Sampled:
         prompts, columns, seeds, prompt_index = self.draw()
         start = time.time()
-        complete = functools.partial(self.complete, prompts, columns, seeds)
-        if self.generate.trainer.backend.capabilities.pushes_copies:  # each process's own requests to a server:
+        complete = functools.partial(self.complete, prompts, columns, seeds, state.global_step)
+        if self.generate.backend.capabilities.pushes_copies:  # each process's own requests to a server:
             # a failure on one raises on every one, none waits for it in the scoring passes' collectives
             complete = functools.partial(on_every_process, self.draw.accelerator, "Generating a rollout", complete)
         prompts, prompt_ids, truncated, generation = complete()
@@ -144,11 +151,11 @@ class RolloutSource:
         elapsed = time.time() - start
         return Sampled(prompts, columns, prompt_ids, generation, elapsed, metrics, prompt_index=prompt_index)
 
-    def complete(self, prompts: list, columns: dict, seeds: list[int], chunk: int | None = None):
-        """``(prompts, prompt_ids, prompts truncated, generation)`` for prompt rows; HF generate runs in calls of
-        ``chunk`` rows (default ``micro_generation_batch_size``)."""
+    def complete(self, prompts: list, columns: dict, seeds: list[int], version: int, chunk: int | None = None):
+        """``(prompts, prompt_ids, prompts truncated, generation)`` for prompt rows, sampled by the actor of global
+        step ``version``; HF generate runs in calls of ``chunk`` rows (default ``micro_generation_batch_size``)."""
         prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
-        generation = self.generate(prompt_ids, seeds, chunk=chunk or self.args.micro_generation_batch_size)
+        generation = self.generate(prompt_ids, seeds, version, chunk=chunk or self.args.micro_generation_batch_size)
         return prompts, prompt_ids, truncated, generation
 
     def tokenize(self, prompts: list) -> list[list[int]]:

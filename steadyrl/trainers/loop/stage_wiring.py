@@ -25,7 +25,8 @@ class StageWiring:
         args, tokenizer = self.args, self.processing_class
         self.checkpointer = Checkpointer(self.accelerator)
         self.prompt_draw = PromptDraw(self.sampler, train_dataset, args, self.accelerator)
-        self.generator = ActorGenerator(self)
+        reshard = self.accelerator.state.fsdp_plugin.reshard_after_forward if self.fsdp_version else None
+        self.generator = ActorGenerator(self.backend, self.model, args, reshard)
         self.rewards = self.make_rewards()
         self.scorer = Scorer(self.rewards, tokenizer, self.conversational, args)
         source_args = (self.prompt_draw, self.generator, tokenizer, self.conversational, args)
@@ -33,7 +34,7 @@ class StageWiring:
             self.rollout_source = MultiTurnSource(self.multi_turn, self, self.context_length(), *source_args)
         elif args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
             on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
-            self.rollout_source = AheadSource(self, self.scorer, on_worker, *source_args)
+            self.rollout_source = AheadSource(self.scorer, on_worker, *source_args)
         else:
             self.rollout_source = RolloutSource(*source_args)
         self.rollout_source = self.algorithm_source(self.rollout_source)
