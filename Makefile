@@ -31,9 +31,10 @@ test: install
 # The numeric tests again on AVX2 kernels (MKL's and ATen's), as an AVX2-only CPU (AMD Zen 3) runs them: their bounds
 # come from float32's and bfloat16's rounding (tests/support/tolerances.py), so they hold on every kernel, and this
 # machine's AVX-512 ones must not hide a bound that does not. 136 tests, ~30 s on 2 idle cores (BENCHMARKS.md).
-NUMERIC_TESTS := tests/unit/ops tests/real_model/test_chunked_logprobs_real.py tests/real_model/test_packing_real.py \
-	tests/algorithms/test_grpo_token_selection.py::test_float32_lm_head_equals_trl_on_a_bfloat16_model \
-	tests/algorithms/test_grpo_token_selection.py::test_token_selection_and_entropy_bonus_equal_trl
+NUMERIC_TESTS := tests/unit/ops tests/integration/real_model/test_chunked_logprobs_real.py \
+	tests/integration/real_model/test_packing_real.py \
+	tests/integration/algorithms/test_grpo_token_selection.py::test_float32_lm_head_equals_trl_on_a_bfloat16_model \
+	tests/integration/algorithms/test_grpo_token_selection.py::test_token_selection_and_entropy_bonus_equal_trl
 test-avx2: install
 	MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 OMP_NUM_THREADS=1 \
 		$(PY) -m pytest -q -n 2 --dist loadfile $(NUMERIC_TESTS)

@@ -6,7 +6,7 @@ base model loaded again (what a merged push did before, and what a PEFT user doe
 Each measurement runs in a process of its own: it loads the model, wraps it in a LoRA adapter (``r=16``, non-zero
 weights) on ``q_proj`` and ``v_proj``, or on every linear layer, saves the adapter, then samples its RSS every 2 ms
 while it merges. The extra memory is the peak RSS during the merge minus the RSS just before it. The two merges'
-weights are compared by their sum (tests/publishing/test_hub.py checks them equal tensor by tensor).
+weights are compared by their sum (tests/integration/publish/test_hub.py checks them equal tensor by tensor).
 """
 
 from __future__ import annotations

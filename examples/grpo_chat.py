@@ -1,6 +1,6 @@
 """GRPO on a chat model and a conversational dataset, written with TRL's names: swap the import for
-``from trl import GRPOConfig, GRPOTrainer`` and the same script runs on TRL (tests/trl_compat/test_trl_scripts.py
-does both).
+``from trl import GRPOConfig, GRPOTrainer`` and the same script runs on TRL
+(tests/integration/trl_compat/test_trl_scripts.py does both).
 
     python examples/grpo_chat.py --output_dir out/grpo-chat                # train 6 steps, evaluate every 2
     python examples/grpo_chat.py --output_dir out/grpo-chat --resume      # after an interruption

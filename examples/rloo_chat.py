@@ -1,6 +1,6 @@
 """RLOO on a chat model and a conversational dataset, written with TRL's names: swap the import for
-``from trl import RLOOConfig, RLOOTrainer`` and the same script runs on TRL (tests/trl_compat/test_trl_scripts.py
-does both).
+``from trl import RLOOConfig, RLOOTrainer`` and the same script runs on TRL
+(tests/integration/trl_compat/test_trl_scripts.py does both).
 
     python examples/rloo_chat.py --output_dir out/rloo-chat                # train 6 steps, evaluate every 2
     python examples/rloo_chat.py --output_dir out/rloo-chat --resume      # after an interruption

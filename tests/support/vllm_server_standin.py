@@ -8,7 +8,7 @@ path last reloaded) answered each completion, and restarts on its port as a new 
 It is guarded by steadyrl's own middleware (``ServerAuth``, added with ``app.add_middleware`` as vLLM's
 ``--middleware`` adds it) unless ``auth=False``, and its key is written where ``steadyrl vllm-serve`` writes one
 (``default_key_file(port)``), so a trainer finds it the same way. Starting a real server takes ~30 s;
-tests/generation/test_vllm_server.py checks the same refusals and every behaviour against a real one."""
+tests/integration/generation/test_vllm_server.py checks the same refusals and every behaviour against a real one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2, ZeRO-3 and ZeRO-3 with CPU offload under ``accelerate launch`` (two processes, gloo on CPU):
 each trains like DDP, resumes exactly after a SIGKILL, and exports its sharded actor whole. A file of its own so
-that pytest-xdist can run it beside tests/distributed/test_distributed.py."""
+that pytest-xdist can run it beside tests/integration/distributed/test_distributed.py."""
 
 import json
 import shutil
@@ -10,9 +10,10 @@ import sys
 import pytest
 import torch
 from conftest import TWO_PROCESSES, ZERO, read_logs, run_toy
-from integration.resume.test_resume import assert_same_result, assert_trains_as
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
+
+from integration.resume.test_resume import assert_same_result, assert_trains_as
 
 # ZeRO-2 with PPO only: its two engines cover RLOO's one, and ZeRO-3 runs both (each pair costs a minute of CI), and
 # distillation, whose frozen teacher is partitioned beside the student.

@@ -13,8 +13,8 @@ import psutil
 import pytest
 import torch
 from conftest import MULTI_CPU, ROOT, TWO_PROCESSES, ZERO, free_port, read_logs, run_toy, toy_command
-from integration.resume.test_resume import assert_same_result, assert_trains_as
 
+from integration.resume.test_resume import assert_same_result, assert_trains_as
 from steadyrl.checkpoint import find_resumable_checkpoint
 from steadyrl.ops import leave_one_out_advantages, whiten
 from steadyrl.trainers.loop.preemption import LAUNCHER_ENV

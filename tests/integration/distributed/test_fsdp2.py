@@ -12,12 +12,12 @@ import shutil
 
 import pytest
 import torch
-from integration.algorithms.test_ref_sync import assert_trls_mix_at_each_sync_step
 from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, read_logs, run_toy
-from integration.resume.test_resume import assert_same_result, assert_trains_as
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from integration.algorithms.test_ref_sync import assert_trls_mix_at_each_sync_step
+from integration.resume.test_resume import assert_same_result, assert_trains_as
 from steadyrl.publish.export import export_actor
 
 FSDP2 = CONFIGS / "fsdp2.yaml"

@@ -17,9 +17,9 @@ import tempfile
 import psutil
 import pytest
 from conftest import CONFIGS, TOY_RUN, TWO_PROCESSES, free_port, read_logs
+
 from integration.errors.error_table import matches, table_rows
 from integration.resume.test_resume import assert_same_result
-
 from steadyrl.checkpoint import verify_checkpoint
 from steadyrl.checkpoint.shared_dir import DirectoryView, not_shared_error
 

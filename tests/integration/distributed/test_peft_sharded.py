@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import CONFIGS, MULTI_CPU, TWO_PROCESSES, ZERO, read_logs, run_toy
-from integration.resume.test_resume import TIMINGS
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from integration.resume.test_resume import TIMINGS
 from steadyrl.publish.export import export_actor
 from steadyrl.toy import toy_model_path
 
@@ -133,8 +133,8 @@ def test_lora_trains_like_ddp(runs, ddp_lora):
 
 def test_vllm_gets_the_merged_actor_of_an_fsdp2_lora_run(tmp_path):
     # step 5 samples from the second rollout, with the adapters trained 4 steps merged into the gathered base (ZeRO-3
-    # gathers the whole PeftModel and merges it as on one process: tests/distributed/test_distributed.py covers its
-    # gather)
+    # gathers the whole PeftModel and merges it as on one process: tests/integration/distributed/test_distributed.py
+    # covers its gather)
     vllm = ["use_vllm=true", "vllm_dtype=float32", "max_steps=5"]
     run_toy(tmp_path, "--lora", *TWO_PROCESSES, *vllm, accelerate_config=BACKENDS["fsdp2"])
     logs = read_logs(tmp_path)

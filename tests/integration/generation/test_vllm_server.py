@@ -21,11 +21,11 @@ import pytest
 import torch
 from conftest import read_logs, run_toy
 from peft import LoraConfig, get_peft_model
-from integration.resume.test_resume import assert_same_result
 from support.toy_run import make_trainer
 from support.vllm_serving import ServeProcess, serve_process
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+from integration.resume.test_resume import assert_same_result
 from steadyrl.cli.main import main as steadyrl_main
 from steadyrl.generation import SamplingSettings, VLLMServerError, sampling_seed
 from steadyrl.generation.server_auth import KEY_ENV, KEY_FILE_ENV, default_key_file

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 from conftest import ZERO, read_logs, run_toy
-from integration.publish.test_export import export
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from integration.publish.test_export import export
 from steadyrl.real import arithmetic_dataset, greedy_accuracy, smollm2_path
 
 GRPO = ("--algorithm", "grpo", "--real")

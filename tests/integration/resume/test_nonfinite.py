@@ -1,6 +1,7 @@
 """No non-finite number reaches the weights, the optimizer state, a weight push or a checkpoint: a step whose loss or
 gradient is not finite is skipped and said, a run that keeps producing them stops with its newest checkpoint healthy,
-and a resume passes over a checkpoint an earlier version saved with NaN in it. (DDP and ZeRO-2: tests/distributed.)"""
+and a resume passes over a checkpoint an earlier version saved with NaN in it. (DDP and ZeRO-2:
+tests/integration/distributed.)"""
 
 import json
 import logging

@@ -128,7 +128,7 @@ def test_several_updates_a_rollout_checkpoint_at_multiples_of_save_steps_only(un
     """TRL#2124, TRL#1889: RLOO and PPO with several mini-batches and PPO epochs saved every 2 steps instead of every
     ``save_steps``. The shared toy run updates 4 times a rollout (2 epochs x 2 mini-batches) with save_steps=3:
     checkpoints land at 3, 6, 9 and 12 (two of them inside a rollout) and nowhere else, each holding its own step.
-    (tests/resume/test_checkpoint_cadence.py covers RLOO under gradient accumulation.)"""
+    (tests/integration/resume/test_checkpoint_cadence.py covers RLOO under gradient accumulation.)"""
     import json
 
     run = uninterrupted_run(algorithm)
@@ -230,7 +230,8 @@ def test_draws_generated_ahead_and_their_dropped_groups_are_trained_once_each_af
     falls inside the first rollout, with draws generated ahead and queued; a run resumed from it (a copy: what a run
     killed right after that save leaves) trains, step by step, the prompts and completions the uninterrupted run
     trains (none twice, none skipped) and ends with its weights.
-    (tests/generation/test_async_rollouts.py resumes a run without dynamic sampling, comparing weights and logs.)"""
+    (tests/integration/generation/test_async_rollouts.py resumes a run without dynamic sampling, comparing weights and
+    logs.)"""
     import json
 
     changes = dict(reward_funcs="half_constant", dynamic_sampling=True, max_steps=8, save_steps=3)

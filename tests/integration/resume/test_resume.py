@@ -76,7 +76,8 @@ def assert_summary_covers_whole_run(reference: Path, resumed: Path) -> None:
         assert summary["train_steps_per_second"] * summary["train_runtime"] == pytest.approx(12)
 
 
-# For PPO and online DPO, tests/resume/test_reliability.py's crash fuzzing kills at random moments, inside saves too.
+# For PPO and online DPO, tests/integration/resume/test_reliability.py's crash fuzzing kills at random moments, inside
+# saves too.
 @pytest.mark.parametrize("algorithm", ["rloo", "distillation", "reinforce-pp"], indirect=True)
 def test_sigkill_after_mid_rollout_checkpoint_resumes_identically(uninterrupted, tmp_path, algorithm):
     run_toy(tmp_path, "--algorithm", algorithm, "--kill-after-save", "6", expect_kill=True)

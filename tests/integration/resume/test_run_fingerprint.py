@@ -16,10 +16,10 @@ import textwrap
 import pytest
 import torch
 from conftest import ROOT
-from integration.rewards.test_reward_model_tokenizer import permuted_tokenizer
 from support.toy_run import make_config, make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
 
+from integration.rewards.test_reward_model_tokenizer import permuted_tokenizer
 from steadyrl import RLOOTrainer
 from steadyrl.checkpoint import CheckpointError
 from steadyrl.checkpoint.fingerprint import (

@@ -1,8 +1,8 @@
 """TRL's own trainer tests as the judge of steadyrl's drop-in claim: one command.
 
-    .venv/bin/python tests/trl_suite/run.py                 # both runs, then the comparison
-    .venv/bin/python tests/trl_suite/run.py --variant steadyrl -k test_train_with_eval
-    .venv/bin/python tests/trl_suite/run.py --compare          # the comparison of the logs already written
+    .venv/bin/python tests/integration/trl_suite/run.py            # both runs, then the comparison
+    .venv/bin/python tests/integration/trl_suite/run.py --variant steadyrl -k test_train_with_eval
+    .venv/bin/python tests/integration/trl_suite/run.py --compare  # the comparison of the logs already written
 
 It copies TRL's test files (vendor/, taken verbatim from the TRL repository at the commit in vendor/COMMIT) into a
 temporary directory twice: as they are (the baseline, run against the installed TRL) and with only the trainer and

@@ -1,5 +1,6 @@
 """Checkpoint directories on a tmp dir, with made-up contents: the manifest a commit writes and what verification
-refuses, the scan, rotation and recovery of a commit cut short. The same on real runs: tests/resume/test_manifest.py."""
+refuses, the scan, rotation and recovery of a commit cut short. The same on real runs:
+tests/integration/resume/test_manifest.py."""
 
 from __future__ import annotations
 

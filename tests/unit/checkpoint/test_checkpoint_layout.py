@@ -1,7 +1,7 @@
 """A checkpoint's top level holds the actor's Hugging Face files beside steadyrl's own (checkpoint/layout.py), as a
 transformers.Trainer checkpoint holds its model beside trainer_state.json and optimizer.pt. No name is both: a save
 never overwrites one with the other, and export and push take exactly the actor's files. The same on real runs:
-tests/resume/test_checkpoint_layout.py."""
+tests/integration/publish/test_export.py."""
 
 from __future__ import annotations
 

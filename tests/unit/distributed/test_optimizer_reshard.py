@@ -1,6 +1,6 @@
 """Resharding an optimizer state without the engines: the span reader ZeRO's layouts use, and whole/FSDP2-style
 shards of a real AdamW state put together into a plain optimizer. The engines themselves are in
-tests/distributed (ZeRO-2, ZeRO-3 and FSDP2 resumed 2 -> 1 -> 2)."""
+tests/integration/distributed (ZeRO-2, ZeRO-3 and FSDP2 resumed 2 -> 1 -> 2)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """Where steadyrl's epochs end (trainers/loop/epochs.py), on the samplers alone: a rollout belongs to the pass of its
 first prompt, rollouts drawn ahead count where their prompts are, and a stream's passes once its length is known.
-The events themselves, against TRL: trl_compat/test_trainer_events.py."""
+The events themselves, against TRL: tests/integration/trl_compat/test_trainer_events.py."""
 
 from __future__ import annotations
 
