@@ -42,7 +42,7 @@ def check_json_columns(rows: dict[str, list], staleness: int) -> None:
 def check_ahead_columns(dataset, args, stream_rows: int = 8) -> None:
     """Before any work: the columns besides ``prompt`` that ``max_staleness`` would store (a map-style dataset's
     first row, a stream's first ``stream_rows``; each rollout's rows are checked again as they are drawn)."""
-    if not getattr(args, "max_staleness", 0) or args.remove_unused_columns or dataset is None:
+    if not args.max_staleness or args.remove_unused_columns or dataset is None:
         return
     if is_stream(dataset):
         rows = first_rows(dataset, stream_rows)

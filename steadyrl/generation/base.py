@@ -33,7 +33,7 @@ class SamplingSettings:
             repetition_penalty=args.repetition_penalty,
             extra=dict(args.generation_kwargs or {}),
             cache_implementation=args.cache_implementation,
-            regex=getattr(args, "vllm_structured_outputs_regex", None),
+            regex=args.vllm_structured_outputs_regex,
         )
 
 

@@ -65,7 +65,7 @@ def apply_liger_layer_kernels(model: PreTrainedModel, args) -> None:
     """``use_liger_kernel``: Liger's layer kernels (RMSNorm, RoPE, SwiGLU, ...) patched into the policy, as TRL
     does; its fused linear cross-entropy is refused, since it replaces the forward whose hidden states the chunked
     log-prob head reads. transformers raises ImportError where liger-kernel is not installed."""
-    if not getattr(args, "use_liger_kernel", False):
+    if not args.use_liger_kernel:
         return
     config = dict(args.liger_kernel_config or {})
     if config.get("fused_linear_cross_entropy"):

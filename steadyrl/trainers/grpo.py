@@ -31,6 +31,7 @@ from ..ops import (
 from ..rollout import Advantages, Rollout
 from .config.completions_hub import CompletionsHubOptions
 from .config.dynamic_sampling import DynamicSamplingOptions
+from .config.float32_head import Float32HeadOptions
 from .config.on_policy_config import OnPolicyConfig
 from .config.policy_loss import PolicyLossOptions
 from .config.token_selection import TokenSelectionOptions
@@ -45,7 +46,12 @@ _NOT_HERE = "steadyrl's GRPO does not implement it"
 
 @dataclass
 class GRPOConfig(
-    CompletionsHubOptions, TokenSelectionOptions, PolicyLossOptions, DynamicSamplingOptions, OnPolicyConfig
+    CompletionsHubOptions,
+    Float32HeadOptions,
+    TokenSelectionOptions,
+    PolicyLossOptions,
+    DynamicSamplingOptions,
+    OnPolicyConfig,
 ):
     """``OnPolicyConfig`` plus GRPO's options, with TRL's names and defaults (``beta`` 0: no reference model at all;
     ``loss_type`` ``dapo``; 8 completions per prompt). Each field's ``help`` describes it (docs/configuration.md
@@ -79,13 +85,6 @@ class GRPOConfig(
         default=True, metadata={"help": "Weight the KL term by the importance ratio (TRL's default True)."}
     )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 (TRL's default): no reference model."})
-    cast_lm_head_to_fp32: bool = field(
-        default=False,
-        metadata={
-            "help": "Store the policy's and the reference's LM head in float32 and compute their logits in float32 "
-            "(ScaleRL), for bf16/fp16 training; its gradient is float32 too. A LoRA adapter on lm_head is refused."
-        },
-    )
 
     def __post_init__(self):
         as_bool = {True: "group", False: "none", "true": "group", "false": "none"}  # TRL's booleans; the CLI's text

@@ -54,6 +54,7 @@ from ...reporting.completion_log import CompletionLog
 from ...reporting.run_summary import MetricsLog
 from ...rewards import as_list
 from ...rollout import Rollout, RolloutBuffer
+from ..config.float32_head import Float32HeadOptions
 from ..config.input_checks import check_model_path, check_output_dir, check_train_dataset
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
@@ -212,7 +213,7 @@ class OnPolicyTrainer(
         for module in (m for m in (model, self.ref_model) if m is not None):
             if args.disable_dropout:
                 disable_dropout(module)
-            if getattr(args, "cast_lm_head_to_fp32", False):  # GRPO's (TRL's) float32 LM head
+            if isinstance(args, Float32HeadOptions) and args.cast_lm_head_to_fp32:  # GRPO's (TRL's)
                 cast_lm_head_to_fp32(module)
         callbacks = [GlobalStepCallback(), CheckpointCallback(args.save_final_checkpoint)] + list(callbacks or [])
         super().__init__(
