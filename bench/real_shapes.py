@@ -240,7 +240,7 @@ def phase_timers(library: str) -> None:
     if library.startswith("steadyrl"):
         from steadyrl.trainers import OnPolicyTrainer
 
-        _timed(OnPolicyTrainer, "make_rollout", "rollout_s")
+        _timed(OnPolicyTrainer, "make_rollout_buffer", "rollout_s")
         _timed(OnPolicyTrainer, "train_on_minibatch", "train_s")
         return
     from trl import GRPOTrainer, RLOOTrainer

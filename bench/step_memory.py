@@ -85,13 +85,13 @@ def worker(model: str, steps: int, output_dir: str, result: str) -> None:
 
     from steadyrl import RLOOConfig, RLOOTrainer
     from steadyrl.trainers.loop.learner import Learner
-    from steadyrl.trainers.loop.scoring import ScoringPasses
+    from steadyrl.trainers.loop.rollout_builder import RolloutBuilder
     from steadyrl.trainers.loop.sources import ActorGenerator
 
     path, tokenizer, dataset, reward = task(model)
     peaks = PhasePeaks()
     peaks.around(ActorGenerator, "__call__", "generate")
-    peaks.around(ScoringPasses, "policy_logprobs", "logprobs")
+    peaks.around(RolloutBuilder, "policy_logprobs", "logprobs")
     peaks.around(Learner, "step", "update")
     args = RLOOConfig(
         output_dir=output_dir,

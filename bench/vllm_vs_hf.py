@@ -68,7 +68,7 @@ def make_trainer(model_path: str, output_dir: str, use_vllm: bool, completion_le
 def iterate(trainer: RLOOTrainer) -> dict[str, float]:
     """One rollout and its optimizer steps, as ``train()`` runs them; return its timings."""
     start = time.perf_counter()
-    buffer = trainer.training_buffer.buffer = trainer.make_rollout()
+    buffer = trainer.training_buffer.buffer = trainer.make_rollout_buffer()
     rollout = time.perf_counter() - start
     while not buffer.exhausted:
         trainer.train_on_minibatch(buffer.next_minibatch())

@@ -1,8 +1,8 @@
 """Callbacks that keep global_step moving by exactly one per update and checkpoints on the save_steps grid; usable
 with a plain Trainer too."""
 
-from .checkpoint import CheckpointCallback
 from .global_step import GlobalStepCallback, GlobalStepError
 from .progress import RLProgressCallback
+from .save_steps import CheckpointCallback
 
 __all__ = ["CheckpointCallback", "GlobalStepCallback", "GlobalStepError", "RLProgressCallback"]

@@ -199,7 +199,7 @@ class TeacherCompletions:
         return Generation.concatenate(parts)
 
 
-class GKDSource:
+class GKDSource(RolloutSource):
     """The trainer's rollout source, each rollout on-policy with probability ``lmbda`` (``student_samples`` of the
     draw's number): then the source's own rollout, else the drawn prompts with ``completions``' completions (the
     dataset's or the teacher's). Evaluation's ``complete`` is the student's, as in distillation."""

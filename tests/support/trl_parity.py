@@ -41,9 +41,9 @@ def scoring_inputs(trainer, tokens: TokenBatch) -> dict[str, torch.Tensor]:
     """Old log-probs far enough from the policy's that both clip bounds bind, reference log-probs, advantages of
     both signs."""
     with torch.no_grad():
-        logprobs = trainer.scoring_passes.policy_logprobs(trainer.model, tokens)
+        logprobs = trainer.rollout_builder.policy_logprobs(trainer.model, tokens)
         reference = AutoModelForCausalLM.from_pretrained(toy_model_path())
-        ref_logprobs = trainer.scoring_passes.policy_logprobs(reference, tokens)
+        ref_logprobs = trainer.rollout_builder.policy_logprobs(reference, tokens)
     shift = torch.tensor([[0.4, -0.4, 0.05, 0.3, -0.3]]).repeat(B, 1)
     return {"old": (logprobs + shift) * tokens.completion_mask, "ref": ref_logprobs, "advantages": ADVANTAGES}
 

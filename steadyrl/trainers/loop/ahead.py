@@ -38,8 +38,8 @@ from ...generation.weights import whole_weights
 from ...ops.finite import refuse_nonfinite
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
 from .ahead_worker import AheadWorker
-from .scoring import Scorer
-from .sources import RolloutSource, Sampled
+from .rollout_rewards import Scorer
+from .sources import Sampled, SingleTurnSource
 
 logger = logging.get_logger(__name__)
 
@@ -73,7 +73,7 @@ def state_fields(state) -> dict:
     return {f.name: copy.deepcopy(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name != "log_history"}
 
 
-class AheadSource(RolloutSource):
+class AheadSource(SingleTurnSource):
     """Single-turn rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead, by the
     backend of the source's ``generate`` from copies of its actor's weights."""
 

@@ -193,7 +193,7 @@ class EvaluationMixin:
         """The loss of the evaluation rollout as a training step computes it (the scoring passes, the algorithm's
         advantages, the loss of each micro-batch of ``micro_train_batch_size``, the model in eval mode), averaged over
         the micro-batches and the processes: TRL's ``eval_loss``."""
-        rollout, _ = self.scoring_passes(sampled, scores, {})
+        rollout, _ = self.rollout_builder(sampled, scores, {})
         args, k = self.args, self.args.num_generations_eval or self.args.n_samples_per_prompt
         trained_k, args.n_samples_per_prompt = args.n_samples_per_prompt, k  # groups of the evaluation's size
         try:

@@ -3,7 +3,7 @@ rows become completions through the tool-call loop (agents/turns.py), or through
 
     environment_owned_data()  TRL's environment-owned prompts: no train_dataset, or one without a 'prompt' column
     check_multi_turn()   the arguments checked when the trainer is built -> ``MultiTurn`` and the reward functions
-    MultiTurnSource      ``RolloutSource.complete`` for tools / environments / rollout_func
+    MultiTurnSource      ``SingleTurnSource.complete`` for tools / environments / rollout_func
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ...agents.rollout_func import trajectories_from
 from ...agents.tools import ToolBox
 from ...agents.turns import run_turns
 from ...generation import Generation
-from .sources import RolloutSource
+from .sources import SingleTurnSource
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -134,7 +134,7 @@ def check_multi_turn(
     return multi_turn, reward_funcs + added
 
 
-class MultiTurnSource(RolloutSource):
+class MultiTurnSource(SingleTurnSource):
     """Rollouts whose completions interleave sampled turns with tool results (masked out of the loss by
     ``env_mask``), or come from ``rollout_func(prompts, trainer)``: TRL's API hands the trainer to it, so this source
     holds it (weakly: the trainer holds its source)."""

@@ -1,21 +1,22 @@
 """OnPolicyTrainer: the one training loop that PPO, RLOO, GRPO and online DPO share.
 
-One global step, as ``run_loop`` and ``make_rollout`` call the stages (each an object the trainer holds)::
+One global step, as ``run_loop`` and ``make_rollout_buffer`` call the stages (each an object the trainer holds,
+built from its inputs by stage_wiring.py)::
 
-    sampled  <- rollout_source.next(state)     prompts (PromptDraw) -> completions: sources.py (max_staleness: ahead.py;
-                                          tools / environments / rollout_func: multi_turn.py)
-    scores   <- scorer(sampled)           reward functions and models on TRL's inputs: scoring.py
-                                          (dynamic_sampling: both, repeated until the groups whose rewards differ
-                                          fill the rollout: dynamic_sampling.py)
-    rollout  <- scoring_passes(...)       padded tokens, weighted total, old / reference log-probs: scoring.py
-    rollout  <- + compute_advantages()    the algorithm: grpo.py, rloo.py, ppo.py, online_dpo.py (math in ops/)
-    metrics  <- learner.step(minibatch)   micro-batches -> the algorithm's loss -> backward -> optimizer: learner.py
+    sampled  <- rollout_source.next(state)   prompts (PromptDraw) -> completions: sources.py (max_staleness: ahead.py;
+                                             tools / environments / rollout_func: multi_turn.py)
+    scores   <- scorer(sampled, state)       reward functions and models on TRL's inputs: rollout_rewards.py
+                                             (dynamic_sampling: both, repeated until the groups whose rewards differ
+                                             fill the rollout: dynamic_sampling.py)
+    rollout  <- rollout_builder(...)         padded tokens, total reward, old / reference log-probs: rollout_builder.py
+    rollout  <- + algorithm.advantages()     the algorithm object: grpo.py, rloo.py, ppo.py, ... (math in ops/)
+    metrics  <- learner.step(minibatch, ...) micro-batches -> algorithm.loss -> backward -> optimizer: learner.py
     global_step += 1; the callbacks decide logging, evaluation and the checkpoint (checkpoint/checkpointer.py)
 
 Every stateful part (the prompt sampler and draw, the rollout buffer, rollouts generated ahead, pending metrics, the
-meter, the algorithm's state, RNG) is registered with the checkpointer where it is made. An algorithm subclasses this
-trainer with ``compute_advantages`` and ``compute_loss_on_batch``; one that trains more than the actor (PPO's critic)
-extends ``trained_modules`` and ``prepare_for_training``.
+meter, the algorithm's state, RNG) is registered with the checkpointer where it is made. An algorithm is an
+``Algorithm`` (algorithm.py) its trainer shell builds (trainer_hooks.py); a shell that trains more than the actor
+(PPO's critic) extends ``trained_modules`` and ``prepare_for_training``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ from ..config.input_checks import check_model_path, check_output_dir, check_trai
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
-from .checkpoints import CheckpointMixin
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import whole_rollout_buffer
 from .multi_turn import check_multi_turn, environment_owned_data
@@ -67,6 +67,7 @@ from .preemption import StopSignals
 from .reference_sync import check_reference_sync, sync_reference
 from .reporting import ReportingMixin
 from .run_start import start_run
+from .saving import SavingMixin
 from .stage_wiring import StageWiring
 from .trainer_hooks import TrainerHooks
 from .trl_attributes import TRLAttributesMixin
@@ -77,7 +78,7 @@ logger = logging.get_logger(__name__)
 class OnPolicyTrainer(
     TrainerHooks,
     StageWiring,
-    CheckpointMixin,
+    SavingMixin,
     EvaluationMixin,
     ReportingMixin,
     PublishMixin,
@@ -291,14 +292,14 @@ class OnPolicyTrainer(
                 lock.release()
 
     @torch.no_grad()
-    def make_rollout(self) -> RolloutBuffer:
+    def make_rollout_buffer(self) -> RolloutBuffer:
         """The next rollout, through each stage in order, as a buffer with a fixed mini-batch schedule."""
         if self.dynamic_sampling is not None:  # draws until the groups whose rewards differ fill the rollout
             sampled, scores, metrics = self.dynamic_sampling(self.state)
         else:
             sampled = self.rollout_source.next(self.state)  # prompts -> completions
             scores, metrics = (sampled.scores, {}) if sampled.scores is not None else self.scorer(sampled, self.state)
-        rollout, metrics = self.scoring_passes(sampled, scores, {**metrics, **sampled.metrics})
+        rollout, metrics = self.rollout_builder(sampled, scores, {**metrics, **sampled.metrics})
         added = self.algorithm.advantages(rollout)  # the algorithm's part
         rollout, metrics = rollout.with_advantages(added), {**metrics, **added.metrics}
         step, group = self.state.global_step, self.algorithm.samples_per_group
@@ -334,7 +335,7 @@ class OnPolicyTrainer(
                     current = self.training_buffer
                     if current.needs_rollout:
                         self.epochs.rollout_begins()
-                        current.buffer = self.make_rollout()
+                        current.buffer = self.make_rollout_buffer()
                         self.meter.tokens += current.counted_tokens()
                     metrics = self.train_on_minibatch(current.next_minibatch())
                     self.pending_metrics.record({**current.buffer.metrics, **metrics})

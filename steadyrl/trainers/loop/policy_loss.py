@@ -11,7 +11,7 @@ from transformers.utils import logging
 from ...ops import POLICY_LOSSES, completion_logprobs
 from ...rollout import Advantages, Rollout
 from .algorithm import Algorithm, Processes
-from .scoring import engine_check
+from .rollout_builder import engine_check
 
 logger = logging.get_logger(__name__)
 

@@ -5,12 +5,13 @@
     complete()   completions for given prompt rows (evaluation reuses it)
     drain()      wait for work in flight (before a checkpoint or an evaluation); close() at the end
 
-Implementations: ``RolloutSource`` itself (single-turn, synchronous), ``MultiTurnSource`` (tools, environments,
+Implementations: ``SingleTurnSource`` (synchronous), ``MultiTurnSource`` (tools, environments,
 ``rollout_func``: multi_turn.py) and ``AheadSource`` (``max_staleness``: generated and scored ahead, ahead.py).
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import time
@@ -130,7 +131,25 @@ class ActorGenerator:
         return Generation.concatenate(parts)
 
 
-class RolloutSource:
+class RolloutSource(abc.ABC):
+    """Where a rollout's completions come from (the module docstring lists the implementations)."""
+
+    @abc.abstractmethod
+    def next(self, state) -> Sampled:
+        """The next rollout's completions of this process's share of its prompts; ``state``: the trainer's now."""
+
+    @abc.abstractmethod
+    def complete(self, prompts: list, columns: dict, seeds: list[int], version: int, chunk: int | None = None):
+        """``(prompts, prompt_ids, prompts truncated, generation)`` for given prompt rows (evaluation)."""
+
+    def drain(self) -> None:  # noqa: B027 (nothing in flight where rollouts are generated when asked)
+        """Wait for work in flight (before a checkpoint or an evaluation)."""
+
+    def close(self) -> None:  # noqa: B027 (nothing held by default)
+        """Release what the source holds, at the end of ``train()``."""
+
+
+class SingleTurnSource(RolloutSource):
     """Single-turn rollouts, generated when asked: each prompt tokenized (chat template for conversations), cut to
     ``max_prompt_length``, and completed once."""
 
@@ -161,9 +180,3 @@ class RolloutSource:
     def tokenize(self, prompts: list) -> list[list[int]]:
         """The token ids the policy sees for each prompt, before truncation to ``max_prompt_length``."""
         return tokenize_prompts(prompts, self.tokenizer, self.conversational, self.args.chat_template_kwargs)
-
-    def drain(self) -> None:
-        """Nothing in flight: rollouts are generated when asked."""
-
-    def close(self) -> None:
-        pass

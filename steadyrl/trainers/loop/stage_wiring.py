@@ -13,8 +13,9 @@ from .epochs import Epochs
 from .learner import Learner
 from .loop_state import PendingMetrics, TrainingBuffer
 from .multi_turn import MultiTurnSource
-from .scoring import Scorer, ScoringPasses
-from .sources import ActorGenerator, PromptDraw, RolloutSource
+from .rollout_builder import RolloutBuilder
+from .rollout_rewards import Scorer
+from .sources import ActorGenerator, PromptDraw, SingleTurnSource
 
 
 class StageWiring:
@@ -36,14 +37,14 @@ class StageWiring:
             on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
             self.rollout_source = AheadSource(self.scorer, on_worker, *source_args)
         else:
-            self.rollout_source = RolloutSource(*source_args)
+            self.rollout_source = SingleTurnSource(*source_args)
         self.rollout_source = self.algorithm_source(self.rollout_source)
         self.dynamic_sampling = None
         if isinstance(args, DynamicSamplingOptions) and args.dynamic_sampling:
             parts = (self.rollout_source, self.scorer, self.rewards, tokenizer.eos_token_id, self.accelerator, args)
             self.dynamic_sampling = DynamicSampling(*parts)
         offload_reference = args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
-        self.scoring_passes = ScoringPasses(
+        self.rollout_builder = RolloutBuilder(
             args,
             tokenizer,
             self.accelerator.device,

@@ -19,14 +19,14 @@ ROLLOUT_PROMPTS, K = 4, 2  # support/toy_run.py's rollout: 4 prompts x 2 samples
 
 def record_rollouts(trainer) -> list:
     """Every rollout the trainer makes, as it trains on it."""
-    rollouts, make_rollout = [], trainer.make_rollout
+    rollouts, make_rollout_buffer = [], trainer.make_rollout_buffer
 
     def recorded():
-        buffer = make_rollout()
+        buffer = make_rollout_buffer()
         rollouts.append(buffer.rollout)
         return buffer
 
-    trainer.make_rollout = recorded
+    trainer.make_rollout_buffer = recorded
     return rollouts
 
 
@@ -135,7 +135,7 @@ def test_multi_turn_rollouts_are_filtered_after_their_tool_calls(tmp_path):
 
 
 def test_the_filter_reads_the_total_reward_the_rollout_holds(tmp_path):
-    """Weighted rewards (None left out) less missing_eos_penalty: what ScoringPasses puts in Rollout.scores."""
+    """Weighted rewards (None left out) less missing_eos_penalty: what RolloutBuilder puts in Rollout.scores."""
     trainer = make_trainer(
         tmp_path,
         algorithm="rloo",
@@ -153,7 +153,7 @@ def test_the_filter_reads_the_total_reward_the_rollout_holds(tmp_path):
         generation_time=0.0,
     )
     scores = torch.tensor([[0.5, 0.5], [0.5, float("nan")], [0.1, 0.2], [0.3, 0.0]])
-    rollout = trainer.scoring_passes.padded(
+    rollout = trainer.rollout_builder.padded(
         sampled.prompt_ids, sampled.generation.completion_ids, scores, False, sampled.generation
     )
     totals = trainer.dynamic_sampling.totals(sampled, scores)

@@ -51,7 +51,7 @@ def test_loss_equals_trls_generalized_jsd_loss(tmp_path, trl_gkd, beta):
     labels -100 outside the completions, as TRL's ``compute_loss`` calls it (``temperature`` samples only: the loss is
     at temperature 1), up to float32 rounding."""
     trainer = gkd_trainer(tmp_path, beta=beta, lmbda=0.0, temperature=0.7, **ONE_BATCH)
-    batch = trainer.make_rollout().next_minibatch()
+    batch = trainer.make_rollout_buffer().next_minibatch()
     assert len(batch) == 4
     loss, _ = trainer.algorithm.loss(trainer.model, batch)
 

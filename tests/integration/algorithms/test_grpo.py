@@ -75,7 +75,7 @@ def test_rloo_loss_and_gradients_equal_trl(tmp_path, loss_type):
     tokens = fixed_batch(trainer.processing_class.pad_token_id)
     given = scoring_inputs(trainer, tokens)
     with torch.no_grad():  # sequence ratios near 1: both sides of the clip and inside it
-        old = given["old"] * 0.2 + trainer.scoring_passes.policy_logprobs(trainer.model, tokens) * 0.8
+        old = given["old"] * 0.2 + trainer.rollout_builder.policy_logprobs(trainer.model, tokens) * 0.8
     per_micro_batch = torch.full((B,), GENERATION_TOKENS / STEPS_PER_GENERATION)
     batch = Rollout(
         **vars(tokens),

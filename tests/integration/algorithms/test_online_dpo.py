@@ -109,7 +109,7 @@ def steadyrl_loss(trainer, pairs):
         completion_mask=torch.stack(masks),
     )
     with torch.no_grad():
-        ref_logprobs = trainer.scoring_passes.reference_logprobs(tokens)
+        ref_logprobs = trainer.rollout_builder.reference_logprobs(tokens)
     rollout = Rollout(**vars(tokens), scores=torch.tensor(scores), ref_logprobs=ref_logprobs)
     rollout = rollout.with_advantages(trainer.algorithm.advantages(rollout))
     return trainer.algorithm.loss(trainer.model, rollout)
@@ -284,7 +284,7 @@ def test_missing_eos_penalty_decides_otherwise_equal_pairs(tmp_path):
         micro_train_batch_size=16,
         max_completion_length=6,
     )
-    rollout = trainer.make_rollout().rollout
+    rollout = trainer.make_rollout_buffer().rollout
     eos = trainer.processing_class.eos_token_id
     mask, ids = rollout.completion_mask, rollout.completion_ids
     ends_with_eos = ids.gather(1, (mask.sum(1) - 1).clamp(min=0)[:, None]).squeeze(1) == eos  # [N]

@@ -59,7 +59,7 @@ def test_reference_logprobs_come_from_the_base_model(tmp_path, algorithm):
     tokens = TokenBatch(**pad_prompts_and_completions([[3, 4, 40]], [[5, 6, 1]], trainer.processing_class.pad_token_id))
     temperature = trainer.algorithm.logprob_temperature
     with torch.no_grad():
-        ref = trainer.scoring_passes.reference_logprobs(tokens)
+        ref = trainer.rollout_builder.reference_logprobs(tokens)
         expected = batched_logprobs(plain, tokens.token_tensors, temperature, batch_size=8)
         adapted = batched_logprobs(trainer.model, tokens.token_tensors, temperature, batch_size=8)
     torch.testing.assert_close(ref, expected)

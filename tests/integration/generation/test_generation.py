@@ -31,5 +31,5 @@ def test_hf_generate_takes_the_whole_rollout_in_one_call_unless_capped(tmp_path,
         return generate(input_ids=input_ids, **kwargs)
 
     trainer.model.generate = recording
-    rollout = trainer.make_rollout().rollout
+    rollout = trainer.make_rollout_buffer().rollout
     assert sizes == calls and len(rollout) == 8  # toy_run: 4 prompts x 2 samples

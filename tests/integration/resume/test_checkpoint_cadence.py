@@ -122,13 +122,13 @@ def test_a_step_begins_before_the_rollout_it_needs_and_callbacks_come_in_trainer
 
     recorder = RecordEvents()
     trainer = make_trainer(tmp_path / "rl", callbacks=[recorder], max_steps=5, save_steps=3, max_completion_length=4)
-    make_rollout = trainer.make_rollout
+    make_rollout_buffer = trainer.make_rollout_buffer
 
     def recorded_rollout():
         recorder.events.append(("rollout", trainer.state.global_step))
-        return make_rollout()
+        return make_rollout_buffer()
 
-    trainer.make_rollout = recorded_rollout
+    trainer.make_rollout_buffer = recorded_rollout
     trainer.train()
     steps = [[("begin", s), ("end", s + 1), ("log", s + 1)] + [("save", 3)] * (s == 2) for s in range(5)]
     for s in (0, 4):

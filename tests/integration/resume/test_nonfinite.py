@@ -114,7 +114,7 @@ def test_a_run_that_keeps_producing_them_stops_with_its_newest_checkpoint_health
     trainer = make_trainer(tmp_path, algorithm="grpo", max_steps=6, save_steps=2, max_consecutive_nonfinite_steps=2)
     poison_gradient(trainer, [3, 4, 5, 6])
     rows = []
-    trainer.scoring_passes = recording_prompt_rows(trainer.scoring_passes, rows)
+    trainer.rollout_builder = recording_prompt_rows(trainer.rollout_builder, rows)
     with pytest.raises(NonFiniteUpdateError) as raised:
         trainer.train()
     message = str(raised.value)

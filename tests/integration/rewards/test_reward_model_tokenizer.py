@@ -69,7 +69,7 @@ def expected_text_scores(trainer, original, reward_tokenizer, new_id) -> tuple[t
     tokenizer (one token per character: "mnu 5505" is 8 tokens, where the policy's tokenizer may merge " 5"), mapped
     back to the original model's ids and scored at their last token."""
     policy_tokenizer = trainer.processing_class
-    rollout = trainer.make_rollout().rollout
+    rollout = trainer.make_rollout_buffer().rollout
     prompts = policy_tokenizer.batch_decode(
         [ids[mask.bool()] for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)]
     )

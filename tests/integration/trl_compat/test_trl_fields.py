@@ -126,10 +126,10 @@ def test_remove_unused_columns_passes_no_dataset_column_to_the_reward_functions(
         seen.append(set(kwargs))
         return [0.0] * len(completions)
 
-    make_trainer(tmp_path, reward_funcs=[recording], remove_unused_columns=True).make_rollout()
+    make_trainer(tmp_path, reward_funcs=[recording], remove_unused_columns=True).make_rollout_buffer()
     always = {"prompts", "completion_ids", "trainer_state", "log_metric", "log_extra"}  # TRL's: never a column
     assert seen == [always]
-    make_trainer(tmp_path, reward_funcs=[recording]).make_rollout()
+    make_trainer(tmp_path, reward_funcs=[recording]).make_rollout_buffer()
     assert seen[-1] == always | {"letters"}
 
 

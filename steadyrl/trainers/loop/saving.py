@@ -20,7 +20,7 @@ from .preemption import stopped_status
 logger = logging.get_logger(__name__)
 
 
-class CheckpointMixin:
+class SavingMixin:
     """The checkpoint half of ``OnPolicyTrainer`` (a mixin of it: it uses the trainer's state and checkpointer)."""
 
     def save_if_due(self, preempted: bool = False) -> bool:

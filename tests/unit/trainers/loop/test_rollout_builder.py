@@ -12,8 +12,8 @@ from steadyrl.generation import Generation
 from steadyrl.ops import completion_logprobs
 from steadyrl.toy.task import build_model, build_tokenizer
 from steadyrl.trainers.loop.algorithm import Processes
-from steadyrl.trainers.loop.rollout_rewards import RolloutRewards
-from steadyrl.trainers.loop.scoring import Scorer, ScoringPasses
+from steadyrl.trainers.loop.rollout_builder import RolloutBuilder
+from steadyrl.trainers.loop.rollout_rewards import RolloutRewards, Scorer
 from steadyrl.trainers.loop.sources import Sampled
 from steadyrl.trainers.rloo import RLOO
 
@@ -28,7 +28,7 @@ def parts(tmp_path, **settings):
     policy, reference = build_model(tokenizer, seed=0).eval(), build_model(tokenizer, seed=1).eval()
     algorithm = RLOO(args, Processes(Accelerator(cpu=True)), tokenizer.eos_token_id, policy)
     rewards = RolloutRewards([length_reward, lambda completions, **kw: [1.0] * len(completions)], torch.ones(2), args)
-    passes = ScoringPasses(
+    passes = RolloutBuilder(
         args, tokenizer, torch.device("cpu"), algorithm, rewards, policy, reference, args.beta > 0, False
     )
     return tokenizer, args, policy, reference, rewards, passes

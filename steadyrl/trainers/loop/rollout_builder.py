@@ -1,11 +1,7 @@
-"""The scorer and the scoring passes: a sampled rollout's reward scores, then the padded ``Rollout`` with its
-weighted total and the log-probs the loss needs besides its own (the sampling policy's, the reference's), with
-vLLM's log-probs checked against the trainer's.
-
-    Scorer          the rewards' scores (reward functions and models, or a judge) on TRL's inputs -> [N, num_rewards]
-    ScoringPasses   padded tokens, total reward, old and reference log-probs -> ``Rollout``; ``engine_check``
-
-Each is built from its inputs: the rewards (rollout_rewards.py), the tokenizer, the algorithm, the models.
+"""The rollout builder: a sampled, scored rollout as the typed ``Rollout`` the algorithm reads, with the padded
+tokens, each sample's total reward and the log-probs the loss needs besides its own (the sampling policy's, the
+reference's), and vLLM's log-probs checked against the trainer's (``engine_check``). Built from its inputs: the
+rewards (rollout_rewards.py), the tokenizer, the algorithm, the models.
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ import dataclasses
 
 import torch
 
-from ...agents.turns import Trajectories
-from ...data.prompts import as_completions, prompt_texts
 from ...distributed.placement import offloaded
 from ...generation import Generation
 from ...ops import (
@@ -26,7 +20,6 @@ from ...ops import (
     masked_mean,
     pad_prompts_and_completions,
 )
-from ...rewards import RewardInputs
 from ...rollout import Rollout, TokenBatch, engine_logprob_tensor, rollout_metrics
 from ..config.policy_loss import PolicyLossOptions
 from .algorithm import Algorithm
@@ -34,50 +27,9 @@ from .rollout_rewards import RolloutRewards
 from .sources import Sampled
 
 
-def trajectory_fields(generation: Generation) -> dict:
-    """What a multi-turn generation adds to the reward inputs: the conversations and extra keyword arguments."""
-    if not isinstance(generation, Trajectories):
-        return {}
-    fields = {"extra": generation.reward_kwargs}
-    return fields if generation.completions is None else {**fields, "completions": generation.completions}
-
-
-class Scorer:
-    """Scores a sampled rollout's completions with ``rewards`` (reward functions and models, or online DPO's judge)
-    on the inputs TRL's reward functions receive.
-
-    Example::
-
-        scores, metrics = Scorer(rewards, tokenizer, conversational=False, args=args)(sampled, trainer.state)
-    """
-
-    def __init__(self, rewards: RolloutRewards, tokenizer, conversational: bool, args) -> None:
-        self.rewards, self.tokenizer, self.conversational, self.args = rewards, tokenizer, conversational, args
-
-    def __call__(self, sampled: Sampled, state, tokenizer=None) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores [N, num_rewards] with ``state`` as ``trainer_state``, and the metrics the reward functions logged;
-        ``tokenizer`` decodes (default the policy's; a worker thread passes its own)."""
-        inputs = self.reward_inputs(sampled.prompts, sampled.prompt_ids, sampled.generation, sampled.columns, tokenizer)
-        return self.rewards.score(inputs, state), inputs.metric_means()
-
-    def reward_inputs(self, prompts, prompt_ids, generation: Generation, columns: dict, tokenizer=None) -> RewardInputs:
-        """What reward functions and judges see of the completions, in TRL's conventions."""
-        tok, kwargs = tokenizer or self.tokenizer, self.args.chat_template_kwargs
-        texts = tok.batch_decode(generation.completion_ids, skip_special_tokens=True)
-        inputs = RewardInputs(
-            prompts=prompts,
-            completions=as_completions(texts, self.conversational),
-            completion_ids=generation.completion_ids,
-            columns=columns,
-            prompt_ids=prompt_ids,
-            completion_texts=texts,
-            prompt_texts=prompt_texts(prompts, tok, self.conversational, kwargs),
-        )
-        return dataclasses.replace(inputs, **trajectory_fields(generation))
-
-
-class ScoringPasses:
-    """The passes over a scored rollout before training: the sampling policy's log-probs where the loss needs them
+class RolloutBuilder:
+    """A scored rollout as a ``Rollout``, with the passes over it before training: the sampling policy's log-probs where
+    the loss needs them
     apart from its own pass (``needs_old_logprobs``), the reference's where a KL term reads them, and the check of
     vLLM's log-probs (``engine_check``).
 
@@ -94,8 +46,8 @@ class ScoringPasses:
 
     Example::
 
-        passes = ScoringPasses(args, tokenizer, device, algorithm, rewards, model, ref_model, True, False)
-        rollout, metrics = passes(sampled, scores, {})
+        build = RolloutBuilder(args, tokenizer, device, algorithm, rewards, model, ref_model, True, False)
+        rollout, metrics = build(sampled, scores, {})
     """
 
     def __init__(
