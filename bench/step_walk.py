@@ -4,8 +4,8 @@ steadyrl function from a different file, from ``on_step_begin`` to ``on_step_end
 
     python bench/step_walk.py [--algorithm grpo] [--all]
 
-Prints each file entered from another file, in the order first entered, with the number of its functions entered
-that way (``--all``: every file; default: trainers/ only) and the totals. docs/architecture.md's walk is this list.
+Prints each file entered from another file, in the order first entered, with the number of calls into it from
+another file (2 micro-batches repeat the loss's) and of its functions entered that way (``--all``: every file; default: trainers/ only) and the totals. docs/architecture.md's walk is this list.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class StepWalk(TrainerCallback):
 
     def __init__(self) -> None:
         self.entries: dict[str, set[str]] = defaultdict(set)  # file -> its functions entered from elsewhere
+        self.times: dict[str, int] = defaultdict(int)  # file -> calls into it from another file
         self.order: list[str] = []
         self.done = False
 
@@ -42,6 +43,7 @@ class StepWalk(TrainerCallback):
         if name not in self.entries:
             self.order.append(name)
         self.entries[name].add(frame.f_code.co_qualname)
+        self.times[name] += 1
 
     def on_step_begin(self, args, state, control, **kwargs):
         if not self.done:
@@ -62,7 +64,8 @@ def main() -> None:
         make_trainer(output_dir, algorithm=options.algorithm, callbacks=[walk], max_steps=1, save_steps=1).train()
     shown = [name for name in walk.order if options.all or name.startswith("steadyrl/trainers/")]
     for name in shown:
-        print(f"{name:55s} {len(walk.entries[name]):3d}  {', '.join(sorted(walk.entries[name]))}")
+        functions = ", ".join(sorted(walk.entries[name]))
+        print(f"{name:48s} {walk.times[name]:4d} calls  {len(walk.entries[name]):2d} functions: {functions}")
     trainers = [name for name in walk.order if name.startswith("steadyrl/trainers/")]
     print(f"{len(trainers)} files in trainers/, {len(walk.order)} in all")
 
