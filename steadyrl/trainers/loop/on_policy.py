@@ -340,8 +340,9 @@ class OnPolicyTrainer(
                     metrics = self.train_on_minibatch(current.next_minibatch())
                     self.pending_metrics.record({**current.buffer.metrics, **metrics})
                     self.state.global_step += 1
-                    main = self.accelerator.is_main_process
-                    sync_reference(args, self.state.global_step, self.model, self.reference_module, main)
+                    if args.sync_ref_model:  # TR-DPO: the reference moves towards the policy
+                        main = self.accelerator.is_main_process
+                        sync_reference(args, self.state.global_step, self.model, self.reference_module, main)
                     self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self.report_step()  # log and evaluate as the callbacks decided

@@ -55,7 +55,7 @@ class TokenSelection:
     """
 
     def __init__(self, args, processes: Processes) -> None:
-        self.args, self.processes = args, processes
+        self.args, self.processes, self.bonus_on = args, processes, args.entropy_bonus_on
         self.state = EntropyCoefficient(args.entropy_coef)
         self.step_entropy: torch.Tensor | None = None  # [2]: entropy sum and tokens over this step's micro-batches
 
@@ -85,7 +85,7 @@ class TokenSelection:
         """``loss`` less the entropy bonus (``entropy_coef``), and the policy loss alone as a metric; ``loss``
         unchanged without one. In ``training``, the step's entropy over the trained tokens is summed for the
         adaptive coefficient."""
-        if not self.args.entropy_bonus_on:
+        if not self.bonus_on:
             return loss, {}
         if training:
             sums = torch.stack([(entropy.detach() * selected).sum(), selected.sum()]).double()
@@ -100,7 +100,7 @@ class TokenSelection:
         """(``use_adaptive_entropy``) the coefficient for the next step; ``entropy_coef`` logged with any bonus."""
         if self.args.use_adaptive_entropy:
             self.update_coefficient(refused)
-        return {"entropy_coef": self.state.coef} if self.args.entropy_bonus_on else {}
+        return {"entropy_coef": self.state.coef} if self.bonus_on else {}
 
     def update_coefficient(self, refused: dict[str, str]) -> None:
         """The adaptive coefficient from the step's mean entropy over every process's trained tokens."""
