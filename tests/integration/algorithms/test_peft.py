@@ -12,7 +12,7 @@ from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
 PEFT_RUN = dict(max_steps=4, save_steps=2, max_completion_length=6, lr_scheduler_type="constant", warmup_steps=0)
 
 
-@pytest.fixture(params=["rloo", "ppo", "online-dpo"])
+@pytest.fixture(params=["rloo", "ppo", "online-dpo", "reinforce-pp"])
 def algorithm(request):
     return request.param
 

@@ -229,8 +229,9 @@ def test_a_one_process_run_resumes_on_two_processes_and_trains_what_it_would_hav
 
 
 def test_vllm_under_zero3_generates_with_the_gathered_actor_and_keeps_the_process_group(tmp_path):
+    # REINFORCE++'s run (RLOO runs vLLM under ZeRO-3 in generation/test_vllm_lora.py)
     vllm = ["use_vllm=true", "vllm_dtype=float32", "max_steps=6"]
-    run_toy(tmp_path, *TWO_PROCESSES, *vllm, accelerate_config=ZERO["zero3"])
+    run_toy(tmp_path, "--algorithm", "reinforce-pp", *TWO_PROCESSES, *vllm, accelerate_config=ZERO["zero3"])
     logs = read_logs(tmp_path)
     assert sorted(logs) == list(range(1, 7))
     for step, entry in logs.items():  # vLLM's log-probs of its samples are the trainer's: the push was whole

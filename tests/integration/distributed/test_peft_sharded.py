@@ -134,9 +134,10 @@ def test_lora_trains_like_ddp(runs, ddp_lora):
 def test_vllm_gets_the_merged_actor_of_an_fsdp2_lora_run(tmp_path):
     # step 5 samples from the second rollout, with the adapters trained 4 steps merged into the gathered base (ZeRO-3
     # gathers the whole PeftModel and merges it as on one process: tests/integration/distributed/test_distributed.py
-    # covers its gather)
+    # covers its gather); REINFORCE++'s run (the runs above are RLOO's)
     vllm = ["use_vllm=true", "vllm_dtype=float32", "max_steps=5"]
-    run_toy(tmp_path, "--lora", *TWO_PROCESSES, *vllm, accelerate_config=BACKENDS["fsdp2"])
+    flags = ["--algorithm", "reinforce-pp", "--lora", *TWO_PROCESSES, *vllm]
+    run_toy(tmp_path, *flags, accelerate_config=BACKENDS["fsdp2"])
     logs = read_logs(tmp_path)
     assert sorted(logs) == list(range(1, 6))
     for step, entry in logs.items():  # vLLM's log-probs of its samples are the trainer's: the push was W + scale x BA

@@ -229,10 +229,11 @@ def test_sleep_mode_on_cpu_warns_that_it_does_nothing(tmp_path, caplog):
     assert "vllm_enable_sleep_mode has no effect on cpu" in caplog.text
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "online-dpo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "online-dpo", "reinforce-pp"])
 def test_engine_logprobs_match_the_trainers_at_its_temperature(tmp_path, algorithm):
-    """GRPO's (and RLOO's) loss uses log-probs at the sampling temperature (vLLM's processed log-probs); online DPO's
-    use the policy's own distribution (vLLM's raw log-probs). Either way the health metric compares like with like.
+    """GRPO's (and RLOO's, REINFORCE++'s) loss uses log-probs at the sampling temperature (vLLM's processed
+    log-probs); online DPO's use the policy's own distribution (vLLM's raw log-probs). Either way the health metric
+    compares like with like.
     GRPO runs with the truncated importance-sampling correction: its weights pi_trainer / pi_vLLM sit at 1."""
     extra = (
         {"vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate", "beta": 0.04}

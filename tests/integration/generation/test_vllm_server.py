@@ -200,8 +200,9 @@ def test_a_lora_actor_pushes_its_adapter_alone_over_the_keyed_api(server, tmp_pa
 
 def test_a_lora_run_samples_with_its_adapter_on_the_server(server, tmp_path):
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    trainer = make_trainer(
+    trainer = make_trainer(  # REINFORCE++: the module's other runs are RLOO's
         tmp_path,
+        algorithm="reinforce-pp",
         peft_config=lora,
         max_steps=3,
         train_batch_size=8,
