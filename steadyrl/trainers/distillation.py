@@ -248,11 +248,9 @@ class DistillationTrainer(OnPolicyTrainer):
             teacher, [], self.accelerator.device, zero3_config, args.ref_reward_offload
         )
 
-    def make_algorithm(self) -> Distillation:
+    def algorithm_inputs(self) -> tuple:
         offload = self.args.ref_reward_offload and not self.zero3  # ZeRO-3: the engine offloads
-        vocab_size = self.model.config.get_text_config().vocab_size
-        eos, processes = self.processing_class.eos_token_id, Processes(self.accelerator)
-        return self.algorithm_class(self.args, processes, eos, self.teacher_model, vocab_size, offload)
+        return self.teacher_model, self.model.config.get_text_config().vocab_size, offload
 
     # ---- no rewards: the teacher is the signal -------------------------------------------------------------------
 

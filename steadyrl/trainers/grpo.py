@@ -182,9 +182,8 @@ class GRPOTrainer(OnPolicyTrainer):
     config_class = GRPOConfig
     algorithm_class = GRPO
 
-    def make_algorithm(self) -> GRPO:
-        eos = self.processing_class.eos_token_id
-        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.model, self.reward_weights)
+    def algorithm_inputs(self) -> tuple:
+        return self.model, self.reward_weights
 
     @property
     def entropy_coef(self) -> float:

@@ -324,9 +324,8 @@ class OnlineDPOTrainer(OnPolicyTrainer):
         )
         self.identity.update(judge_identity(judge))
 
-    def make_algorithm(self) -> OnlineDPO:
-        eos = self.processing_class.eos_token_id
-        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.sampler)
+    def algorithm_inputs(self) -> tuple:
+        return (self.sampler,)
 
     @property
     def beta(self) -> float:

@@ -347,9 +347,8 @@ class PPOTrainer(OnPolicyTrainer):
         broadcast_at_prepare(self.accelerator, critic)
         self.identity.update(model_identity("critic", critic))
 
-    def make_algorithm(self) -> PPO:
-        eos = self.processing_class.eos_token_id
-        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.critic)
+    def algorithm_inputs(self) -> tuple:
+        return (self.critic,)
 
     def reward_model_reads_policy_tokens(self) -> bool:
         scorer = next(func for func in self.reward_funcs if isinstance(func, RewardModelFunction))

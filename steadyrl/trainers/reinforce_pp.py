@@ -26,7 +26,6 @@ from ..rollout import Advantages, Rollout
 from .config.on_policy_config import OnPolicyConfig
 from .config.policy_loss import PolicyLossOptions
 from .config.trl_names import Synonym, views_of
-from .loop.algorithm import Processes
 from .loop.on_policy import OnPolicyTrainer
 from .loop.policy_loss import PolicyGradient
 
@@ -216,6 +215,5 @@ class ReinforcePPTrainer(OnPolicyTrainer):
     config_class = ReinforcePPConfig
     algorithm_class = ReinforcePP
 
-    def make_algorithm(self) -> ReinforcePP:
-        eos = self.processing_class.eos_token_id
-        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.model)
+    def algorithm_inputs(self) -> tuple:
+        return (self.model,)

@@ -21,7 +21,6 @@ from ..rollout import Advantages, Rollout
 from .config.dynamic_sampling import DynamicSamplingOptions
 from .config.on_policy_config import OnPolicyConfig
 from .config.policy_loss import PolicyLossOptions, loss_type_help
-from .loop.algorithm import Processes
 from .loop.on_policy import OnPolicyTrainer
 from .loop.policy_loss import PolicyGradient
 
@@ -123,6 +122,5 @@ class RLOOTrainer(OnPolicyTrainer):
     config_class = RLOOConfig
     algorithm_class = RLOO
 
-    def make_algorithm(self) -> RLOO:
-        eos = self.processing_class.eos_token_id
-        return self.algorithm_class(self.args, Processes(self.accelerator), eos, self.model)
+    def algorithm_inputs(self) -> tuple:
+        return (self.model,)

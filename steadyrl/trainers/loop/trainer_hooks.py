@@ -21,8 +21,15 @@ class TrainerHooks:
     # before any model exists: ``uses_rewards``, ``needs_reference(args)``, ``samples_per_group``)
 
     def make_algorithm(self) -> Algorithm:
-        """The algorithm, built from the config and its inputs once the models exist."""
-        return self.algorithm_class(self.args, Processes(self.accelerator), self.processing_class.eos_token_id)
+        """The algorithm, built from the config, the processes, the tokenizer's EOS and ``algorithm_inputs()``, once
+        the models exist."""
+        eos = self.processing_class.eos_token_id
+        return self.algorithm_class(self.args, Processes(self.accelerator), eos, *self.algorithm_inputs())
+
+    def algorithm_inputs(self) -> tuple:
+        """What the algorithm is built with besides the config, the processes and EOS (GRPO: the policy and the reward
+        weights; PPO: the critic; ...)."""
+        return ()
 
     def add_algorithm_models(self) -> None:
         """Load the models the algorithm needs beyond the policy, the reference and the reward models (PPO's critic,
