@@ -1,6 +1,6 @@
 """Plain HTTP servers of the standard library on 127.0.0.1: one with a fixed answer (a proxy, a redirect, or a
 service that is not a vLLM server, for the tests of the vLLM server's client,
-tests/integration/generation/test_server_client.py, and its error table rows), and a reward service that answers
+tests/unit/generation/test_server_client.py, and its error table rows), and a reward service that answers
 errors or refuses connections for a while (tests/integration/resume/test_faults.py)."""
 
 from __future__ import annotations

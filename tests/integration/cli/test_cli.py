@@ -1,25 +1,14 @@
-"""The ``steadyrl`` command line: training from a YAML file plus flags, listing checkpoints, exporting.
-Commands run in-process through ``steadyrl.cli.main.main`` (``python -m steadyrl`` is the same function)."""
+"""The ``steadyrl`` command line: training from a YAML file plus flags, listing checkpoints, exporting, the demos,
+and training on local data files. Commands run in-process through ``steadyrl.cli.main.main`` (``python -m steadyrl``
+is the same function). The commands' help and the refusals before any model is loaded: tests/unit/cli/test_cli.py."""
 
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from datasets import Dataset
+from unit.cli.test_cli import steadyrl, write_dataset
 
-from steadyrl.cli.main import main
-from steadyrl.cli.train import load_prompt_dataset
 from steadyrl.toy import chat_dataset, toy_dataset
-
-
-def steadyrl(capsys, *args):
-    try:
-        code = main([str(arg) for arg in args])
-    except SystemExit as exit:  # argparse errors and --help
-        code = exit.code
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
 
 
 def test_train_from_yaml_with_overrides_then_list_damage_and_export(tmp_path, toy_path, capsys):
@@ -50,31 +39,6 @@ def test_train_from_yaml_with_overrides_then_list_damage_and_export(tmp_path, to
     assert code == 0 and (tmp_path / "actor" / "model.safetensors").is_file(), output
 
 
-def test_bad_yaml_field_and_bad_flag_name_the_problem(tmp_path, capsys):
-    config = tmp_path / "cfg.yaml"
-    config.write_text("output_dir: out\nlearning_rat: 0.1\n")
-    code, output = steadyrl(capsys, "ppo", "--config", config)
-    assert code == 2 and "learning_rat" in output and "unknown field" in output
-    code, output = steadyrl(capsys, "rloo", "--max_stepz", "3")
-    assert code == 2 and "--max_stepz" in output
-
-
-@pytest.mark.parametrize(
-    "flags, expected",
-    [
-        ([], "--model_name_or_path is required"),
-        (["--dataset_name", "my/prompts"], "--model_name_or_path is required"),
-        (["--model_name_or_path", "my/model"], "--dataset_name is required"),
-        (["--toy", "--model_name_or_path", "my/model"], "--toy cannot be combined with --model_name_or_path"),
-        (["--toy", "--dataset_name", "my/prompts"], "--toy cannot be combined with --dataset_name"),
-    ],
-)
-def test_training_needs_toy_or_a_model_and_dataset(tmp_path, capsys, flags, expected):
-    code, output = steadyrl(capsys, "rloo", "--output_dir", tmp_path, *flags)
-    assert code == 2 and f"steadyrl rloo: error: {expected}" in output, output
-    assert not any(tmp_path.iterdir())  # refused before any model was loaded or anything written
-
-
 def test_demo_trains_the_toy_task(tmp_path, toy_path, capsys):
     code, output = steadyrl(capsys, "demo", "--max_steps", "2", "--output_dir", tmp_path)
     assert code == 0, output[-3000:]
@@ -91,21 +55,6 @@ def test_demo_trains_the_real_model(tmp_path, capsys):
     assert "held-out additions: " in output and "% before -> " in output
     assert "-m steadyrl demo --model smollm2" in output and "--resume_from_checkpoint true" in output
     assert (tmp_path / "actor" / "model.safetensors").is_file() and (tmp_path / "reward_curve.png").is_file()
-
-
-@pytest.mark.parametrize(
-    "args, expected",
-    [
-        (["--help"], ["rloo", "ppo", "online-dpo", "demo", "export", "checkpoints"]),
-        (["rloo", "--help"], ["--toy", "--model_name_or_path", "--dataset_name"]),
-        (["demo", "--help"], ["--algorithm", "--max_steps", "--output_dir"]),
-        (["online-dpo", "--help"], ["--config", "--beta", "--reward_funcs"]),
-        (["checkpoints", "--help"], ["resume_from_checkpoint=True"]),
-    ],
-)
-def test_help_describes_each_command(capsys, args, expected):
-    code, output = steadyrl(capsys, *args)
-    assert code == 0 and all(text in output for text in expected), output
 
 
 REWARD_FILE = """
@@ -138,12 +87,6 @@ SMALL_RUN = [
     "--disable_tqdm",
     "true",
 ]
-
-
-def write_dataset(dataset, path: Path) -> Path:
-    writers = {".jsonl": dataset.to_json, ".parquet": dataset.to_parquet, ".csv": dataset.to_csv}
-    writers[path.suffix](str(path))
-    return path
 
 
 @pytest.mark.parametrize(
@@ -205,31 +148,3 @@ def test_trains_a_chat_model_on_a_conversational_data_file(tmp_path, capsys):
     )
     assert code == 0, output[-3000:]
     assert (out / "checkpoint-2").is_dir()
-
-
-def test_local_datasets_load_plain_or_conversational_from_a_file_or_folder(tmp_path):
-    chat = write_dataset(chat_dataset("eval"), tmp_path / "chat.jsonl")
-    dataset = load_prompt_dataset(str(chat))
-    assert isinstance(dataset, Dataset) and len(dataset) == 16
-    assert dataset[0]["prompt"][-1]["role"] == "user" and isinstance(dataset[0]["prompt"][-1]["content"], str)
-    folder = tmp_path / "folder"
-    write_dataset(toy_dataset(num_prompts=8), folder / "train.jsonl")
-    write_dataset(toy_dataset(num_prompts=4, seed=1), folder / "test.jsonl")
-    assert len(load_prompt_dataset(str(folder), "test")) == 4
-    assert load_prompt_dataset(str(folder))["prompt"] == toy_dataset(num_prompts=8)["prompt"]
-
-
-def test_bad_local_dataset_or_reward_file_names_it_before_loading_a_model(tmp_path, toy_path, capsys):
-    (tmp_path / "notes.txt").write_text("abc:\n")
-    run = ["rloo", "--model_name_or_path", toy_path, "--output_dir", tmp_path / "out"]
-    for dataset, problem in [
-        (tmp_path / "missing.jsonl", "no such file or folder"),
-        (tmp_path / "notes.txt", "cannot read .txt files"),
-    ]:
-        code, output = steadyrl(capsys, *run, "--dataset_name", dataset)
-        assert code == 2 and f"--dataset_name {dataset}: {problem}. Give a .json, .jsonl, .parquet" in output, output
-    data = write_dataset(toy_dataset(num_prompts=8), tmp_path / "prompts.csv")
-    for spec in [f"{tmp_path / 'missing.py'}:score", "steadyrl.toy:no_such_reward"]:
-        code, output = steadyrl(capsys, *run, "--dataset_name", data, "--reward_funcs", spec)
-        assert isinstance(code, str) and code.startswith(f"--reward_funcs {spec!r}: cannot import it ("), code
-    assert not (tmp_path / "out").exists()

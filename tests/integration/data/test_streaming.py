@@ -1,6 +1,6 @@
 """A streaming train_dataset (datasets.IterableDataset): accepted with max_steps, read epoch after epoch, resumed at
 the exact row after a SIGKILL (byte-identical to an uninterrupted run), and read in the same order by every process,
-each taking its slice of the rollout."""
+each taking its slice of the rollout. The sampler alone: tests/unit/data/test_stream.py."""
 
 import json
 import os
@@ -9,11 +9,9 @@ import sys
 
 import pytest
 from conftest import MULTI_CPU, ROOT, free_port, read_logs
-from datasets import Dataset, IterableDataset
 from support.stream_run import NUM_PROMPTS, write_prompt_files
 
 from steadyrl.checkpoint.fingerprint import dataset_identity
-from steadyrl.data.stream import StreamSampler
 from steadyrl.toy import toy_dataset
 
 STREAM_RUN = ROOT / "tests" / "support" / "stream_run.py"
@@ -114,64 +112,6 @@ def test_a_stream_sets_the_loader_settings_it_is_read_with(tmp_path, caplog):
     assert (trainer.args.accelerator_config.dispatch_batches, trainer.args.dataloader_num_workers) == (False, 4)
     trainer = make_trainer(tmp_path / "map", dataloader_num_workers=4)
     assert (trainer.args.accelerator_config.dispatch_batches, trainer.args.dataloader_num_workers) == (None, 4)
-
-
-# ---- the sampler alone ------------------------------------------------------------------------------------------
-
-
-def numbers(count: int, shards: int = 2) -> IterableDataset:
-    return Dataset.from_dict({"prompt": [f"p{i}:" for i in range(count)]}).to_iterable_dataset(num_shards=shards)
-
-
-def drawn(sampler: StreamSampler, count: int) -> list[str]:
-    return [row["prompt"] for row in sampler.next(count)]
-
-
-def test_sampler_state_is_json_and_resumes_at_the_exact_row():
-    sampler = StreamSampler(numbers(5))
-    drawn(sampler, 7)  # into the second epoch
-    state = json.loads(json.dumps(sampler.state_dict()))
-    restored = StreamSampler(numbers(5))
-    restored.load_state_dict(state)
-    assert (restored.epoch_index, restored.rows_in_epoch, restored.consumed) == (1, 2, 7)
-    assert drawn(restored, 6) == drawn(sampler, 6) == ["p2:", "p3:", "p4:", "p0:", "p1:", "p2:"]
-
-
-def generated_numbers():
-    yield from ({"prompt": f"p{i}:"} for i in range(16))
-
-
-@pytest.mark.parametrize("kind", ["arrow", "generator"])
-@pytest.mark.parametrize("drawn_before", [2, 13, 21])  # in the first buffer, past its first refill, in epoch 1
-def test_shuffled_stream_resumes_at_the_exact_row(kind, drawn_before):
-    def shuffled():  # datasets restores a shuffle buffer empty: the sampler reads the epoch again instead
-        stream = numbers(16, shards=4) if kind == "arrow" else IterableDataset.from_generator(generated_numbers)
-        return stream.shuffle(seed=0, buffer_size=8)
-
-    sampler = StreamSampler(shuffled())
-    drawn(sampler, drawn_before)
-    restored = StreamSampler(shuffled())
-    restored.load_state_dict(json.loads(json.dumps(sampler.state_dict())))
-    assert drawn(restored, 20) == drawn(sampler, 20)
-
-
-def test_sampler_reshuffles_a_shuffled_stream_each_epoch():
-    sampler = StreamSampler(numbers(16, shards=4).shuffle(seed=0, buffer_size=4))
-    first, second = drawn(sampler, 16), drawn(sampler, 16)
-    assert sorted(first) == sorted(second) and first != second
-    assert sampler.epoch == 2.0
-
-
-def no_rows():
-    yield from ()
-
-
-def test_sampler_checks_the_rows_it_draws():
-    rows = Dataset.from_dict({"prompt": ["a:", "", "c:"]}).to_iterable_dataset()
-    with pytest.raises(ValueError, match=r"train_dataset's row 1 of epoch 0: its prompt is an empty string"):
-        drawn(StreamSampler(rows), 3)
-    with pytest.raises(ValueError, match="yielded no rows in epoch 0"):
-        drawn(StreamSampler(IterableDataset.from_generator(no_rows)), 1)
 
 
 def test_fingerprint_of_a_stream_names_its_first_rows_and_files(data_dir, tmp_path):

@@ -1,6 +1,6 @@
-"""Reward functions as TRL's: async ones awaited concurrently (within reward_timeout), None for the samples a function
-does not apply to (left out of the weighted sum), trainer_state and log_metric passed, and a parameter no call passes
-refused when the trainer is built. The summed rewards are compared with TRL's GRPOTrainer on the same inputs."""
+"""Reward functions as TRL's: the summed rewards (async functions, None for the samples a function does not apply to)
+compared with TRL's GRPOTrainer on the same inputs, a parameter no call passes refused when the trainer is built, and
+None rewards through training, evaluation and resume. Scoring alone (no trainer): tests/unit/test_rewards.py."""
 
 from __future__ import annotations
 
@@ -14,15 +14,11 @@ import torch
 from datasets import Dataset
 from support.toy_run import make_trainer
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from unit.test_rewards import COMPLETIONS, PROMPTS, TASKS, reward_inputs
 
-from steadyrl import RewardFunctionError
 from steadyrl.ops import group_normalized_total
-from steadyrl.rewards import RewardInputs, is_async_reward, score_completions, weighted_total
+from steadyrl.rewards import is_async_reward, score_completions, weighted_total
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path
-
-PROMPTS = ["abc:", "abc:", "xyz:", "xyz:", "mop:", "mop:"]
-COMPLETIONS = ["aab", "zzz", "xyx", "q", "moo", "pp"]
-TASKS = ["letters", "letters", "length", "length", "both", "both"]
 
 
 def length_reward(completions, task, **kwargs):
@@ -52,18 +48,6 @@ def scaled(completions, factor, **kwargs):
 
 REWARDS = [length_reward, async_letters, AsyncVowels(), functools.partial(scaled, factor=0.5)]
 WEIGHTS = [1.0, 2.0, 0.5, -1.0]
-
-
-def reward_inputs() -> RewardInputs:
-    return RewardInputs(
-        prompts=PROMPTS,
-        completions=COMPLETIONS,
-        completion_ids=[[1]] * len(PROMPTS),
-        columns={"task": TASKS},
-        prompt_ids=[[1]] * len(PROMPTS),
-        prompt_texts=PROMPTS,
-        completion_texts=COMPLETIONS,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -114,88 +98,6 @@ def test_normalize_then_sum_is_trls_with_none(trl_grpo):
     mean_k, std_k = torch.nanmean(grouped, dim=1, keepdim=True), nanstd(grouped, dim=1, keepdim=True)
     expected = (((grouped - mean_k) / (std_k + 1e-4)).view(-1, scores.shape[1]) * weights).nansum(dim=1)
     torch.testing.assert_close(group_normalized_total(scores, weights, 2), expected)
-
-
-def test_every_function_returning_none_names_the_sample():
-    def never(completions, **kwargs):
-        return [None] * len(completions)
-
-    def only_first(completions, **kwargs):
-        return [1.0] + [None] * (len(completions) - 1)
-
-    message = (
-        r"every reward function \['never', 'only_first'\] returned None for sample 1 \(prompt 'abc:', "
-        r"completion 'zzz'\); 5 of 6"
-    )
-    with pytest.raises(RewardFunctionError, match=message):
-        score_completions([never, only_first], reward_inputs())
-
-
-def test_a_nan_returned_is_refused_but_none_is_not():
-    def nan_for_first(completions, **kwargs):
-        return [math.nan] + [1.0] * (len(completions) - 1)
-
-    with pytest.raises(RewardFunctionError, match="'nan_for_first' returned a non-finite value"):
-        score_completions([nan_for_first], reward_inputs())
-
-
-def test_async_functions_run_concurrently_in_function_order():
-    events = []
-
-    def slow_then_fast(name: str, value: float, delay: float):
-        async def reward(completions, **kwargs):
-            events.append(f"start {name}")
-            await asyncio.sleep(delay)
-            events.append(f"end {name}")
-            return [value] * len(completions)
-
-        reward.__name__ = name
-        return reward
-
-    scores = score_completions([slow_then_fast("slow", 1.0, 0.2), slow_then_fast("fast", 2.0, 0.05)], reward_inputs())
-    assert events[:2] == ["start slow", "start fast"], f"both must start before either ends: {events}"
-    assert events[2:] == ["end fast", "end slow"]
-    assert scores[0].tolist() == [1.0, 2.0], "the scores keep the functions' order, not the order they finished in"
-
-
-def test_an_async_timeout_names_the_function():
-    async def hangs(completions, **kwargs):
-        await asyncio.sleep(30)
-
-    async def quick(completions, **kwargs):
-        return [1.0] * len(completions)
-
-    with pytest.raises(
-        RewardFunctionError,
-        match=r"async reward function 'hangs' did not return within "
-        r"reward_timeout=0.2 seconds",
-    ):
-        score_completions([quick, hangs], reward_inputs(), timeout=0.2)
-
-
-def test_an_async_failure_names_the_function():
-    async def broken(completions, **kwargs):
-        raise KeyError("answer")
-
-    with pytest.raises(RewardFunctionError, match=r"reward function 'broken' raised KeyError: 'answer'"):
-        score_completions([letters_like, broken], reward_inputs())
-
-
-def letters_like(completions, **kwargs):
-    return [1.0] * len(completions)
-
-
-def test_log_metric_and_extra_keyword_arguments():
-    def logs(completions, log_metric, log_extra, trainer_state, **kwargs):
-        log_metric("answer_rate", 0.25)
-        log_metric("answer_rate", 0.75)
-        log_extra("note", ["x"] * len(completions))
-        return [float(trainer_state)] * len(completions)
-
-    inputs = reward_inputs()
-    inputs.extra["environments"] = list(range(len(PROMPTS)))
-    assert score_completions([logs], inputs, trainer_state=3)[:, 0].tolist() == [3.0] * len(PROMPTS)
-    assert inputs.metric_means() == {"answer_rate": 0.5}
 
 
 # ---- built trainers ---------------------------------------------------------------------------------------------

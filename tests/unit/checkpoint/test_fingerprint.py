@@ -1,5 +1,6 @@
 """The fingerprint's parts on their own: callable identities that tell apart what a name does not, DeepSpeed's
-sections, and secrets left out of the recorded settings and of the errors a resume check raises."""
+sections, secrets left out of the recorded settings and of the errors a resume check raises, and the weights'
+digest."""
 
 from __future__ import annotations
 
@@ -7,10 +8,17 @@ import functools
 import json
 
 import pytest
+import torch
 from support.toy_run import make_config
 
 from steadyrl.checkpoint import CheckpointError
-from steadyrl.checkpoint.fingerprint import callable_identity, check_resumable, deepspeed_identity
+from steadyrl.checkpoint.fingerprint import (
+    callable_identity,
+    check_resumable,
+    deepspeed_identity,
+    evenly_spaced,
+    weights_digest,
+)
 from steadyrl.toy import letters_reward
 from steadyrl.trainers.config.resume_settings import split_settings
 
@@ -145,3 +153,16 @@ def test_a_refused_resume_never_shows_a_key_named_like_these(tmp_path, name):
         check_resumable(saved, changed, saved_free, current_free, tmp_path)
     assert "scale=2.0" in str(error.value), "the changed reward function is named"
     assert SECRET not in str(error.value) and OTHER_SECRET not in str(error.value)
+
+
+def test_the_weight_digest_samples_a_real_embedding_up_to_its_last_element():
+    """An embedding of SmolLM2's shape, 49,152 x 576 = 28,311,552 elements (past 2**24, where float32 index steps
+    round past the end): every trainer crashed at construction computing this digest."""
+    size = 49152 * 576
+    index = evenly_spaced(size, 64)
+    assert index.dtype == torch.int64 and index[0] == 0 and index[-1] == size - 1 and len(set(index.tolist())) == 64
+    embedding = torch.nn.Embedding(49152, 576, _weight=torch.zeros(49152, 576))
+    before = weights_digest(embedding)
+    with torch.no_grad():
+        embedding.weight[-1, -1] = 1.0  # the last element is one of the sampled values
+    assert weights_digest(embedding) != before
