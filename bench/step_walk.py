@@ -5,7 +5,8 @@ steadyrl function from a different file, from ``on_step_begin`` to ``on_step_end
     python bench/step_walk.py [--algorithm grpo] [--all]
 
 Prints each file entered from another file, in the order first entered, with the number of calls into it from
-another file (2 micro-batches repeat the loss's) and of its functions entered that way (``--all``: every file; default: trainers/ only) and the totals. docs/architecture.md's walk is this list.
+another file (2 micro-batches repeat the loss's) and of its functions entered that way (``--all``: every file;
+default: trainers/ only), and the totals.
 """
 
 from __future__ import annotations
