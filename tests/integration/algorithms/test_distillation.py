@@ -67,10 +67,13 @@ def test_evaluate_reports_the_divergence_of_the_students_completions_as_eval_los
 def hub(monkeypatch, tmp_path):
     """The Hub stand-in (support/hub_server.py), uploads and downloads, with an empty HF cache of this test's own."""
     import huggingface_hub.constants as constants
+    import transformers.utils.hub
     from support.hub_server import start
 
     hub, server = start()
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    # transformers keeps one HfApi, made with the endpoint of its first use: an earlier test's may be the real Hub's
+    monkeypatch.setattr(transformers.utils.hub, "_hf_api", None)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.delenv("HF_TOKEN", raising=False)

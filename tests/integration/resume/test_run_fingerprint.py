@@ -226,7 +226,7 @@ def test_unchanged_inputs_resume_with_another_token_and_no_secret_is_written(sav
         (dict(second_model_seed=2), r"reward_model\[1\].weights: checkpoint '"),
         (dict(second_tokenizer="policy's"), r"reward_model\[1\].tokenizer: checkpoint '\w+', now None"),
         (dict(scale=2.0), r"reward_funcs\[1\]: checkpoint 'functools.partial\(.*scale=1.0\)', now .*scale=2.0"),
-        (dict(last=ONES), r"reward_funcs\[4\]: checkpoint 'resume.test_run_fingerprint.<lambda>\(code="),
+        (dict(last=ONES), r"reward_funcs\[4\]: checkpoint 'integration.resume.test_run_fingerprint.<lambda>\(code="),
         (dict(mixed_precision="bf16"), "mixed_precision: checkpoint 'no', now 'bf16'"),
     ],
     ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
