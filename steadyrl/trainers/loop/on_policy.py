@@ -64,7 +64,7 @@ from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import whole_rollout_buffer
 from .multi_turn import check_multi_turn, environment_owned_data
 from .preemption import StopSignals
-from .reference_sync import check_reference_sync, sync_reference
+from .reference_sync import check_reference_sync, mix_into_reference, sync_due
 from .reporting import ReportingMixin
 from .run_start import start_run
 from .saving import SavingMixin
@@ -340,9 +340,9 @@ class OnPolicyTrainer(
                     metrics = self.train_on_minibatch(current.next_minibatch())
                     self.pending_metrics.record({**current.buffer.metrics, **metrics})
                     self.state.global_step += 1
-                    if args.sync_ref_model:  # TR-DPO: the reference moves towards the policy
-                        main = self.accelerator.is_main_process
-                        sync_reference(args, self.state.global_step, self.model, self.reference_module, main)
+                    if sync_due(args, self.state.global_step):  # TR-DPO: the reference moves towards the policy
+                        alpha, main = args.ref_model_mixup_alpha, self.accelerator.is_main_process
+                        mix_into_reference(self.model, self.reference_module, alpha, main)
                     self.state.epoch = self.sampler.epoch
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self.report_step()  # log and evaluate as the callbacks decided

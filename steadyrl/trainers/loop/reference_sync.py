@@ -39,13 +39,6 @@ def sync_due(args, global_step: int) -> bool:
     return args.sync_ref_model and global_step % args.ref_model_sync_steps == 0
 
 
-def sync_reference(args, global_step: int, policy: torch.nn.Module, reference: torch.nn.Module | None, main: bool):
-    """With ``sync_ref_model``, after every ``ref_model_sync_steps``-th global step: reference = alpha x policy +
-    (1 - alpha) x reference."""
-    if sync_due(args, global_step):
-        mix_into_reference(policy, reference, args.ref_model_mixup_alpha, main)
-
-
 def parameter_pairs(policy: torch.nn.Module, reference: torch.nn.Module) -> Iterator[list[tuple]]:
     """For each module, the ``(policy, reference)`` parameters it holds itself, a shared (tied) parameter once. The
     reference is a copy of the policy: the two must have the same modules and parameter names."""
