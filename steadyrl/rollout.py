@@ -21,6 +21,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .ops import fit_columns, sequence_kl, trim_padding
+from .vision import ImageBatch
+
+IMAGES = "images."  # the prefix of the image inputs' names among a rollout's tensors (a checkpoint's)
 
 PER_TOKEN_FIELDS = (
     "completion_ids",
@@ -76,6 +79,7 @@ class Rollout(TokenBatch):
     #                                       environment wrote it (multi-turn); None: the policy sampled every token
     prompt_index: torch.Tensor | None = None  # [N] long: the row of each sample's prompt in the dataset (a stream's:
     #                                           its row in the epoch), to name the prompts of a step that failed
+    images: ImageBatch | None = None  # [N] samples' image inputs (a vision-language model's; vision.py)
 
     @property
     def policy_mask(self) -> torch.Tensor:
@@ -83,12 +87,33 @@ class Rollout(TokenBatch):
         return self.completion_mask if self.env_mask is None else self.completion_mask * self.env_mask
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The fields that are set, by name (what a checkpoint stores)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        """The fields that are set, by name, the image inputs as named tensors (what a checkpoint stores; read back
+        by ``from_tensors``)."""
+        named = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "images"}
+        named = {name: value for name, value in named.items() if value is not None}
+        if self.images is not None:
+            named.update({IMAGES + name: value for name, value in self.images.flat().items()})
+        return named
+
+    @classmethod
+    def from_tensors(cls, named: dict[str, torch.Tensor]) -> Rollout:
+        images = {name[len(IMAGES) :]: value for name, value in named.items() if name.startswith(IMAGES)}
+        fields = {name: value for name, value in named.items() if not name.startswith(IMAGES)}
+        return cls(**fields, images=ImageBatch.from_flat(images) if images else None)
+
+    def fields_by_row(self) -> dict[str, torch.Tensor]:
+        """The [N, ...] tensor fields that are set, by name (the image inputs aside)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "images" and getattr(self, f.name) is not None
+        }
 
     def select(self, rows: torch.Tensor | slice) -> Rollout:
         """The rollout of the given rows (an index tensor or a slice), every field alike."""
-        return dataclasses.replace(self, **{name: value[rows] for name, value in self.tensors().items()})
+        images = None if self.images is None else self.images.select(rows)
+        selected = {name: value[rows] for name, value in self.fields_by_row().items()}
+        return dataclasses.replace(self, **selected, images=images)
 
     def trimmed(self, multiple_of: int | None = None, pad_token_id: int = 0) -> Rollout:
         """This rollout without the columns that are padding in every row: prompt columns on the left, completion
@@ -105,10 +130,14 @@ class Rollout(TokenBatch):
                 continue
             # a sequence-level [N, 1] (engine_weights) broadcasts over the columns as it is
             fields[name] = value if value.shape[1] == 1 and name == "engine_weights" else fit_columns(value, width)
+        if self.images is not None:
+            fields["images"] = self.images.fit_prompt(prompt_ids.shape[1])
         return dataclasses.replace(self, **fields)
 
     def to(self, device: torch.device | str) -> Rollout:
-        return dataclasses.replace(self, **{name: value.to(device) for name, value in self.tensors().items()})
+        images = None if self.images is None else self.images.to(device)
+        moved = {name: value.to(device) for name, value in self.fields_by_row().items()}
+        return dataclasses.replace(self, **moved, images=images)
 
     def with_advantages(self, added: Advantages) -> Rollout:
         """This rollout in ``added.order`` (if any) with the fields the algorithm computed."""
@@ -172,7 +201,7 @@ class RolloutBuffer:
     @classmethod
     def from_state_dict(cls, state: dict) -> RolloutBuffer:
         return cls(
-            Rollout(**state["rollout"]),
+            Rollout.from_tensors(state["rollout"]),
             state["schedule"],
             state["metrics"],
             state["cursor"],

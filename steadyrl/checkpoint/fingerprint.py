@@ -134,13 +134,19 @@ def model_identity(prefix: str, model: torch.nn.Module | None) -> dict:
 
 
 def tokenizer_digest(tokenizer) -> str | None:
-    """Vocabulary, special tokens and chat template of a tokenizer."""
+    """Vocabulary, special tokens and chat template of a tokenizer; of a processor, its tokenizer's, its own chat
+    template and its image processor's settings (image size, patches, normalisation)."""
     if tokenizer is None:
         return None
+    image_processor = getattr(tokenizer, "image_processor", None)
+    images = None if image_processor is None else [image_processor.to_json_string(), tokenizer.chat_template]
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
-    return _sha(
-        [sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens, getattr(tokenizer, "chat_template", None)]
-    )
+    text = [
+        sorted(tokenizer.get_vocab().items()),
+        tokenizer.all_special_tokens,
+        getattr(tokenizer, "chat_template", None),
+    ]
+    return _sha(text if images is None else [text, images])
 
 
 def dataset_digest(dataset) -> str:

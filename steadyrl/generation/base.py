@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..vision import ImageBatch
+
 
 @dataclass
 class SamplingSettings:
@@ -49,25 +51,30 @@ class Capabilities:
         weight_push: how the actor's weights reach the engine after an update: ``"full"`` (every weight, LoRA
             merged), ``"adapter"`` (a LoRA actor's adapter alone); empty for a backend that samples with the model.
         pushes_copies: ``push_copy`` generates from a copy of the weights taken earlier (``max_staleness``).
+        takes_images: ``generate`` takes a vision-language model's image inputs (``images=``).
     """
 
     runs_training_model: bool = False
     returns_logprobs: bool = False
     weight_push: frozenset[str] = frozenset()
     pushes_copies: bool = False
+    takes_images: bool = False
 
 
 @dataclass
 class Generation:
     completion_ids: list[list[int]]  # per prompt row, ending with EOS if one was produced, without padding
     logprobs: list[list[float]] | None = None  # the engine's log-prob of each of those tokens, if it reports them
+    images: ImageBatch | None = None  # the prompt rows' image inputs (a vision-language model's), set by the source
 
     @classmethod
     def concatenate(cls, parts: list[Generation]) -> Generation:
         """The generations of consecutive chunks of prompt rows as one."""
         ids = [row for part in parts for row in part.completion_ids]
         reported = parts and all(part.logprobs is not None for part in parts)
-        return cls(ids, [row for part in parts for row in part.logprobs] if reported else None)
+        logprobs = [row for part in parts for row in part.logprobs] if reported else None
+        images = [part.images for part in parts if part.images is not None]
+        return cls(ids, logprobs, ImageBatch.concatenate(images) if images and len(images) == len(parts) else None)
 
 
 class GenerationBackend(ABC):
@@ -99,7 +106,9 @@ class GenerationBackend(ABC):
         a backend that samples with the model itself."""
 
     @abstractmethod
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+    def generate(
+        self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int], images: ImageBatch | None = None
+    ) -> Generation:
         """Sample one completion per prompt row; ``seeds`` holds one sampling seed per row for engines that
         take them (HF generate draws from the global torch RNG instead, which checkpoints restore)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
+from ..vision import ImageBatch
 from .base import Capabilities, Generation, GenerationBackend, trim_completion
 from .seeded_sampling import seeded_generation
 from .shared_prefill import generate_rows, left_pad, prefilled_cache
@@ -13,7 +14,8 @@ from .shared_prefill import generate_rows, left_pad, prefilled_cache
 class HFGenerationBackend(GenerationBackend):
     """Samples with the training model itself, each completion from its own seed (seeded_sampling.py)."""
 
-    capabilities = Capabilities(runs_training_model=True)
+    capabilities = Capabilities(runs_training_model=True, takes_images=True)
+    suppressed: tuple[int, ...] = ()  # token ids never sampled (a vision-language model's image tokens)
 
     def generation_config(self) -> GenerationConfig:
         s, tok = self.settings, self.tokenizer
@@ -29,12 +31,17 @@ class HFGenerationBackend(GenerationBackend):
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
         )
+        if self.suppressed:  # a sampled image token would have no image features to stand for
+            settings["suppress_tokens"] = list(self.suppressed)
         return GenerationConfig(**{**settings, **s.extra})  # generation_kwargs override, as in TRL
 
     @torch.no_grad()
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+    def generate(
+        self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int], images: ImageBatch | None = None
+    ) -> Generation:
         """All rows in one ``generate`` call, left-padded to the longest prompt, each sampled from its seed; rows that
-        repeat a prompt (a group's samples) share its KV cache, computed once (``shared_prefill``)."""
+        repeat a prompt (a group's samples) share its KV cache, computed once (``shared_prefill``), except with
+        ``images`` (the rows' image inputs), which each row's prompt pass encodes."""
         if not prompt_ids:
             return Generation([])
         tok, device = self.tokenizer, next(model.parameters()).device
@@ -45,8 +52,11 @@ class HFGenerationBackend(GenerationBackend):
         model.eval()
         try:
             with torch.inference_mode():  # the ids leave as Python lists: nothing here needs autograd's bookkeeping
-                cache = prefilled_cache(model, config, prompt_ids, tok.pad_token_id)
-                output = generate_rows(model, input_ids, attention_mask, config, cache, seeded)
+                if images is None:
+                    cache, extra = prefilled_cache(model, config, prompt_ids, tok.pad_token_id), None
+                else:
+                    cache, extra = None, images.to(device).model_inputs(input_ids.shape[1], 0)
+                output = generate_rows(model, input_ids, attention_mask, config, cache, seeded, extra)
         finally:
             model.train(was_training)
         width = input_ids.shape[1]

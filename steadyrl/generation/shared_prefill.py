@@ -94,13 +94,15 @@ def generate_rows(
     config: GenerationConfig,
     cache: DynamicCache | None,
     seeded: tuple[GenerationConfig, LogitsProcessorList] | None = None,
+    extra: dict | None = None,
 ) -> torch.Tensor:
     """One ``model.generate`` call over all rows with ``config``, from ``cache`` if given, each row drawn from its
     seed with ``seeded`` (the config and processors of seeded_sampling.py: the per-row sampler, the repetition
     penalty over each row's own tokens) if given. A ``generate`` that
     refuses the cache (a wrapper's) is called again without it, from the same RNG state, and is not given one again;
-    one that refuses the sampler samples with ``config`` from the global RNG."""
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    one that refuses the sampler samples with ``config`` from the global RNG. ``extra``: more model inputs (a
+    vision-language model's image inputs)."""
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **(extra or {}))
     if seeded is not None:
         kwargs.update(generation_config=seeded[0], logits_processor=seeded[1])
     if cache is not None:
@@ -125,5 +127,5 @@ def generate_rows(
                 "seed.",
                 type(model).__name__,
             )
-            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **(extra or {}))
     return model.generate(**kwargs)

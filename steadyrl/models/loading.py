@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, set_seed
 from transformers.utils.hub import cached_files
 
+from ..data.images import check_family, is_processor
 from ..distributed.sharded_loading import load_split, on_main_only
 from ..distributed.zero import check_whole, copy_model
 from ..redaction import redact_secrets
@@ -40,13 +41,38 @@ def from_pretrained_kwargs(args) -> dict:
     return {**kwargs, "trust_remote_code": args.trust_remote_code}
 
 
+def policy_class(path: str, args):
+    """``AutoModelForImageTextToText`` for a vision-language model's path (TRL's choice), else
+    ``AutoModelForCausalLM``."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as VISION
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError):  # transformers' own loading says what is wrong
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText if config.model_type in VISION else AutoModelForCausalLM
+
+
 def load_policy(model: str | PreTrainedModel, tokenizer, args):
-    """The policy and its tokenizer, with a pad token. From a path it is loaded split over the processes where the
-    run splits it (``load_split``: partitioned under ZeRO-3, read by the main process only under FSDP2)."""
+    """The policy and its tokenizer (or a vision-language model's processor), with a pad token. From a path it is
+    loaded split over the processes where the run splits it (``load_split``: partitioned under ZeRO-3, read by the
+    main process only under FSDP2)."""
     if isinstance(model, str):
-        model = load_split(AutoModelForCausalLM, model, policy_init_kwargs(args), args, frozen=False)
+        model = load_split(policy_class(model, args), model, policy_init_kwargs(args), args, frozen=False)
     else:
         check_whole(model, "model")
+    if tokenizer is None and policy_class(model.config._name_or_path or "", args) is not AutoModelForCausalLM:
+        from transformers import AutoProcessor
+
+        tokenizer = AutoProcessor.from_pretrained(model.config._name_or_path, trust_remote_code=args.trust_remote_code)
+    if is_processor(tokenizer):
+        check_family(model)
+        text = tokenizer.tokenizer
+        if text.pad_token_id is None:
+            text.pad_token = text.eos_token
+        apply_liger_layer_kernels(model, args)
+        return model, tokenizer
     if tokenizer is None:
         if not model.config._name_or_path:
             raise ValueError(

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from ..vision import ImageBatch, computes_own_positions
 from .head_logprobs import chunkable_head, head_returns_logprobs, warn_full_logits_once
 from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
 from .packing import (
@@ -40,12 +43,32 @@ def joined_inputs(
     }
 
 
+def model_inputs(
+    model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask, images: ImageBatch | None = None
+) -> dict[str, torch.Tensor]:
+    """``joined_inputs`` with a vision-language model's image inputs; a model whose positions come from the images
+    (Qwen's mrope) computes them itself from the attention mask, so no position ids are passed to it."""
+    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    if images is not None:
+        inputs.update(images.model_inputs(prompt_ids.shape[1], completion_ids.shape[1]))
+        if computes_own_positions(model):
+            del inputs["position_ids"]
+    return inputs
+
+
 def completion_logits(
-    model: torch.nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask, outputs: dict | None = None
+    model: torch.nn.Module,
+    prompt_ids,
+    prompt_mask,
+    completion_ids,
+    completion_mask,
+    outputs: dict | None = None,
+    images: ImageBatch | None = None,
 ) -> torch.Tensor:
     """The logits [B, C, V] that predict each completion token: the LM head runs only on the last C + 1 positions
-    (``logits_to_keep``), not on the prompt's, for models that take it. ``outputs``: see ``model_logits``."""
-    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    (``logits_to_keep``), not on the prompt's, for models that take it. ``outputs``: see ``model_logits``;
+    ``images``: a vision-language model's image inputs of the B samples."""
+    inputs = model_inputs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, images)
     keep = completion_ids.shape[1] + 1
     return model_logits(model, inputs, keep, outputs)[:, -keep:-1]  # position t predicts token t + 1
 
@@ -61,6 +84,7 @@ def completion_logprobs(
     chunked_head: bool = True,
     outputs: dict | None = None,
     packing: bool = False,
+    images: ImageBatch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities [B, C] of the completion tokens under ``model`` (and the entropy [B, C] if asked), both
     differentiable.
@@ -69,8 +93,11 @@ def completion_logprobs(
     head projecting CHUNK_HEAD_LOGITS // V positions at a time (head_logprobs.py): no [B, C, V] logits exist. Else,
     and for other models (logged once), from the [B, C, V] logits, a few rows at a time. ``outputs``: see
     ``model_logits`` (a Mixture-of-Experts model's load-balancing loss). With ``packing``, from one packed pass with
-    each prompt shared by its completions (packing.py), where the model allows it (``packing_fallback``)."""
+    each prompt shared by its completions (packing.py), where the model allows it (``packing_fallback``); a
+    vision-language model's ``images`` run padded (``images_disable_packing``)."""
     tokens = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    if packing and images is not None:
+        packing = images_disable_packing(model)
     if packing and not packing_fallback(model, tokens, _padded_logprobs, _packed_logprobs, outputs):
         return packed_completion_logprobs(model, pack_shared_prompts(*tokens), temperature, with_entropy, chunked_head)
     head, reason = chunkable_head(model) if chunked_head else (None, "")
@@ -78,12 +105,12 @@ def completion_logprobs(
         if reason:
             warn_full_logits_once(model, reason)
         return logprobs_from_logits(
-            completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, outputs),
+            completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, outputs, images),
             completion_ids,
             temperature,
             with_entropy,
         )
-    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    inputs = model_inputs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, images)
     keep = completion_ids.shape[1] + 1
     rows = max(1, CHUNK_HEAD_LOGITS // head.out_features)
     with head_returns_logprobs(head, completion_ids, temperature, with_entropy, rows) as calls:
@@ -93,6 +120,22 @@ def completion_logprobs(
         logits = output if not calls else model_logits(model, inputs, keep, outputs)  # none: output is the logits
         return logprobs_from_logits(logits[:, -keep:-1], completion_ids, temperature, with_entropy)
     return output[..., 0], output[..., 1] if with_entropy else None
+
+
+_said_padded: set[str] = set()
+
+
+def images_disable_packing(model: torch.nn.Module) -> bool:
+    """False, said once per model: a rollout with images is scored in padded passes (its image tokens' positions,
+    and the vision tower's inputs, are per padded row)."""
+    name = type(model).__name__
+    if name not in _said_padded:
+        _said_padded.add(name)
+        logging.getLogger(__name__).warning(
+            f"packing=True: {name}'s rollouts with images are scored and trained in padded passes, not packed: "
+            "packing a group's shared prompt with its images is not supported yet (docs/vision.md)."
+        )
+    return False
 
 
 def _padded_logprobs(model: torch.nn.Module, *tokens: torch.Tensor) -> torch.Tensor:
@@ -152,11 +195,13 @@ def batched_forward(
     batch_size: int,
     multiple_of: int | None = None,
     packing: bool = False,
+    images: ImageBatch | None = None,
 ) -> torch.Tensor:
     """[N, C] ``forward(model, prompt_ids, prompt_mask, completion_ids, completion_mask)`` in eval mode over chunks
     of ``batch_size`` rows of ``tokens``: rows of similar length share a chunk (with ``packing``, consecutive rows:
     the completions of one prompt), and each chunk is trimmed to its own longest prompt and completion, rounded up
-    to a multiple of ``multiple_of`` if given (the columns beyond a chunk's completions come back as 0)."""
+    to a multiple of ``multiple_of`` if given (the columns beyond a chunk's completions come back as 0). With
+    ``images`` (a vision-language model's, [N] samples), each chunk's are passed as ``images=``."""
     was_training = model.training
     model.eval()
     prompt_mask, completion_mask = tokens[1], tokens[3]
@@ -167,7 +212,8 @@ def batched_forward(
     for i in range(0, len(order), batch_size):
         rows = order[i : i + batch_size]
         chunk, width = trim_padding(*(tensor[rows] for tensor in tokens), multiple_of)
-        values = forward(model, *chunk)  # [b, width]
+        extra = {} if images is None else {"images": images.select(rows)}
+        values = forward(model, *chunk, **extra)  # [b, width]
         if output is None:
             output = values.new_zeros(len(order), completion_mask.shape[1])
         width = min(width, output.shape[1])
@@ -183,11 +229,12 @@ def batched_logprobs(
     batch_size: int,
     multiple_of: int | None = None,
     packing: bool = False,
+    images: ImageBatch | None = None,
 ) -> torch.Tensor:
     """[N, C] ``completion_logprobs`` of (prompt_ids, prompt_mask, completion_ids, completion_mask) in eval mode,
     ``batch_size`` rows at a time, each chunk padded to a multiple of ``multiple_of`` columns if given, or packed."""
 
-    def logprobs(model, *rows):
-        return completion_logprobs(model, *rows, temperature=temperature, packing=packing)[0]
+    def logprobs(model, *rows, images=None):
+        return completion_logprobs(model, *rows, temperature=temperature, packing=packing, images=images)[0]
 
-    return batched_forward(model, logprobs, tensors, batch_size, multiple_of, packing)
+    return batched_forward(model, logprobs, tensors, batch_size, multiple_of, packing, images)

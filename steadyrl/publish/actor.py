@@ -59,8 +59,9 @@ class PublishMixin:
         """The actor alone, in plain Hugging Face format, with its tokenizer. Under ZeRO-3 every process must call
         it (the weights are gathered); only the main process writes."""
         self.save_pretrained_model(self.model, directory)
-        if self.processing_class is not None and self.accelerator.is_main_process:
-            self.processing_class.save_pretrained(directory)
+        saved = self.processor or self.processing_class  # a vision-language model's processor, else the tokenizer
+        if saved is not None and self.accelerator.is_main_process:
+            saved.save_pretrained(directory)
 
     def save_pretrained_model(self, model: PreTrainedModel, directory: Path) -> None:
         """``model.save_pretrained`` on the main process; under ZeRO-3 or FSDP2 with the weights gathered from every

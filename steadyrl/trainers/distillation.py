@@ -116,6 +116,8 @@ class Distillation(Algorithm):
         Distillation(DistillationConfig(output_dir="out", beta=0.5), Processes(accelerator), eos, teacher, 49152)
     """
 
+    takes_images = False  # its second model's pass (the teacher's, the critic's) takes no images yet
+
     uses_rewards = False
     evaluates_loss = True  # eval_loss: the divergence of the evaluation rollout, as TRL's
 

@@ -203,7 +203,11 @@ class OnlineDPO(Algorithm):
     def loss(self, model, batch: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         mask, beta = batch.completion_mask, self.beta  # [B, C]
         logprobs, _ = completion_logprobs(
-            model, *batch.token_tensors, temperature=self.logprob_temperature, packing=self.args.packing
+            model,
+            *batch.token_tensors,
+            temperature=self.logprob_temperature,
+            packing=self.args.packing,
+            images=batch.images,
         )
         policy = pair_logps(logprobs, mask)  # [B/2, 2]: (chosen, rejected) sequence log-probs
         reference = pair_logps(batch.ref_logprobs, mask)

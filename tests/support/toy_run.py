@@ -7,7 +7,8 @@ As a script::
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
-                            [--real [--live-checks N]] [--tools tools|environment] [--set key=value ...]
+                            [--real [--live-checks N]] [--tools tools|environment] [--vision FAMILY]
+                            [--set key=value ...]
 
 ``--set reward_funcs=half_constant`` trains on a reward of ``TOY_REWARDS`` (named, so that crash_fuzz.py can pass it).
 
@@ -171,6 +172,18 @@ def tool_task(kind: str) -> dict:
         max_tool_calling_iterations=2,
     )
     return {**task, "tools": [add]} if kind == "tools" else {**task, "environment_factory": Calculator}
+
+
+def vision_task(family: str) -> dict:
+    """--vision FAMILY: the family's stand-in and processor on the coloured squares (steadyrl.toy.vision)."""
+    from steadyrl.toy.vision import build_processor, colour_dataset, colour_letters_reward, vision_model_path
+
+    return dict(
+        model=vision_model_path(family),
+        processing_class=build_processor(family),
+        train_dataset=colour_dataset(16),
+        reward_funcs=[colour_letters_reward],
+    )
 
 
 def make_config(output_dir, algorithm="rloo", **overrides):
@@ -407,6 +420,7 @@ def main() -> None:
     )
     parser.add_argument("--tools", choices=["tools", "environment"], help="multi-turn, on the tool fixture")
     parser.add_argument("--poison-grad", help="STEP[,STEP...]: a NaN gradient element on process 0 in those steps")
+    parser.add_argument("--vision", help="a vision-language stand-in: qwen2_5_vl or llava_next, on coloured squares")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
@@ -417,6 +431,8 @@ def main() -> None:
             overrides["reward_funcs"] = [recording(first, os.path.join(opts.output_dir, "reward_inputs.json")), *others]
     if opts.tools:
         overrides = {**tool_task(opts.tools), **overrides}
+    if opts.vision:
+        overrides = {**vision_task(opts.vision), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
     if opts.save_live_actor:
         callbacks += [SaveLiveActor(opts.save_live_actor), GatheredPeak(opts.save_live_actor)]

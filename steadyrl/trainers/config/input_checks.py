@@ -8,6 +8,7 @@ import tempfile
 
 from transformers.utils import logging
 
+from ...data.images import image_column
 from ...data.json_columns import check_ahead_columns
 from ...data.stream import first_rows, is_stream
 
@@ -45,22 +46,26 @@ def check_dataset(dataset, argument: str = "train_dataset", max_steps: int | Non
         raise ValueError(f"{argument} needs a 'prompt' column of strings or conversations; its columns are {columns}.")
     if len(dataset) == 0:
         raise ValueError(f"{argument} is empty: it needs at least one prompt.")
-    check_text_only(columns, argument)
 
 
-IMAGE_COLUMNS = ("image", "images")  # TRL's columns of a vision-language dataset
-
-
-def check_text_only(columns: list[str], argument: str) -> None:
-    """TRL trains vision-language models on a dataset with an 'image' or 'images' column; steadyrl trains on text
-    alone, so such a dataset is refused rather than trained on without its images."""
-    found = [name for name in IMAGE_COLUMNS if name in columns]
-    if found:
+def check_image_columns(dataset, argument: str, vision: bool) -> None:
+    """A dataset with TRL's ``image`` or ``images`` column needs a vision-language model and its processor
+    (``vision``); with a tokenizer alone it would be trained on without its images, so it is refused."""
+    if isinstance(dataset, dict):  # evaluation datasets by name
+        for key, each in dataset.items():
+            check_image_columns(each, f"{argument}[{key!r}]", vision)
+        return
+    if dataset is None:
+        return
+    columns = list(first_rows(dataset, 1)[0]) if is_stream(dataset) else list(dataset.column_names)
+    found = image_column(columns)
+    if found and not vision:
         raise ValueError(
-            f"{argument} has the column {found[0]!r}, which TRL reads as a vision-language model's images: steadyrl "
-            "trains text-only models, and would train on the prompts without their images. Use TRL for "
-            "vision-language training, or rename the column if it is not images (it then reaches the reward "
-            "functions as a keyword argument)."
+            f"{argument} has the column {found!r}, which TRL reads as a vision-language model's images, but "
+            "processing_class is a tokenizer, not a processor: the prompts would be trained on without their "
+            "images. Pass the model's processor (transformers.AutoProcessor) as processing_class with a "
+            "vision-language model (docs/vision.md), or rename the column if it is not images (it then reaches the "
+            "reward functions as a keyword argument)."
         )
 
 
@@ -113,7 +118,6 @@ def check_stream(dataset, argument: str, max_steps: int | None) -> None:
         raise ValueError(
             f"{argument} needs a 'prompt' column of strings or conversations; its columns are {list(rows[0])}."
         )
-    check_text_only(list(rows[0]), argument)
 
 
 def check_output_dir(path: str, argument: str = "output_dir") -> None:

@@ -72,7 +72,9 @@ class Algorithm(abc.ABC):
                 return Advantages(advantages=rollout.scores.sign())
 
             def loss(self, model, batch):
-                logprobs, _ = completion_logprobs(model, *batch.token_tensors, temperature=self.args.temperature)
+                logprobs, _ = completion_logprobs(
+                    model, *batch.token_tensors, temperature=self.args.temperature, images=batch.images
+                )
                 return -(logprobs * batch.advantages[:, None] * batch.policy_mask).sum() / batch.policy_mask.sum(), {}
     """
 
@@ -82,6 +84,7 @@ class Algorithm(abc.ABC):
     uses_rewards: ClassVar[bool] = True
     checks_engine_in_loss: ClassVar[bool] = False  # the loss checks vLLM's log-probs (and corrects) with its own pass
     evaluates_loss: ClassVar[bool] = False  # evaluate() reports eval_loss: the loss of the evaluation rollout
+    takes_images: ClassVar[bool] = True  # it trains on prompts with images (a vision-language model's)
     reads_engine_logprobs: ClassVar[bool] = False  # the loss reads vLLM's log-probs even where a pass checked them
 
     def __init__(self, args: OnPolicyConfig, processes: Processes, eos_token_id: int | None) -> None:

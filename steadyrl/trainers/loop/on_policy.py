@@ -32,6 +32,7 @@ from transformers.utils import logging
 from ...callbacks import CheckpointCallback, GlobalStepCallback, RLProgressCallback
 from ...checkpoint.fingerprint import run_identity
 from ...checkpoint.output_dir import take_output_dir
+from ...data.images import is_processor, text_tokenizer
 from ...data.prompts import UserTurns, check_prompts
 from ...data.sampling import make_sampler
 from ...distributed.fsdp import enable as enable_fsdp
@@ -56,7 +57,7 @@ from ...reporting.run_summary import MetricsLog
 from ...rewards import as_list
 from ...rollout import Rollout, RolloutBuffer
 from ..config.float32_head import Float32HeadOptions
-from ..config.input_checks import check_model_path, check_output_dir, check_train_dataset
+from ..config.input_checks import check_image_columns, check_model_path, check_output_dir, check_train_dataset
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
@@ -71,6 +72,7 @@ from .saving import SavingMixin
 from .stage_wiring import StageWiring
 from .trainer_hooks import TrainerHooks
 from .trl_attributes import TRLAttributesMixin
+from .vision_checks import check_vision_run
 
 logger = logging.get_logger(__name__)
 
@@ -170,6 +172,10 @@ class OnPolicyTrainer(
         check_model_path(reward_model, "reward_model")
         self.base_model_name = model if isinstance(model, str) else model.config._name_or_path
         model, processing_class = load_policy(model, processing_class, args)
+        self.processor = processing_class if is_processor(processing_class) else None  # a vision-language model's
+        processing_class = text_tokenizer(processing_class)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            check_image_columns(dataset, name, self.processor is not None)
         self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
@@ -235,7 +241,7 @@ class OnPolicyTrainer(
         self.identity = run_identity(
             self.model,
             self.reward_funcs,
-            processing_class,
+            self.processor or processing_class,
             train_dataset,
             self.ref_model,
             self.uses_reference,
@@ -255,6 +261,8 @@ class OnPolicyTrainer(
         self.algorithm = self.make_algorithm()
         temperature = self.algorithm.logprob_temperature
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, temperature)
+        if self.processor is not None:
+            check_vision_run(self, train_dataset)
         main = self.accelerator.is_main_process
         turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
         log = CompletionLog(args.output_dir, args.num_completions_to_print, turns, args.log_unique_prompts)

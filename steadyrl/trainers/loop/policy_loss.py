@@ -86,6 +86,7 @@ class ConfiguredPolicyLoss:
             with_entropy=True,
             outputs=outputs,
             packing=self.args.packing,
+            images=batch.images,
         )
         return logprobs, entropy, outputs or {}
 

@@ -21,6 +21,7 @@ from ...ops import (
     pad_prompts_and_completions,
 )
 from ...rollout import Rollout, TokenBatch, engine_logprob_tensor, rollout_metrics
+from ...vision import ImageBatch
 from ..config.policy_loss import PolicyLossOptions
 from .algorithm import Algorithm
 from .rollout_rewards import RolloutRewards
@@ -105,8 +106,9 @@ class RolloutBuilder:
         # vLLM's log-probs are checked against them, here or (a loss that can: ``checks_engine_in_loss``) by the
         # training pass of a rollout trained once
         needed = algorithm.needs_old_logprobs() or (engine and not algorithm.checks_engine_in_loss)
-        old_logprobs = self.policy_logprobs(self.policy, tokens) if needed else None
-        ref_logprobs = self.reference_logprobs(tokens) if self.uses_reference else None
+        images = None if generation.images is None else generation.images.to(device)
+        old_logprobs = self.policy_logprobs(self.policy, tokens, images) if needed else None
+        ref_logprobs = self.reference_logprobs(tokens, images) if self.uses_reference else None
         return Rollout(
             **vars(tokens),
             scores=total,
@@ -114,23 +116,24 @@ class RolloutBuilder:
             ref_logprobs=ref_logprobs,
             old_logprobs=old_logprobs,
             env_mask=env_mask,
+            images=images,
         )
 
-    def policy_logprobs(self, model, tokens: TokenBatch) -> torch.Tensor:
+    def policy_logprobs(self, model, tokens: TokenBatch, images: ImageBatch | None = None) -> torch.Tensor:
         """[N, C] log-probs of the completion tokens under ``model``, at the algorithm's ``logprob_temperature``, in
-        micro-batches of ``micro_rollout_batch_size``."""
+        micro-batches of ``micro_rollout_batch_size``; ``images``: the samples' image inputs."""
         args = self.args
         size, multiple, packing = args.micro_rollout_batch_size, args.pad_to_multiple_of, args.packing
         temperature = self.algorithm.logprob_temperature
-        return batched_logprobs(model, tokens.token_tensors, temperature, size, multiple, packing)
+        return batched_logprobs(model, tokens.token_tensors, temperature, size, multiple, packing, images)
 
-    def reference_logprobs(self, tokens: TokenBatch) -> torch.Tensor:
+    def reference_logprobs(self, tokens: TokenBatch, images: ImageBatch | None = None) -> torch.Tensor:
         """[N, C] log-probs under the reference: its frozen copy, or under PEFT the actor with adapters disabled."""
         if self.reference is not None:
             with offloaded(self.reference, self.device, self.offload_reference):
-                return self.policy_logprobs(self.reference, tokens)
+                return self.policy_logprobs(self.reference, tokens, images)
         with self.policy.disable_adapter():
-            return self.policy_logprobs(self.policy, tokens)
+            return self.policy_logprobs(self.policy, tokens, images)
 
 
 def engine_check(

@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...data.images import encode_prompts, has_images, image_column, prompts_with_images
 from ...data.prompts import PromptTruncation, tokenize_prompts
 from ...data.sampling import next_rows
 from ...distributed.fsdp import unsharded
 from ...distributed.processes import on_every_process
 from ...distributed.zero import zero3_generation
 from ...generation import Generation, sampling_seed
+from ...vision import ImageBatch
 
 
 @dataclass
@@ -43,8 +45,13 @@ class Sampled:
 
 def repeat_rows(rows: dict[str, list], k: int, keep_columns: bool) -> tuple[list, dict[str, list]]:
     """The prompts and the other columns of ``rows``, each row repeated ``k`` times (one per sample); without
-    ``keep_columns`` (``remove_unused_columns``) no other column."""
-    prompts = [p for p in rows.pop("prompt") for _ in range(k)]
+    ``keep_columns`` (``remove_unused_columns``) no other column. An ``image`` or ``images`` column's images are
+    placed in the (conversational) prompts, as TRL places them."""
+    prompts = rows.pop("prompt")
+    column = image_column(rows)
+    if column is not None:
+        prompts = prompts_with_images(prompts, rows[column], column)
+    prompts = [p for p in prompts for _ in range(k)]
     if not keep_columns:
         return prompts, {}
     return prompts, {name: [v for v in values for _ in range(k)] for name, values in rows.items()}
@@ -110,10 +117,21 @@ class ActorGenerator:
         self.reshard_after_forward = reshard_after_forward
 
     def __call__(
-        self, prompt_ids: list[list[int]], seeds: list[int], version: int, chunk: int | None = None
+        self,
+        prompt_ids: list[list[int]],
+        seeds: list[int],
+        version: int,
+        chunk: int | None = None,
+        images: ImageBatch | None = None,
     ) -> Generation:
-        """With HF generate in calls of ``chunk`` rows (all at once if None); vLLM schedules its own batches."""
+        """With HF generate in calls of ``chunk`` rows (all at once if None); vLLM schedules its own batches.
+        ``images``: the rows' image inputs (a vision-language model's), returned with the generation."""
         backend, actor = self.backend, self.actor
+        if images is not None and not backend.capabilities.takes_images:
+            raise ValueError(
+                f"the prompts have images, but the generation backend {type(backend).__name__} does not take them: "
+                "use HF generate (use_vllm=False) for a vision-language model (docs/vision.md)."
+            )
         backend.sync_weights(actor, version=version)
         if not backend.capabilities.runs_training_model or chunk is None:
             chunk = max(1, len(prompt_ids))
@@ -124,11 +142,14 @@ class ActorGenerator:
         else:
             whole = zero3_generation(self.engine, self.args.ds3_gather_for_generation)
         with whole:
-            parts = [
-                backend.generate(actor, prompt_ids[i : i + chunk], seeds[i : i + chunk])
-                for i in range(0, len(prompt_ids), chunk)
-            ]
-        return Generation.concatenate(parts)
+            parts = []
+            for i in range(0, len(prompt_ids), chunk):
+                rows = slice(i, i + chunk)
+                extra = {} if images is None else {"images": images.select(rows)}
+                parts.append(backend.generate(actor, prompt_ids[rows], seeds[rows], **extra))
+        generation = Generation.concatenate(parts)
+        generation.images = images
+        return generation
 
 
 class RolloutSource(abc.ABC):
@@ -153,9 +174,11 @@ class SingleTurnSource(RolloutSource):
     """Single-turn rollouts, generated when asked: each prompt tokenized (chat template for conversations), cut to
     ``max_prompt_length``, and completed once."""
 
-    def __init__(self, draw: PromptDraw, generate: ActorGenerator, tokenizer, conversational: bool, args) -> None:
+    def __init__(
+        self, draw: PromptDraw, generate: ActorGenerator, tokenizer, conversational: bool, args, processor=None
+    ) -> None:
         self.draw, self.generate, self.tokenizer, self.args = draw, generate, tokenizer, args
-        self.conversational = conversational
+        self.conversational, self.processor = conversational, processor
         self.truncate_prompts = PromptTruncation(args.max_prompt_length)
 
     def next(self, state) -> Sampled:
@@ -173,9 +196,26 @@ class SingleTurnSource(RolloutSource):
     def complete(self, prompts: list, columns: dict, seeds: list[int], version: int, chunk: int | None = None):
         """``(prompts, prompt_ids, prompts truncated, generation)`` for prompt rows, sampled by the actor of global
         step ``version``; HF generate runs in calls of ``chunk`` rows (default ``micro_generation_batch_size``)."""
+        chunk = chunk or self.args.micro_generation_batch_size
+        if self.processor is not None and has_images(prompts):
+            prompt_ids, images = self.encode_with_images(prompts)
+            return prompts, prompt_ids, 0, self.generate(prompt_ids, seeds, version, chunk=chunk, images=images)
         prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
-        generation = self.generate(prompt_ids, seeds, version, chunk=chunk or self.args.micro_generation_batch_size)
-        return prompts, prompt_ids, truncated, generation
+        return prompts, prompt_ids, truncated, self.generate(prompt_ids, seeds, version, chunk=chunk)
+
+    def encode_with_images(self, prompts: list) -> tuple[list[list[int]], ImageBatch]:
+        """Token ids (the image tokens expanded) and image inputs of prompts with images, through the processor.
+        Such a prompt is never cut: its image tokens must match its image features."""
+        prompt_ids, inputs = encode_prompts(prompts, self.processor, self.args.chat_template_kwargs)
+        longest, limit = max(len(ids) for ids in prompt_ids), self.args.max_prompt_length
+        if limit is not None and longest > limit:
+            raise ValueError(
+                f"a prompt with images is {longest} tokens long (its image tokens included), more than "
+                f"max_prompt_length={limit}; a prompt with images is not cut, since its image tokens must match its "
+                "image features. Raise max_prompt_length (or set it to None), or give smaller images (the "
+                "processor's max_pixels)."
+            )
+        return prompt_ids, ImageBatch.of_samples(inputs, longest)
 
     def tokenize(self, prompts: list) -> list[list[int]]:
         """The token ids the policy sees for each prompt, before truncation to ``max_prompt_length``."""

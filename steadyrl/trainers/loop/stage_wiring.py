@@ -37,7 +37,7 @@ class StageWiring:
             on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
             self.rollout_source = AheadSource(self.scorer, on_worker, *source_args)
         else:
-            self.rollout_source = SingleTurnSource(*source_args)
+            self.rollout_source = SingleTurnSource(*source_args, processor=self.processor)
         self.rollout_source = self.algorithm_source(self.rollout_source)
         self.dynamic_sampling = None
         if isinstance(args, DynamicSamplingOptions) and args.dynamic_sampling:

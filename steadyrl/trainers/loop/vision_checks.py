@@ -1,0 +1,32 @@
+"""What a run with a vision-language model's processor needs, checked before any work: an algorithm, a rollout
+source and a generation backend that carry images; and the image tokens kept out of sampling."""
+
+from __future__ import annotations
+
+from ...data.images import image_column, image_token_ids
+
+
+def check_vision_run(trainer, train_dataset) -> None:
+    """Refuse, naming the setting, what does not carry images yet (docs/vision.md lists it); tell HF generate the
+    image tokens it must never sample."""
+    args, name = trainer.args, type(trainer).__name__
+    columns = getattr(train_dataset, "column_names", None) or []
+    if image_column(columns) is None:  # a processor with text-only prompts: nothing to carry
+        return
+    if not trainer.algorithm_class.takes_images:
+        raise ValueError(
+            f"{name} does not train on prompts with images yet (train_dataset has an image column): "
+            "GRPOTrainer, RLOOTrainer, ReinforcePPTrainer and OnlineDPOTrainer do (docs/vision.md)."
+        )
+    refused = [
+        (trainer.multi_turn.active, "tools, environment_factory or rollout_func (multi-turn rollouts)"),
+        (bool(args.max_staleness), f"max_staleness={args.max_staleness} (rollouts generated ahead)"),
+        (not trainer.backend.capabilities.takes_images, f"the generation backend {type(trainer.backend).__name__}"),
+    ]
+    for is_set, what in refused:
+        if is_set:
+            raise ValueError(
+                f"{name}: {what} cannot carry a vision-language model's images yet, and train_dataset has an image "
+                "column. Train with HF generate (use_vllm=False), single-turn and max_staleness=0 (docs/vision.md)."
+            )
+    trainer.backend.suppressed = tuple(image_token_ids(trainer.processor, trainer.model))

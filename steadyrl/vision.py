@@ -1,0 +1,138 @@
+"""Images in prompts: a vision-language model's per-sample image inputs, as they travel with the token ids.
+
+A processor (``transformers.ProcessorMixin``) renders a conversational prompt with its images into token ids (the
+image tokens expanded) and image tensors. Those come in two kinds, told apart by their shape:
+
+- **token-aligned** ([P], one value per prompt token: Qwen's ``mm_token_type_ids``, Gemma3's ``token_type_ids``): kept
+  aligned with the left-padded prompt ids, and extended with zeros over the completion;
+- **image rows** ([R, ...], rows per image or per patch: ``pixel_values``, ``image_grid_thw``, ``image_sizes``): each
+  sample's rows kept in order, all samples' rows concatenated, with each sample's row count.
+
+``ImageBatch`` holds both for N samples, selects rows of samples like any [N, ...] tensor, and flattens to named
+tensors for a checkpoint (safetensors: stored exactly). Shapes: N samples, P prompt columns, C completion columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ROWS, COUNTS, TOKENS = "rows.", "counts.", "tokens."
+
+
+@dataclass
+class ImageBatch:
+    """The image inputs of N samples.
+
+    Args:
+        rows: name -> [R, ...]: every sample's image rows, sample after sample.
+        counts: name -> [N] long: how many of those rows each sample has.
+        tokens: name -> [N, P] long: per prompt token, aligned with the left-padded prompt ids (0 on padding).
+
+    Example::
+
+        images = ImageBatch.of_samples([processed_a, processed_b], width=prompt_ids.shape[1])
+        inputs = images.model_inputs(prompt_width=P, completion_width=C)  # pixel_values, image_grid_thw, ...
+    """
+
+    rows: dict[str, torch.Tensor]
+    counts: dict[str, torch.Tensor]
+    tokens: dict[str, torch.Tensor]
+
+    @classmethod
+    def of_samples(cls, samples: list[dict[str, torch.Tensor]], width: int) -> ImageBatch:
+        """One sample's inputs per entry (token-aligned ones [P_i] long, image rows [R_i, ...]), the token-aligned
+        ones left-padded to ``width`` columns."""
+        names = list(samples[0])
+        token_names = [name for name in names if samples[0][name].dim() == 1 and name in TOKEN_ALIGNED]
+        rows, counts, tokens = {}, {}, {}
+        for name in names:
+            values = [sample[name] for sample in samples]
+            if name in token_names:
+                padded = torch.zeros(len(values), width, dtype=values[0].dtype)
+                for i, value in enumerate(values):
+                    padded[i, width - len(value) :] = value
+                tokens[name] = padded
+            else:
+                rows[name] = torch.cat(values)
+                counts[name] = torch.tensor([len(value) for value in values], dtype=torch.long)
+        return cls(rows, counts, tokens)
+
+    def __len__(self) -> int:
+        first = next(iter(self.counts.values()), None)
+        return len(first) if first is not None else len(next(iter(self.tokens.values())))
+
+    def select(self, index: torch.Tensor | slice) -> ImageBatch:
+        """The samples at ``index`` (an index tensor or a slice), in that order."""
+        if isinstance(index, slice):
+            index = torch.arange(len(self))[index]
+        index = index.cpu().long()
+        rows, counts = {}, {}
+        for name, values in self.rows.items():
+            count = self.counts[name].cpu()
+            starts = count.cumsum(0) - count
+            picked = [torch.arange(int(starts[i]), int(starts[i] + count[i])) for i in index.tolist()]
+            taken = torch.cat(picked) if picked else torch.zeros(0, dtype=torch.long)
+            rows[name], counts[name] = values[taken.to(values.device)], self.counts[name][index.to(count.device)]
+        tokens = {name: values[index.to(values.device)] for name, values in self.tokens.items()}
+        return ImageBatch(rows, counts, tokens)
+
+    def to(self, device: torch.device | str) -> ImageBatch:
+        move = lambda named: {name: value.to(device) for name, value in named.items()}  # noqa: E731
+        return ImageBatch(move(self.rows), move(self.counts), move(self.tokens))
+
+    def fit_prompt(self, width: int) -> ImageBatch:
+        """The token-aligned tensors cut or left-padded to ``width`` columns, as the prompt ids are trimmed."""
+        from .ops import fit_columns
+
+        tokens = {name: fit_columns(value, width, left=True) for name, value in self.tokens.items()}
+        return ImageBatch(self.rows, self.counts, tokens)
+
+    def model_inputs(self, prompt_width: int, completion_width: int) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments for prompt + completion columns: the image rows as they are, the
+        token-aligned tensors fitted to the prompt and zero over the completion."""
+        from .ops import fit_columns
+
+        inputs = dict(self.rows)
+        for name, value in self.tokens.items():
+            prompt = fit_columns(value, prompt_width, left=True)
+            inputs[name] = fit_columns(prompt, prompt_width + completion_width)
+        return inputs
+
+    def flat(self) -> dict[str, torch.Tensor]:
+        """Named tensors (a checkpoint's), read back by ``from_flat``."""
+        named = {ROWS + k: v for k, v in self.rows.items()}
+        named.update({COUNTS + k: v for k, v in self.counts.items()})
+        return {**named, **{TOKENS + k: v for k, v in self.tokens.items()}}
+
+    @classmethod
+    def from_flat(cls, named: dict[str, torch.Tensor]) -> ImageBatch:
+        part = lambda prefix: {k[len(prefix) :]: v for k, v in named.items() if k.startswith(prefix)}  # noqa: E731
+        return cls(part(ROWS), part(COUNTS), part(TOKENS))
+
+    @classmethod
+    def concatenate(cls, parts: list[ImageBatch]) -> ImageBatch:
+        """The samples of ``parts`` in order, the token-aligned tensors left-padded to the widest."""
+        from .ops import fit_columns
+
+        first = parts[0]
+        rows = {name: torch.cat([part.rows[name] for part in parts]) for name in first.rows}
+        counts = {name: torch.cat([part.counts[name] for part in parts]) for name in first.counts}
+        tokens = {}
+        for name in first.tokens:
+            width = max(part.tokens[name].shape[1] for part in parts)
+            tokens[name] = torch.cat([fit_columns(part.tokens[name], width, left=True) for part in parts])
+        return cls(rows, counts, tokens)
+
+
+def computes_own_positions(model) -> bool:
+    """Positions derived from the images (Qwen's mrope, ``get_rope_index``): the forward computes them itself from
+    the attention mask, so none are passed."""
+    model = getattr(model, "module", model)  # a DDP / DeepSpeed wrapper
+    inner = getattr(model, "model", model)
+    return any(hasattr(m, "get_rope_index") for m in (model, inner))
+
+
+# per-prompt-token inputs of the families steadyrl trains (TRL's list): Qwen's, Gemma3's
+TOKEN_ALIGNED = ("mm_token_type_ids", "token_type_ids")
