@@ -45,7 +45,7 @@ from ..distributed.fsdp import is_sharded
 from ..distributed.optimizer_reshard import ReshardError, resharded_state
 from ..distributed.optimizer_state import is_partitioned, load_optimizer_state, optimizer_state
 from ..distributed.processes import failed_processes, on_every_process, on_main_process
-from ..distributed.sharded_loading import load_split_weights, tied_parameter_names
+from ..distributed.sharded_loading import load_split_weights, unloaded
 from ..distributed.zero import is_partitioned as is_partitioned_model
 from ..models.peft import is_distributed_weights, is_peft, load_distributed_adapter
 from ..rng import RNGState
@@ -55,6 +55,7 @@ from .health import CHECKED_KEY, refuse_nonfinite_state, refuse_nonfinite_weight
 from .layout import ACTOR, index_single_file, model_dir, save_dir, weight_files
 from .save_failure import save_failure_message
 from .state_registry import Stateful, StateRegistry, saved_processes
+from .weight_names import saved_names, to_live_names
 
 logger = logging.get_logger(__name__)
 
@@ -351,13 +352,14 @@ def load_model_weights(model: torch.nn.Module, weights_dir: Path) -> None:
     if not files:
         raise CheckpointError(f"{weights_dir} holds no model weights (model.safetensors or its index)")
     if is_partitioned_model(model) or is_sharded(model):  # ZeRO-3 / FSDP2: no whole copy on any process
-        missing, unexpected = load_split_weights(model, files)
+        renamed = saved_names(model)
+        missing, unexpected = load_split_weights(model, files, lambda name: renamed.get(name, name))
     else:
         state = {}
         for file in files:
             state.update(load_file(file))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = set(missing) - tied_parameter_names(model)
+        missing, unexpected = model.load_state_dict(to_live_names(state, model), strict=False)
+    missing = unloaded(model, missing)
     if missing or unexpected:
         raise CheckpointError(
             f"{weights_dir} does not match the model: missing {sorted(missing)[:5]}, unexpected "

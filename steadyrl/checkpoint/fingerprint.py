@@ -43,7 +43,15 @@ MODEL_CONFIG_IGNORED = {
 
 
 def _sha(data) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=_content).encode()).hexdigest()[:16]
+
+
+def _content(value) -> str:
+    """A value JSON cannot hold, by its content: an image (PIL) by its mode, size and pixels (its ``str`` names its
+    address in memory), anything else as ``str``."""
+    if all(hasattr(value, name) for name in ("mode", "size", "tobytes")):
+        return f"image {value.mode} {value.size} {hashlib.sha256(value.tobytes()).hexdigest()[:16]}"
+    return str(value)
 
 
 def _json_default(value):

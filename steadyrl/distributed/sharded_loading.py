@@ -287,6 +287,17 @@ def tied_parameter_names(model: torch.nn.Module) -> set[str]:
     return tied
 
 
+def unloaded(model: torch.nn.Module, missing) -> set[str]:
+    """The ``missing`` names none of whose tied aliases (names of the same parameter) was loaded: a tied output
+    embedding is loaded with its input embedding, whichever of the two names the file holds."""
+    groups: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), set()).add(name)
+    alias = {name: group for group in groups.values() for name in group}
+    missing = set(missing)
+    return {name for name in missing if alias.get(name, {name}) <= missing}
+
+
 @torch.no_grad()
 def trained_copy_on_main(model: PreTrainedModel) -> PreTrainedModel:
     """A copy of an FSDP2-sharded frozen ``model`` to train, held by the main process (``load_trained_on_main``'s
