@@ -84,20 +84,16 @@ class ImageBatch:
 
     def fit_prompt(self, width: int) -> ImageBatch:
         """The token-aligned tensors cut or left-padded to ``width`` columns, as the prompt ids are trimmed."""
-        from .ops import fit_columns
-
-        tokens = {name: fit_columns(value, width, left=True) for name, value in self.tokens.items()}
+        tokens = {name: fit_left(value, width) for name, value in self.tokens.items()}
         return ImageBatch(self.rows, self.counts, tokens)
 
     def model_inputs(self, prompt_width: int, completion_width: int) -> dict[str, torch.Tensor]:
         """The model's keyword arguments for prompt + completion columns: the image rows as they are, the
         token-aligned tensors fitted to the prompt and zero over the completion."""
-        from .ops import fit_columns
-
         inputs = dict(self.rows)
         for name, value in self.tokens.items():
-            prompt = fit_columns(value, prompt_width, left=True)
-            inputs[name] = fit_columns(prompt, prompt_width + completion_width)
+            prompt = fit_left(value, prompt_width)
+            inputs[name] = torch.cat([prompt, prompt.new_zeros(len(prompt), completion_width)], dim=1)
         return inputs
 
     def flat(self) -> dict[str, torch.Tensor]:
@@ -114,16 +110,21 @@ class ImageBatch:
     @classmethod
     def concatenate(cls, parts: list[ImageBatch]) -> ImageBatch:
         """The samples of ``parts`` in order, the token-aligned tensors left-padded to the widest."""
-        from .ops import fit_columns
-
         first = parts[0]
         rows = {name: torch.cat([part.rows[name] for part in parts]) for name in first.rows}
         counts = {name: torch.cat([part.counts[name] for part in parts]) for name in first.counts}
         tokens = {}
         for name in first.tokens:
             width = max(part.tokens[name].shape[1] for part in parts)
-            tokens[name] = torch.cat([fit_columns(part.tokens[name], width, left=True) for part in parts])
+            tokens[name] = torch.cat([fit_left(part.tokens[name], width) for part in parts])
         return cls(rows, counts, tokens)
+
+
+def fit_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``tensor`` [N, W] cut to its last ``width`` columns, or left-padded with zeros to them."""
+    if tensor.shape[1] >= width:
+        return tensor[:, tensor.shape[1] - width :]
+    return torch.cat([tensor.new_zeros(len(tensor), width - tensor.shape[1]), tensor], dim=1)
 
 
 def computes_own_positions(model) -> bool:
