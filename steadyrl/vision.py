@@ -29,6 +29,8 @@ class ImageBatch:
         rows: name -> [R, ...]: every sample's image rows, sample after sample.
         counts: name -> [N] long: how many of those rows each sample has.
         tokens: name -> [N, P] long: per prompt token, aligned with the left-padded prompt ids (0 on padding).
+        sources: each sample's images as the dataset gave them (PIL), for an engine that processes them itself
+            (vLLM's ``multi_modal_data``); not stored in checkpoints (None after a resume: the tensors are).
 
     Example::
 
@@ -39,11 +41,14 @@ class ImageBatch:
     rows: dict[str, torch.Tensor]
     counts: dict[str, torch.Tensor]
     tokens: dict[str, torch.Tensor]
+    sources: list[list] | None = None
 
     @classmethod
-    def of_samples(cls, samples: list[dict[str, torch.Tensor]], width: int) -> ImageBatch:
+    def of_samples(
+        cls, samples: list[dict[str, torch.Tensor]], width: int, sources: list[list] | None = None
+    ) -> ImageBatch:
         """One sample's inputs per entry (token-aligned ones [P_i] long, image rows [R_i, ...]), the token-aligned
-        ones left-padded to ``width`` columns."""
+        ones left-padded to ``width`` columns; ``sources``: each sample's images."""
         names = list(samples[0])
         token_names = [name for name in names if samples[0][name].dim() == 1 and name in TOKEN_ALIGNED]
         rows, counts, tokens = {}, {}, {}
@@ -57,7 +62,7 @@ class ImageBatch:
             else:
                 rows[name] = torch.cat(values)
                 counts[name] = torch.tensor([len(value) for value in values], dtype=torch.long)
-        return cls(rows, counts, tokens)
+        return cls(rows, counts, tokens, sources)
 
     def __len__(self) -> int:
         first = next(iter(self.counts.values()), None)
@@ -76,16 +81,17 @@ class ImageBatch:
             taken = torch.cat(picked) if picked else torch.zeros(0, dtype=torch.long)
             rows[name], counts[name] = values[taken.to(values.device)], self.counts[name][index.to(count.device)]
         tokens = {name: values[index.to(values.device)] for name, values in self.tokens.items()}
-        return ImageBatch(rows, counts, tokens)
+        sources = None if self.sources is None else [self.sources[i] for i in index.tolist()]
+        return ImageBatch(rows, counts, tokens, sources)
 
     def to(self, device: torch.device | str) -> ImageBatch:
         move = lambda named: {name: value.to(device) for name, value in named.items()}  # noqa: E731
-        return ImageBatch(move(self.rows), move(self.counts), move(self.tokens))
+        return ImageBatch(move(self.rows), move(self.counts), move(self.tokens), self.sources)
 
     def fit_prompt(self, width: int) -> ImageBatch:
         """The token-aligned tensors cut or left-padded to ``width`` columns, as the prompt ids are trimmed."""
         tokens = {name: fit_left(value, width) for name, value in self.tokens.items()}
-        return ImageBatch(self.rows, self.counts, tokens)
+        return ImageBatch(self.rows, self.counts, tokens, self.sources)
 
     def model_inputs(self, prompt_width: int, completion_width: int) -> dict[str, torch.Tensor]:
         """The model's keyword arguments for prompt + completion columns: the image rows as they are, the
@@ -117,7 +123,9 @@ class ImageBatch:
         for name in first.tokens:
             width = max(part.tokens[name].shape[1] for part in parts)
             tokens[name] = torch.cat([fit_left(part.tokens[name], width) for part in parts])
-        return cls(rows, counts, tokens)
+        known = all(part.sources is not None for part in parts)
+        sources = [images for part in parts for images in part.sources] if known else None
+        return cls(rows, counts, tokens, sources)
 
 
 def fit_left(tensor: torch.Tensor, width: int) -> torch.Tensor:

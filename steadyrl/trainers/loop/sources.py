@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...data.images import encode_prompts, has_images, image_column, prompts_with_images
+from ...data.images import encode_prompts, has_images, image_column, prompt_images, prompts_with_images
 from ...data.prompts import PromptTruncation, tokenize_prompts
 from ...data.sampling import next_rows
 from ...distributed.fsdp import unsharded
@@ -215,7 +215,7 @@ class SingleTurnSource(RolloutSource):
                 "image features. Raise max_prompt_length (or set it to None), or give smaller images (the "
                 "processor's max_pixels)."
             )
-        return prompt_ids, ImageBatch.of_samples(inputs, longest)
+        return prompt_ids, ImageBatch.of_samples(inputs, longest, [prompt_images(prompt) for prompt in prompts])
 
     def tokenize(self, prompts: list) -> list[list[int]]:
         """The token ids the policy sees for each prompt, before truncation to ``max_prompt_length``."""
