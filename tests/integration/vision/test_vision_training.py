@@ -1,0 +1,120 @@
+"""Vision-language models trained with images in their prompts (TRL's ``image`` column, the model's processor as
+``processing_class``): GRPO, RLOO and online DPO on the Qwen2.5-VL and LLaVA-Next stand-ins (steadyrl.toy.vision),
+on 1 and 2 processes. A run SIGKILLed after a mid-rollout checkpoint resumes to the byte-identical result, on the same
+number of processes; on another number it trains the same steps within float rounding."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import MULTI_CPU, TWO_PROCESSES, read_logs, run_toy
+from safetensors.torch import load_file
+from support.toy_run import make_trainer, vision_task
+
+CASES = {"grpo-qwen2_5_vl": ("grpo", "qwen2_5_vl"), "rloo-llava_next": ("rloo", "llava_next")}
+# a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
+# scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)
+NOISE_ONLY = ("k_proj.bias", "qkv.bias")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(case, processes)``: an uninterrupted run of a case, made once per module."""
+    made = {}
+
+    def get(case: str, processes: int = 1) -> Path:
+        if (case, processes) not in made:
+            algorithm, family = CASES[case]
+            out = tmp_path_factory.mktemp(f"vision-{case}-{processes}")
+            run_toy(out, *flags(case), *launch(processes)[0], accelerate_config=launch(processes)[1])
+            made[case, processes] = out
+        return made[case, processes]
+
+    return get
+
+
+def flags(case: str) -> list[str]:
+    algorithm, family = CASES[case]
+    return ["--algorithm", algorithm, "--vision", family]
+
+
+def launch(processes: int) -> tuple[list[str], Path | None]:
+    return (TWO_PROCESSES, MULTI_CPU) if processes == 2 else ([], None)
+
+
+def assert_identical(reference: Path, resumed: Path, after_step: int) -> None:
+    for part in ("model.safetensors",):
+        assert (resumed / "final-actor" / part).read_bytes() == (reference / "final-actor" / part).read_bytes()
+    ref, new = read_logs(reference), read_logs(resumed)
+    assert sorted(new) == sorted(ref) == list(range(1, 13))
+    for step in range(after_step + 1, 13):
+        for key in set(ref[step]) - {"tokens_per_second"}:
+            assert new[step][key] == ref[step][key], f"step {step}: {key} differs"
+
+
+def assert_close_weights(ours: Path, theirs: Path, rel: float = 1e-5) -> None:
+    a, b = (load_file(run / "final-actor" / "model.safetensors") for run in (ours, theirs))
+    assert a.keys() == b.keys()
+    for name, tensor in b.items():
+        if not name.endswith(NOISE_ONLY):
+            assert (a[name] - tensor).abs().max() <= rel * tensor.abs().max().clamp(min=1e-12), name
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sigkill_after_a_mid_rollout_checkpoint_resumes_identically(runs, tmp_path, case):
+    reference = runs(case)
+    run_toy(tmp_path, *flags(case), "--kill-after-save", "6", expect_kill=True)
+    buffer = load_file(tmp_path / "checkpoint-6" / "rollout_buffer_0.safetensors")
+    assert any(".pixel_values" in name for name in buffer), "the mid-rollout buffer stores the images' tensors"
+    _, output = run_toy(tmp_path, *flags(case), "--resume")
+    assert "checkpoint-6" in output
+    assert_identical(reference, tmp_path, after_step=6)
+    rewards = [entry["reward"] for entry in read_logs(reference).values()]
+    assert len(set(rewards)) > 1, "the reward must depend on the completions for the run to test anything"
+
+
+def test_two_processes_train_as_one_resume_identically_and_resume_on_one(runs, tmp_path):
+    case = "grpo-qwen2_5_vl"
+    one, two = runs(case, 1), runs(case, 2)
+    assert_close_weights(two, one)  # the same global batch on 2 processes: the same training, up to rounding
+    flags2, config = launch(2)
+    run_toy(tmp_path, *flags(case), *flags2, "--kill-after-save", "6", accelerate_config=config, expect_kill=True)
+    assert (tmp_path / "checkpoint-6" / "rollout_buffer_1.safetensors").is_file()
+    on_one = tmp_path.parent / f"{tmp_path.name}-on-one"
+    shutil.copytree(tmp_path, on_one)
+    run_toy(tmp_path, *flags(case), *flags2, "--resume", accelerate_config=config)
+    assert_identical(two, tmp_path, after_step=6)
+    run_toy(on_one, *flags(case), *flags2, "--resume")  # 2 -> 1 process: the same steps, reduced in another order
+    assert_close_weights(on_one, two)
+    ours, theirs = read_logs(on_one), read_logs(two)
+    for step in range(7, 13):
+        assert ours[step]["reward"] == pytest.approx(theirs[step]["reward"], rel=1e-6), step
+
+
+def test_online_dpo_trains_on_pairs_of_completions_of_one_image(tmp_path):
+    task = vision_task("qwen2_5_vl")
+    trainer = make_trainer(tmp_path, algorithm="online-dpo", max_steps=2, save_steps=100, **task)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    moved = [name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])]
+    assert any(name.startswith("model.visual") for name in moved), "the vision tower trains"
+    assert any("language_model" in name for name in moved)
+    assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in trainer.state.log_history if "loss" in entry)
+
+
+def test_hf_generate_never_samples_an_image_token_and_the_actor_is_published_with_its_processor(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    task = vision_task("qwen2_5_vl")
+    trainer = make_trainer(tmp_path, algorithm="grpo", max_steps=1, save_steps=100, **task)
+    image_token = trainer.processor.image_token_id
+    with torch.no_grad():  # make the image token the likeliest next token everywhere
+        trainer.model.lm_head.weight[image_token] = 50 * trainer.model.lm_head.weight.abs().max()
+    sampled = trainer.rollout_source.next(trainer.state)
+    completions = [token for row in sampled.generation.completion_ids for token in row]
+    assert image_token in trainer.backend.suppressed and image_token not in completions
+    trainer.save_model(str(tmp_path / "actor"))
+    assert (tmp_path / "actor" / "processor_config.json").is_file()
+    loaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "actor")
+    assert type(loaded) is type(trainer.model)
