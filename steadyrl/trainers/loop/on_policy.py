@@ -72,7 +72,7 @@ from .saving import SavingMixin
 from .stage_wiring import StageWiring
 from .trainer_hooks import TrainerHooks
 from .trl_attributes import TRLAttributesMixin
-from .vision_checks import check_vision_run
+from .vision_checks import check_vision_inputs, check_vision_run
 
 logger = logging.get_logger(__name__)
 
@@ -177,6 +177,7 @@ class OnPolicyTrainer(
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             check_image_columns(dataset, name, self.processor is not None)
         self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
+        self.trains_on_images = check_vision_inputs(self, train_dataset)
         if eval_dataset is not None:
             check_eval_dataset(eval_dataset, self.conversational)
         reward_funcs, self.reward_model = as_list(reward_funcs), None
@@ -261,8 +262,8 @@ class OnPolicyTrainer(
         self.algorithm = self.make_algorithm()
         temperature = self.algorithm.logprob_temperature
         self.backend = make_backend(args, processing_class, model, self.accelerator.device, temperature)
-        if self.processor is not None:
-            check_vision_run(self, train_dataset)
+        if self.trains_on_images:
+            check_vision_run(self)
         main = self.accelerator.is_main_process
         turns = UserTurns.of(processing_class, args.chat_template_kwargs) if self.conversational else None
         log = CompletionLog(args.output_dir, args.num_completions_to_print, turns, args.log_unique_prompts)

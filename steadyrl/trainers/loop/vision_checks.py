@@ -1,23 +1,35 @@
-"""What a run with a vision-language model's processor needs, checked before any work: an algorithm, a rollout
-source and a generation backend that carry images; and the image tokens kept out of sampling."""
+"""What a run with a vision-language model's processor needs, checked before any work: conversational prompts, an
+algorithm, a rollout source and a generation backend that carry images; and the image tokens kept out of sampling."""
 
 from __future__ import annotations
 
 from ...data.images import image_column, image_token_ids
 
 
-def check_vision_run(trainer, train_dataset) -> None:
+def check_vision_inputs(trainer, train_dataset) -> bool:
+    """Whether the run trains on images (a processor, and an image column); prompts that cannot hold images and an
+    algorithm that does not take them are refused first, before any other model is loaded."""
+    column = image_column(getattr(train_dataset, "column_names", None) or [])
+    if trainer.processor is None or column is None:
+        return False
+    if not trainer.conversational:
+        raise ValueError(
+            f"train_dataset has an {column!r} column, so its prompts must be conversations (lists of messages), as "
+            "TRL requires for images: a prompt that is a string (a chat template applied already) has nowhere to "
+            "place them. Give the raw messages and let the trainer apply the chat template."
+        )
+    if not trainer.algorithm_class.takes_images:
+        raise ValueError(
+            f"{type(trainer).__name__} does not train on prompts with images yet (train_dataset has an image "
+            "column): GRPOTrainer, RLOOTrainer, ReinforcePPTrainer and OnlineDPOTrainer do (docs/vision.md)."
+        )
+    return True
+
+
+def check_vision_run(trainer) -> None:
     """Refuse, naming the setting, what does not carry images yet (docs/vision.md lists it); tell HF generate the
     image tokens it must never sample."""
     args, name = trainer.args, type(trainer).__name__
-    columns = getattr(train_dataset, "column_names", None) or []
-    if image_column(columns) is None:  # a processor with text-only prompts: nothing to carry
-        return
-    if not trainer.algorithm_class.takes_images:
-        raise ValueError(
-            f"{name} does not train on prompts with images yet (train_dataset has an image column): "
-            "GRPOTrainer, RLOOTrainer, ReinforcePPTrainer and OnlineDPOTrainer do (docs/vision.md)."
-        )
     refused = [
         (trainer.multi_turn.active, "tools, environment_factory or rollout_func (multi-turn rollouts)"),
         (bool(args.max_staleness), f"max_staleness={args.max_staleness} (rollouts generated ahead)"),

@@ -41,6 +41,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "test_environment_errors": ("environment", "FSDP2"),
     "test_checkpoint_and_cli_errors": ("checkpoints", "command line"),
     "test_multi_turn_errors": ("multi-turn",),
+    "test_vision_errors": ("vision",),
 }
 DEFAULT_GROUP = "test_config_errors"
 GROUP_OF_AREA = {area: group for group, areas in GROUPS.items() for area in areas}
