@@ -14,6 +14,8 @@ tensors for a checkpoint (safetensors: stored exactly). Shapes: N samples, P pro
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +86,16 @@ class ImageBatch:
         sources = None if self.sources is None else [self.sources[i] for i in index.tolist()]
         return ImageBatch(rows, counts, tokens, sources)
 
+    def sample_keys(self) -> list[bytes]:
+        """One digest per sample of its image inputs: equal for samples with the same images (a group's)."""
+        digests = [hashlib.sha256() for _ in range(len(self))]
+        for name, values in sorted(self.rows.items()):
+            ends = self.counts[name].cpu().cumsum(0).tolist()
+            flat = values.detach().cpu().contiguous()
+            for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+                digests[i].update(name.encode() + flat[start:end].numpy().tobytes())
+        return [digest.digest() for digest in digests]
+
     def to(self, device: torch.device | str) -> ImageBatch:
         move = lambda named: {name: value.to(device) for name, value in named.items()}  # noqa: E731
         return ImageBatch(move(self.rows), move(self.counts), move(self.tokens), self.sources)
@@ -141,6 +153,21 @@ def computes_own_positions(model) -> bool:
     model = getattr(model, "module", model)  # a DDP / DeepSpeed wrapper
     inner = getattr(model, "model", model)
     return any(hasattr(m, "get_rope_index") for m in (model, inner))
+
+
+def image_positions(model, prompt_ids: torch.Tensor, images: ImageBatch) -> torch.Tensor | None:
+    """[3, P]: the positions a model whose positions come from the images (Qwen's mrope, ``get_rope_index``) gives
+    one prompt [P] with its image inputs (``images``: that one sample's, fitted to the prompt); None for others."""
+    model = getattr(model, "module", model)
+    owner = next((m for m in (getattr(model, "model", None), model) if hasattr(m, "get_rope_index")), None)
+    if owner is None:
+        return None
+    accepted = inspect.signature(owner.get_rope_index).parameters
+    inputs = images.model_inputs(len(prompt_ids), 0)
+    kwargs = {name: value for name, value in inputs.items() if name in accepted}
+    ids = prompt_ids[None]
+    positions, _ = owner.get_rope_index(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    return positions[:, 0]
 
 
 # per-prompt-token inputs of the families steadyrl trains (TRL's list): Qwen's, Gemma3's

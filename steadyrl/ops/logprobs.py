@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import weakref
 
 import torch
 
-from ..vision import ImageBatch, computes_own_positions
-from .head_logprobs import chunkable_head, head_returns_logprobs, warn_full_logits_once
+from ..vision import ImageBatch, computes_own_positions, image_positions
+from .head_logprobs import chunkable_head, head_returns_logprobs, unwrapped, warn_full_logits_once
 from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
 from .packing import (
     PackedRows,
@@ -93,11 +95,16 @@ def completion_logprobs(
     head projecting CHUNK_HEAD_LOGITS // V positions at a time (head_logprobs.py): no [B, C, V] logits exist. Else,
     and for other models (logged once), from the [B, C, V] logits, a few rows at a time. ``outputs``: see
     ``model_logits`` (a Mixture-of-Experts model's load-balancing loss). With ``packing``, from one packed pass with
-    each prompt shared by its completions (packing.py), where the model allows it (``packing_fallback``); a
-    vision-language model's ``images`` run padded (``images_disable_packing``)."""
+    each prompt shared by its completions (packing.py), where the model allows it (``packing_fallback``): with a
+    vision-language model's ``images``, each group's images once too (its vision tower runs once per group), where a
+    packed pass of the first such micro-batch equals the padded one (``images_packing_fallback``)."""
     tokens = (prompt_ids, prompt_mask, completion_ids, completion_mask)
     if packing and images is not None:
-        packing = images_disable_packing(model)
+        if images_packing_fallback(model, tokens, images, outputs):
+            packing = False
+        else:
+            packed = pack_shared_prompts(*tokens, images=images, positions_of=functools.partial(image_positions, model))
+            return packed_completion_logprobs(model, packed, temperature, with_entropy, chunked_head)
     if packing and not packing_fallback(model, tokens, _padded_logprobs, _packed_logprobs, outputs):
         return packed_completion_logprobs(model, pack_shared_prompts(*tokens), temperature, with_entropy, chunked_head)
     head, reason = chunkable_head(model) if chunked_head else (None, "")
@@ -122,20 +129,37 @@ def completion_logprobs(
     return output[..., 0], output[..., 1] if with_entropy else None
 
 
-_said_padded: set[str] = set()
+_images_checked: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
 
 
-def images_disable_packing(model: torch.nn.Module) -> bool:
-    """False, said once per model: a rollout with images is scored in padded passes (its image tokens' positions,
-    and the vision tower's inputs, are per padded row)."""
-    name = type(model).__name__
-    if name not in _said_padded:
-        _said_padded.add(name)
+@torch.no_grad()
+def images_packing_fallback(model: torch.nn.Module, tokens: tuple, images: ImageBatch, outputs: dict | None) -> str:
+    """Why ``model``'s passes with images run padded ('' where they pack). Checked once per model, on the first
+    micro-batch with images: the text probe (``packing_fallback``), then its packed pass against its padded pass on
+    the completion tokens; a difference (a family whose attention treats image tokens specially: Gemma3's
+    bidirectional image attention) is said once, and its passes run padded."""
+    reason = packing_fallback(model, tokens, _padded_logprobs, _packed_logprobs, outputs)
+    inner = unwrapped(model)
+    if reason or inner in _images_checked:
+        return reason or _images_checked[inner]
+    was_training = model.training
+    model.eval()
+    try:
+        expected, _ = completion_logprobs(model, *tokens, images=images)
+        packed = pack_shared_prompts(*tokens, images=images, positions_of=functools.partial(image_positions, model))
+        gap = ((expected - packed_completion_logprobs(model, packed, 1.0, False)[0]) * tokens[3]).abs().max().item()
+        tolerance = 1e-4 if next(inner.parameters()).dtype == torch.float32 else 5e-2
+        reason = "" if gap <= tolerance else f"a packed pass with its images differs from the padded pass by {gap:.2g}"
+    except Exception as err:  # noqa: BLE001 - a model that cannot take packed image inputs: it runs padded
+        reason = f"a packed pass with images failed ({type(err).__name__}: {err})"
+    finally:
+        model.train(was_training)
+    if reason:
         logging.getLogger(__name__).warning(
-            f"packing=True: {name}'s rollouts with images are scored and trained in padded passes, not packed: "
-            "packing a group's shared prompt with its images is not supported yet (docs/vision.md)."
+            "Packing with images is off for %s: %s. Its passes with images run padded.", type(inner).__name__, reason
         )
-    return False
+    _images_checked[inner] = reason
+    return reason
 
 
 def _padded_logprobs(model: torch.nn.Module, *tokens: torch.Tensor) -> torch.Tensor:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from ..vision import ImageBatch
 from .head_logprobs import chunkable_head, head_returns_logprobs, unwrapped, warn_full_logits_once
 from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
 from .segment_attention import SEGMENTS_KWARG, PackedSegments, Span, install, takes_segments
@@ -66,6 +67,7 @@ class PackedRows:
     targets: torch.Tensor  # [K] long: the completion tokens, in completion_mask's row-major order
     completion_mask: torch.Tensor  # [B, C] bool
     spans: list[list[Span]]  # per packed row, each group's prompt and completion spans (segment_attention.py)
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # image inputs, each group's once, in packed order
 
     def attention_mask(self, mask_format: str = "bool", dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[R, 1, T, T]: query t sees key s <= t of its own group that is a prompt token or in its own completion
@@ -86,6 +88,7 @@ class PackedRows:
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             "attention_mask": self.attention_mask(mask_format, dtype),
+            **self.extra,
         }
 
     def segments(self) -> PackedSegments:
@@ -109,21 +112,27 @@ def pack_shared_prompts(
     completion_mask: torch.Tensor,  # [B, C]
     pad_token_id: int = 0,
     multiple_of: int | None = None,
+    images: ImageBatch | None = None,
+    positions_of: Callable[[torch.Tensor, ImageBatch], torch.Tensor | None] | None = None,
 ) -> PackedRows:
-    """The rows packed: rows with the same prompt form a group (the prompt once, then each row's completion); groups
-    fill packed rows in order of first appearance, a row holding as many whole groups as fit in the longest group's
-    length. With ``multiple_of``, T is rounded up to a multiple of it (TRL's ``pad_to_multiple_of``)."""
+    """The rows packed: rows with the same prompt (and the same images) form a group (the prompt once, then each row's
+    completion); groups fill packed rows in order of first appearance, a row holding as many whole groups as fit in
+    the longest group's length. With ``multiple_of``, T is rounded up to a multiple of it (TRL's
+    ``pad_to_multiple_of``). ``images``: the rows' image inputs, each group's passed once (its vision tower runs once
+    per group); ``positions_of(prompt [P], its images)``: [3, P] positions of a model whose positions come from the
+    images (``vision.image_positions``), its completions continuing from the prompt's largest."""
     prompt_rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu())]
     lengths = completion_mask.sum(1).tolist()
     completions = completion_ids.tolist()
-    groups: dict[tuple[int, ...], list[int]] = {}
+    image_keys = images.sample_keys() if images is not None else [b""] * len(prompt_rows)
+    groups: dict[tuple, list[int]] = {}
     for row, prompt in enumerate(prompt_rows):
-        groups.setdefault(tuple(prompt), []).append(row)
-    sizes = [len(prompt) + sum(lengths[row] for row in rows) for prompt, rows in groups.items()]
+        groups.setdefault((tuple(prompt), image_keys[row]), []).append(row)
+    sizes = [len(prompt) + sum(lengths[row] for row in rows) for (prompt, _), rows in groups.items()]
     budget = max(sizes)
     packed: list[list[tuple[tuple[int, ...], list[int]]]] = [[]]
     used = 0
-    for (prompt, rows), size in zip(groups.items(), sizes):
+    for ((prompt, _), rows), size in zip(groups.items(), sizes):
         if used + size > budget:
             packed.append([])
             used = 0
@@ -162,16 +171,57 @@ def pack_shared_prompts(
     def tensor(rows):
         return torch.tensor(rows, dtype=torch.long, device=device)
 
+    position_ids, extra = tensor(positions), {}
+    if images is not None:
+        firsts = [rows[0] for row_groups in packed for _, rows in row_groups]
+        position_ids, extra = packed_image_inputs(images, firsts, prompt_rows, position_ids, spans, positions_of)
     return PackedRows(
         input_ids=tensor(ids),
-        position_ids=tensor(positions),
+        position_ids=position_ids,
         segment=tensor(segment),
         branch=tensor(branch),
         source=tensor(source),
         targets=completion_ids[mask],
         completion_mask=mask,
         spans=spans,
+        extra=extra,
     )
+
+
+def packed_image_inputs(
+    images: ImageBatch,
+    firsts: list[int],
+    prompt_rows: list[list[int]],
+    position_ids: torch.Tensor,
+    spans: list[list[Span]],
+    positions_of,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The packed rows' image inputs: each group's image rows once (``firsts``: a batch row of each group, in packed
+    order), its token-aligned inputs over its prompt's positions (0 elsewhere); and the position ids, [3, R, T] where
+    ``positions_of`` gives a prompt's (its completions continue from the prompt's largest on all three)."""
+    chosen = images.select(torch.tensor(firsts))
+    extra = dict(chosen.rows)
+    device = position_ids.device
+    tokens = {name: torch.zeros_like(position_ids) for name in chosen.tokens}
+    per_group = [(r, span) for r, row_spans in enumerate(spans) for span in row_spans]
+    mrope = None
+    for i, ((r, span), row) in enumerate(zip(per_group, firsts)):
+        width = span.end - span.start
+        one = chosen.select(slice(i, i + 1)).fit_prompt(width)
+        for name, value in one.tokens.items():
+            tokens[name][r, span.start : span.end] = value[0].to(device)
+        if positions_of is None:
+            continue
+        prompt_positions = positions_of(torch.tensor(prompt_rows[row], device=device), one)
+        if prompt_positions is None:
+            continue
+        if mrope is None:
+            mrope = position_ids[None].repeat(3, 1, 1)
+        mrope[:, r, span.start : span.end] = prompt_positions.to(device)
+        following = int(prompt_positions.max()) + 1
+        for start, end in span.completions:
+            mrope[:, r, start:end] = torch.arange(following, following + end - start, device=device)
+    return (position_ids if mrope is None else mrope), {**extra, **tokens}
 
 
 def packing_support(model: torch.nn.Module) -> tuple[str | None, str]:

@@ -52,3 +52,22 @@ def test_the_loss_gradient_reaches_the_vision_tower(family):
     (logprobs * tokens["completion_mask"]).sum().backward()
     tower = model.model.visual if family == "qwen2_5_vl" else model.model.vision_tower
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tower.parameters())
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "llava_next"])
+def test_a_packed_pass_encodes_each_groups_images_once_and_equals_the_padded_pass(family):
+    model, tokens, images, _ = batch(family)
+    rows = torch.tensor([0, 0, 0, 1, 1, 2])  # 3 groups: each a prompt with its image, and its completions
+    tokens = {name: value[rows].clone() for name, value in tokens.items()}
+    tokens["completion_ids"][1:3, :2] = torch.tensor([[5, 6], [7, 8]])  # a group's completions differ
+    images = images.select(rows)
+    completion_logprobs(model, *tokens.values(), images=images, packing=True)  # the first: checked against padded
+    tower = model.model.visual if family == "qwen2_5_vl" else model.model.vision_tower
+    encoded = []
+    handle = tower.register_forward_hook(lambda module, args, output: encoded.append(args[0].shape[0]))
+    padded, _ = completion_logprobs(model, *tokens.values(), images=images)
+    packed, _ = completion_logprobs(model, *tokens.values(), images=images, packing=True)
+    handle.remove()
+    mask = tokens["completion_mask"]
+    torch.testing.assert_close(packed * mask, padded * mask, rtol=0, atol=1e-5)
+    assert encoded[1] * 2 == encoded[0], "packed, the vision tower encodes 3 images (one per group), padded 6"
