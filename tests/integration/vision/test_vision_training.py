@@ -12,7 +12,11 @@ from conftest import MULTI_CPU, TWO_PROCESSES, read_logs, run_toy
 from safetensors.torch import load_file
 from support.toy_run import make_trainer, vision_task
 
-CASES = {"grpo-qwen2_5_vl": ("grpo", "qwen2_5_vl"), "rloo-llava_next": ("rloo", "llava_next")}
+CASES = {
+    "grpo-qwen2_5_vl": ("grpo", "qwen2_5_vl"),
+    "rloo-llava_next": ("rloo", "llava_next"),
+    "grpo-qwen2_5_vl-lora": ("grpo", "qwen2_5_vl", "--lora"),  # adapters on the language model, the tower frozen
+}
 # a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
 # scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)
 NOISE_ONLY = ("k_proj.bias", "qkv.bias")
@@ -25,7 +29,6 @@ def runs(tmp_path_factory):
 
     def get(case: str, processes: int = 1) -> Path:
         if (case, processes) not in made:
-            algorithm, family = CASES[case]
             out = tmp_path_factory.mktemp(f"vision-{case}-{processes}")
             run_toy(out, *flags(case), *launch(processes)[0], accelerate_config=launch(processes)[1])
             made[case, processes] = out
@@ -35,8 +38,8 @@ def runs(tmp_path_factory):
 
 
 def flags(case: str) -> list[str]:
-    algorithm, family = CASES[case]
-    return ["--algorithm", algorithm, "--vision", family]
+    algorithm, family, *extra = CASES[case]
+    return ["--algorithm", algorithm, "--vision", family, *extra]
 
 
 def launch(processes: int) -> tuple[list[str], Path | None]:
@@ -44,8 +47,12 @@ def launch(processes: int) -> tuple[list[str], Path | None]:
 
 
 def assert_identical(reference: Path, resumed: Path, after_step: int) -> None:
-    for part in ("model.safetensors",):
-        assert (resumed / "final-actor" / part).read_bytes() == (reference / "final-actor" / part).read_bytes()
+    part = next(
+        name
+        for name in ("model.safetensors", "adapter_model.safetensors")
+        if (reference / "final-actor" / name).is_file()
+    )
+    assert (resumed / "final-actor" / part).read_bytes() == (reference / "final-actor" / part).read_bytes()
     ref, new = read_logs(reference), read_logs(resumed)
     assert sorted(new) == sorted(ref) == list(range(1, 13))
     for step in range(after_step + 1, 13):
@@ -65,6 +72,9 @@ def assert_close_weights(ours: Path, theirs: Path, rel: float = 1e-5) -> None:
 def test_sigkill_after_a_mid_rollout_checkpoint_resumes_identically(runs, tmp_path, case):
     reference = runs(case)
     run_toy(tmp_path, *flags(case), "--kill-after-save", "6", expect_kill=True)
+    if "lora" in case:
+        adapters = load_file(runs(case) / "final-actor" / "adapter_model.safetensors")
+        assert adapters and all("language_model" in name for name in adapters), "the vision tower has no adapters"
     buffer = load_file(tmp_path / "checkpoint-6" / "rollout_buffer_0.safetensors")
     assert any(".pixel_values" in name for name in buffer), "the mid-rollout buffer stores the images' tensors"
     _, output = run_toy(tmp_path, *flags(case), "--resume")
