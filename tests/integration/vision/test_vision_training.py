@@ -102,8 +102,10 @@ def test_two_processes_train_as_one_resume_identically_and_resume_on_one(runs, t
         assert ours[step]["reward"] == pytest.approx(theirs[step]["reward"], rel=1e-6), step
 
 
-def test_online_dpo_trains_on_pairs_of_completions_of_one_image(tmp_path):
-    task = vision_task("qwen2_5_vl")
+def test_online_dpo_trains_on_pairs_of_completions_of_one_image_and_evaluates_held_out_images(tmp_path):
+    from steadyrl.toy.vision import colour_dataset
+
+    task = {**vision_task("qwen2_5_vl"), "eval_dataset": colour_dataset(4, seed=1), "per_device_eval_batch_size": 4}
     trainer = make_trainer(tmp_path, algorithm="online-dpo", max_steps=2, save_steps=100, **task)
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
@@ -111,13 +113,20 @@ def test_online_dpo_trains_on_pairs_of_completions_of_one_image(tmp_path):
     assert any(name.startswith("model.visual") for name in moved), "the vision tower trains"
     assert any("language_model" in name for name in moved)
     assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in trainer.state.log_history if "loss" in entry)
+    metrics = trainer.evaluate()
+    assert metrics["eval_completions/mean_length"] > 0 and "eval_rewards/colour_letters_reward/mean" in metrics
 
 
-def test_hf_generate_never_samples_an_image_token_and_the_actor_is_published_with_its_processor(tmp_path):
+def test_evaluation_loss_hf_generate_never_samples_an_image_token_and_the_actor_is_published_with_its_processor(
+    tmp_path,
+):
     from transformers import AutoModelForImageTextToText
 
-    task = vision_task("qwen2_5_vl")
+    from steadyrl.toy.vision import colour_dataset
+
+    task = {**vision_task("qwen2_5_vl"), "eval_dataset": colour_dataset(4, seed=1), "per_device_eval_batch_size": 4}
     trainer = make_trainer(tmp_path, algorithm="grpo", max_steps=1, save_steps=100, **task)
+    assert torch.isfinite(torch.tensor(trainer.evaluate()["eval_loss"]))  # GRPO's loss of held-out images
     image_token = trainer.processor.image_token_id
     with torch.no_grad():  # make the image token the likeliest next token everywhere
         trainer.model.lm_head.weight[image_token] = 50 * trainer.model.lm_head.weight.abs().max()
