@@ -3,6 +3,8 @@
 - ``load_dataset("trl-internal-testing/zen", ...)`` reads the local stand-in directory instead (same configs,
   splits and columns; ``streaming=True`` too). Models need nothing here: they are found by their Hub ids in the
   stand-in hub cache (``HF_HUB_CACHE``, ``HF_HUB_OFFLINE=1``, set by run.py).
+- the stand-ins' image-only processor classes are registered with ``AutoProcessor`` (vision_standins.register):
+  the Qwen-VL families' processors are saved without their video processor, which needs torchvision.
 - testing_utils.py's ``trl.import_utils.is_joblib_available`` (newer than the installed trl) is supplied.
 - each test gets a wall-clock limit (``TRL_SUITE_TIMEOUT`` seconds, SIGALRM): a hung test fails, the run goes on.
 - every test's outcome is appended to ``TRL_SUITE_LOG`` (JSON lines) as soon as it is known, so an interrupted run
@@ -23,11 +25,13 @@ import datasets
 import pytest
 from excluded import excluded_tests
 from trl import import_utils as trl_import_utils
+from vision_standins import register as register_processors
 
 # testing_utils.py at the vendored commit imports a helper that the installed trl 1.16 does not have
 if not hasattr(trl_import_utils, "is_joblib_available"):
     trl_import_utils.is_joblib_available = lambda: importlib.util.find_spec("joblib") is not None
 
+register_processors()
 DATASETS = Path(os.environ["TRL_SUITE_DATASETS"])
 _load_dataset = datasets.load_dataset
 

@@ -10,7 +10,8 @@ response schemas) sees what it sees on the real model. The Qwen2.5 reward model'
 tokenizer has tokens, as the real ones do (152,064 rows for 151,665 tokens).
 
 The datasets are ``trl-internal-testing/zen``'s configurations with the same columns and splits: the Zen of Python
-cut into prompts (standard: a string; conversational: one user message).
+cut into prompts (standard: a string; conversational: one user message). The vision-language models and the image
+datasets (``zen-image``, ``zen-multi-image``) are vision_standins.py's.
 """
 
 from __future__ import annotations
@@ -82,8 +83,11 @@ QWEN_FAMILIES = ("qwen2_5", "qwen3")  # chat templates whose models get Qwen's o
 
 
 def fingerprint() -> str:
-    sources = [Path(__file__).read_text(), Path(__file__).with_name("qwen_tokenizer.py").read_text()]
-    text = json.dumps([VERSION, MODELS, ZEN, sources], sort_keys=True, default=str)
+    from vision_standins import fingerprint_parts
+
+    files = ("standins.py", "qwen_tokenizer.py", "vision_standins.py")
+    sources = [Path(__file__).with_name(name).read_text() for name in files]
+    text = json.dumps([VERSION, MODELS, ZEN, sources, fingerprint_parts()], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -161,6 +165,8 @@ def _write_zen(directory: Path) -> None:
 def build(root: Path) -> Path:
     """Write every stand-in under ``root / <fingerprint>`` once (written aside, renamed into place) and return that
     directory: ``hub/`` is an ``HF_HUB_CACHE``, ``datasets/<org>/<name>`` the local dataset directories."""
+    from vision_standins import VISION_MODELS, write_vision_model, write_zen_image_datasets
+
     target = root / fingerprint()
     if target.is_dir():
         return target
@@ -168,6 +174,9 @@ def build(root: Path) -> Path:
     for repo_id, spec in MODELS.items():
         _write_model(partial / "hub", repo_id, spec, root / "qwen")
     _write_zen(partial / "datasets" / "trl-internal-testing" / "zen")
+    for repo_id in VISION_MODELS:  # vision_standins.py: the VLMs and the image datasets
+        write_vision_model(partial / "hub", repo_id, root / "qwen")
+    write_zen_image_datasets(partial / "datasets")
     try:
         partial.rename(target)
     except OSError:  # another process finished first: use its copy
