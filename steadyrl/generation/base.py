@@ -85,6 +85,10 @@ class GenerationBackend(ABC):
     """
 
     capabilities = Capabilities(runs_training_model=True)
+    # a vision-language model's run sets both (trainers/loop/vision_checks.py): the image tokens never sampled, and
+    # the processor, for an engine that processes the images itself (vLLM)
+    suppressed: tuple[int, ...] = ()
+    processor = None
 
     def __init__(self, tokenizer, settings: SamplingSettings) -> None:
         self.tokenizer = tokenizer

@@ -31,6 +31,7 @@ from .server_auth import (
     trainer_key,
 )
 
+GENERATE_PATH = "/inference/v1/generate"  # vLLM's token-in token-out route, which takes images
 SERVE_HINT = "start one with 'steadyrl vllm-serve --model MODEL --port PORT' (docs/vllm-server.md)"
 
 
@@ -268,6 +269,22 @@ class ServerClient:
         """One ``/v1/completions`` answer's first choice; refused (412) unless the server holds ``self.weights``."""
         expect = {WEIGHTS_HEADER: self.weights} if self.weights is not None else None
         return self.request("POST", "/v1/completions", body, what="a completion request", headers=expect)["choices"][0]
+
+    def generate_tokens(self, body: dict) -> dict:
+        """One answer of vLLM's token-in token-out route (``/inference/v1/generate``: token ids with images, which
+        ``/v1/completions`` does not take); refused (412) unless the server holds ``self.weights``."""
+        expect = {WEIGHTS_HEADER: self.weights} if self.weights is not None else None
+        try:
+            return self.request("POST", GENERATE_PATH, body, what="a completion request with images", headers=expect)
+        except VLLMServerError as err:
+            if err.status in (403, 404):  # vLLM serves the route with --enable-scale-out only
+                raise VLLMServerError(
+                    f"the vLLM server at {self.base_url} does not take prompts with images ({GENERATE_PATH} answered "
+                    f"{err.status}): start it with 'steadyrl vllm-serve --model MODEL', which serves a "
+                    "vision-language model with that route (vLLM's --enable-scale-out)",
+                    status=err.status,
+                ) from err
+            raise
 
     def wait_until_up(self, deadline: float, poll: float = 1.0) -> None:
         """Return once ``/health`` answers; ``VLLMServerError`` (``unreachable``) if it has not by ``deadline``

@@ -25,9 +25,11 @@ from ..models.peft import base_config
 from ..ops.finite import refuse_nonfinite
 from ..reporting.quiet import quiet_vllm_logs, quiet_vllm_weight_reload
 from ..rng import rng_untouched
+from ..vision import ImageBatch
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
 from .engine_dir import EngineDir
 from .lora_sync import adapter_rank, adapter_state, choose_sync, engine_rank, write_adapter
+from .vllm_images import check_expanded, engine_prompt, suppression, without_torchvision
 from .weights import check_mergeable, whole_weights
 
 logger = logging.getLogger(__name__)
@@ -59,10 +61,18 @@ def import_vllm():
     return vllm
 
 
+def images_of(images: ImageBatch) -> list[list]:
+    """Each row's images (PIL), which vLLM processes itself."""
+    if images.sources is None:  # a rollout read back from a checkpoint holds the tensors only: never generated from
+        raise ValueError("vLLM processes a prompt's images itself: it needs the images, not only their tensors.")
+    return images.sources
+
+
 def check_servable(config, device: torch.device) -> None:
     """Refuse, before any work, a model that vLLM's CPU attention kernels cannot run."""
     if device.type != "cpu":
         return
+    config = config.get_text_config()  # a vision-language model's language model
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     supported = compat.cpu_attention_head_sizes()
     if head_dim not in supported:
@@ -96,8 +106,9 @@ def engine_plan(args, model: torch.nn.Module, logprob_temperature: float, on_cpu
     check_mergeable(model)
     adapter_only = "adapter" in weight_push and choose_sync(args.vllm_lora_sync, model, on_cpu) == "adapter"
     config = base_config(model)
-    needed = args.max_prompt_length + args.max_completion_length
-    max_model_len = args.vllm_max_model_len or min(needed, getattr(config, "max_position_embeddings", needed))
+    longest = getattr(config.get_text_config(), "max_position_embeddings", None)
+    needed = None if args.max_prompt_length is None else args.max_prompt_length + args.max_completion_length
+    max_model_len = args.vllm_max_model_len or min(length for length in (needed, longest) if length)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.") if args.vllm_dtype == "auto" else args.vllm_dtype
     # vLLM reports log-probs after temperature ("processed") or before it ("raw"): pick what the trainer uses
     logprobs_mode = "processed_logprobs" if logprob_temperature == args.temperature else "raw_logprobs"
@@ -133,7 +144,7 @@ def engine_variables(settings: EngineSettings, on_cuda: bool) -> dict[str, str]:
 class VLLMGenerationBackend(GenerationBackend):
     """Samples with vLLM; ``sync_weights`` keeps the engine's weights equal to the actor's."""
 
-    capabilities = Capabilities(returns_logprobs=True, weight_push=frozenset({"full", "adapter"}))
+    capabilities = Capabilities(returns_logprobs=True, weight_push=frozenset({"full", "adapter"}), takes_images=True)
 
     def __init__(self, tokenizer, settings: SamplingSettings, engine: EngineSettings, device: torch.device) -> None:
         super().__init__(tokenizer, settings)
@@ -178,6 +189,9 @@ class VLLMGenerationBackend(GenerationBackend):
         self._model_dir = EngineDir()  # a killed run's is removed at the next start
         config.save_pretrained(self._model_dir.name)
         self.tokenizer.save_pretrained(self._model_dir.name)
+        if self.processor is not None:  # vLLM processes the images itself, with the trainer's processor
+            self.processor.save_pretrained(self._model_dir.name)
+            without_torchvision()
         e, on_cuda = self.engine, self.device.type == "cuda"
         kwargs = dict(
             model=self._model_dir.name,
@@ -194,6 +208,10 @@ class VLLMGenerationBackend(GenerationBackend):
         if e.lora_rank is not None:
             # one adapter at a time: the previous version's is removed before the next is added
             kwargs.update(enable_lora=True, max_lora_rank=e.lora_rank, max_loras=1)
+        if self.processor is not None:
+            # the processor normalises the pixels on the host, as the trainer's: vLLM's own normalisation on the
+            # device keeps its constants in buffers that the placeholder weights randomise and no push restores
+            kwargs["mm_device_do_normalize"] = False
         if e.world_size > 1:  # one engine per training process, inside the existing torch.distributed group
             kwargs["distributed_executor_backend"] = "external_launcher"
         try:
@@ -268,22 +286,29 @@ class VLLMGenerationBackend(GenerationBackend):
             from vllm.sampling_params import StructuredOutputsParams
 
             settings["structured_outputs"] = StructuredOutputsParams(regex=s.regex)
+        if self.suppressed:  # a vision-language model's image tokens, never sampled
+            settings["logit_bias"] = suppression(self.suppressed)
         return SamplingParams(**{**settings, **s.extra}, seed=seed, logprobs=0)  # generation_kwargs override
 
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+    def generate(
+        self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int], images: ImageBatch | None = None
+    ) -> Generation:
+        """``images``: the rows' image inputs, whose ``sources`` (the dataset's images) vLLM processes itself."""
         from vllm.inputs import TokensPrompt
 
         tok = self.tokenizer
         params = [self.sampling_params(seed) for seed in seeds]
         with rng_untouched():
             outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
+                [TokensPrompt(**prompt) for prompt in self.engine_prompts(prompt_ids, images)],
                 params,
                 use_tqdm=False,
                 lora_request=self.lora_request,
             )
         completions, logprobs = [], []
-        for output in outputs:
+        for row, output in zip(prompt_ids, outputs):
+            if images is not None:
+                check_expanded(row, output.prompt_token_ids, "vLLM")
             sample = output.outputs[0]
             ids = trim_completion(list(sample.token_ids), tok.eos_token_id)
             completions.append(ids)
@@ -292,6 +317,13 @@ class VLLMGenerationBackend(GenerationBackend):
             self.llm.sleep(level=2)  # frees weights and KV cache for training; weights are pushed again on wake
             self._asleep, self._synced_version, self._base_synced = True, None, False
         return Generation(completions, logprobs)
+
+    def engine_prompts(self, prompt_ids: list[list[int]], images: ImageBatch | None) -> list[dict]:
+        """Each row's prompt as vLLM takes it (``vllm_images.engine_prompt``)."""
+        if images is None:
+            return [{"prompt_token_ids": ids} for ids in prompt_ids]
+        # the image tokens (each run of one is a placeholder vLLM expands) are the tokens never sampled
+        return [engine_prompt(ids, row, self.suppressed) for ids, row in zip(prompt_ids, images_of(images))]
 
     def close(self) -> None:
         if self.llm is None:

@@ -27,6 +27,7 @@ from accelerate import PartialState
 from ..distributed.fsdp import is_sharded
 from ..distributed.processes import on_main_process
 from ..ops.finite import refuse_nonfinite
+from ..vision import ImageBatch
 from .base import Capabilities, Generation, GenerationBackend, SamplingSettings, trim_completion
 from .lora_sync import adapter_bytes, adapter_rank, adapter_state
 from .server_adapters import ADAPTER_PREFIX
@@ -34,7 +35,8 @@ from .server_client import ServerClient, VLLMServerError
 from .server_recovery import MAX_RECOVERIES, OnServer, complete_rows, gave_up, put_back, recoverable
 from .server_settings import ServerSettings, check_server, served_adapter_rank, server_settings
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
-from .vllm import engine_plan
+from .vllm import engine_plan, images_of
+from .vllm_images import check_expanded, data_url, engine_prompt, suppression
 from .weights import whole_weights
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,9 @@ class VLLMServerBackend(GenerationBackend):
         generation = backend.generate(model, [[5, 6, 7]], seeds=[1234])
     """
 
-    capabilities = Capabilities(returns_logprobs=True, weight_push=frozenset({"full", "adapter"}), pushes_copies=True)
+    capabilities = Capabilities(
+        returns_logprobs=True, weight_push=frozenset({"full", "adapter"}), pushes_copies=True, takes_images=True
+    )
 
     def __init__(
         self, tokenizer, settings: SamplingSettings, server: ServerSettings, transfer: WeightTransfer | None = None
@@ -228,7 +232,7 @@ class VLLMServerBackend(GenerationBackend):
                 status=err.status,
             ) from err
 
-    def request_body(self, prompt: list[int], seed: int) -> dict:
+    def sampling_settings(self) -> dict:
         s = self.settings
         settings = dict(
             max_tokens=s.max_new_tokens,
@@ -240,17 +244,47 @@ class VLLMServerBackend(GenerationBackend):
         )
         if s.regex is not None:
             settings["structured_outputs"] = {"regex": s.regex}
+        if self.suppressed:  # a vision-language model's image tokens, never sampled
+            settings["logit_bias"] = {str(token): bias for token, bias in suppression(self.suppressed).items()}
+        return {**settings, **s.extra}  # generation_kwargs override the settings
+
+    def request_body(self, prompt: list[int], seed: int) -> dict:
         request = dict(model=self.served_name, prompt=prompt, seed=seed, logprobs=0, return_token_ids=True)
-        return {**settings, **s.extra, **request}  # generation_kwargs override the settings, not the request
+        return {**self.sampling_settings(), **request}
+
+    def image_request_body(self, prompt: list[int], images: list, seed: int) -> dict:
+        """The body of vLLM's token-in token-out request for a prompt row with images (``vllm_images``)."""
+        sampling = {**self.sampling_settings(), "seed": seed, "logprobs": 0}
+        return dict(
+            model=self.served_name,
+            token_ids=engine_prompt(prompt, images, self.suppressed)["prompt_token_ids"],
+            content_parts=[{"type": "image_url", "url": data_url(image)} for image in images],
+            sampling_params=sampling,
+            return_token_ids=True,
+        )
 
     def _one(self, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
         choice = self.client.complete(self.request_body(prompt, seed))
         ids = trim_completion(list(choice["token_ids"]), self.tokenizer.eos_token_id)
         return ids, list(choice["logprobs"]["token_logprobs"][: len(ids)])
 
-    def generate(self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int]) -> Generation:
+    def _one_with_images(self, row: tuple[list[int], list], seed: int) -> tuple[list[int], list[float]]:
+        prompt, images = row
+        answer = self.client.generate_tokens(self.image_request_body(prompt, images, seed))
+        check_expanded(prompt, answer["prompt_token_ids"], f"the vLLM server at {self.server.base_url}")
+        choice = answer["choices"][0]
+        ids = trim_completion(list(choice["token_ids"]), self.tokenizer.eos_token_id)
+        return ids, [entry["logprob"] for entry in choice["logprobs"]["content"][: len(ids)]]
+
+    def generate(
+        self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int], images: ImageBatch | None = None
+    ) -> Generation:
+        """``images``: the rows' image inputs, whose ``sources`` (the dataset's images) the server processes."""
+        rows, one = prompt_ids, self._one
+        if images is not None:
+            rows, one = list(zip(prompt_ids, images_of(images))), self._one_with_images
         with self.stops_cleanly():
-            results = complete_rows(self._one, prompt_ids, seeds, self.server.concurrency, self.restore)
+            results = complete_rows(one, rows, seeds, self.server.concurrency, self.restore)
         return Generation([ids for ids, _ in results], [logprobs for _, logprobs in results])
 
     def close(self) -> None:

@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..vision import ImageBatch
 from .head_logprobs import HeadGradients, chunk_logits, chunkable_head, compute_dtype, warn_full_logits_once
 from .logit_rows import model_logits
-from .logprobs import completion_logits, joined_inputs
+from .logprobs import completion_logits, model_inputs
 
 # logits (64 MiB in float32) per [r, V] tensor: 110 positions at V = 151,936
 DIVERGENCE_CHUNK_LOGITS = 2**24
@@ -156,14 +157,16 @@ def _completion_positions(hidden_states: torch.Tensor, width: int) -> torch.Tens
 
 
 @torch.no_grad()
-def completion_hidden_states(model: nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask):
+def completion_hidden_states(
+    model: nn.Module, prompt_ids, prompt_mask, completion_ids, completion_mask, images: ImageBatch | None = None
+):
     """The last hidden states [B, C, H] that predict each completion token (what the LM head reads), from ``model``'s
     whole forward with its head's forward replaced; None where the chunked path does not apply to ``model``."""
     head, _ = chunkable_head(model)
     if head is None:
         return None
     width = completion_ids.shape[1]
-    inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    inputs = model_inputs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, images)
     with _head_replaced(head, lambda hidden_states: _completion_positions(hidden_states, width)) as calls:
         hidden = model_logits(model, inputs, width + 1)
     return hidden if len(calls) == 1 else None
@@ -176,17 +179,19 @@ def completion_divergence(
     teacher_head: tuple[torch.Tensor, torch.Tensor | None],
     beta: float,
     temperature: float,
+    images: ImageBatch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized JSD [B, C] of the student ``model`` against ``teacher`` at each completion token of ``tokens``
     (prompt_ids, prompt_mask, completion_ids, completion_mask), with gradient for the student; and the student's
-    entropy [B, C]. ``teacher_head``: the teacher's whole LM head (weight [V, Ht], bias or None).
+    entropy [B, C]. ``teacher_head``: the teacher's whole LM head (weight [V, Ht], bias or None). ``images``: the
+    samples' image inputs, which both models read (a vision-language teacher of the student's family).
 
     Chunked (no [B, C, V] logits) where both heads are plain nn.Linear heads whose output is the logits; else (logged
     once) from both models' [B, C, V] logits, a few rows at a time."""
     completion_ids = tokens[2]
     width = completion_ids.shape[1]
     head, reason = chunkable_head(model)
-    teacher_hidden = completion_hidden_states(teacher, *tokens) if head is not None else None
+    teacher_hidden = completion_hidden_states(teacher, *tokens, images) if head is not None else None
     if teacher_hidden is not None:
         rows = max(1, DIVERGENCE_CHUNK_LOGITS // head.out_features)
         weight, bias = teacher_head
@@ -201,22 +206,22 @@ def completion_divergence(
             )
             return torch.stack(results, dim=-1).view(*completion_ids.shape, 2)
 
-        inputs = joined_inputs(*tokens)
+        inputs = model_inputs(model, *tokens, images)
         with _head_replaced(head, forward) as calls:
             output = model_logits(model, inputs, width + 1)  # [B, C, 2], read from the output, where hooks attach
         if len(calls) == 1:
             return output[..., 0], output[..., 1].detach()
         reason = f"its forward called its output embedding {len(calls)} times, not once"
     warn_full_logits_once(model, reason or "the teacher's output embedding is not a plain nn.Linear giving logits")
-    student_logits = completion_logits(model, *tokens)
-    teacher_logits = _teacher_logits(teacher, tokens, student_logits.shape[-1])
+    student_logits = completion_logits(model, *tokens, images=images)
+    teacher_logits = _teacher_logits(teacher, tokens, student_logits.shape[-1], images)
     return divergence_from_logits(student_logits, teacher_logits, beta, temperature)
 
 
 @torch.no_grad()
-def _teacher_logits(teacher: nn.Module, tokens, vocabulary: int) -> torch.Tensor:
+def _teacher_logits(teacher: nn.Module, tokens, vocabulary: int, images: ImageBatch | None = None) -> torch.Tensor:
     """The teacher's [B, C, V] logits of the student's ``vocabulary`` rows: rows past them pad its embedding."""
-    return completion_logits(teacher, *tokens)[..., :vocabulary]
+    return completion_logits(teacher, *tokens, images=images)[..., :vocabulary]
 
 
 def divergence_from_logits(

@@ -136,16 +136,16 @@ def build_vision_model(tokenizer, family: str = "qwen2_5_vl", seed: int = 0):
     return model
 
 
-def vision_model_path(family: str = "qwen2_5_vl") -> str:
-    """Build ``family``'s stand-in and tokenizer once and cache them; return the directory (the processor is
-    ``build_processor(family)``)."""
+def vision_model_path(family: str = "qwen2_5_vl", seed: int = 0) -> str:
+    """Build ``family``'s stand-in (initialised from ``seed``: another seed makes a teacher for distillation) and
+    tokenizer once and cache them; return the directory (the processor is ``build_processor(family)``)."""
 
     def build(directory: Path) -> None:
         tokenizer = build_vision_tokenizer(family)
-        build_vision_model(tokenizer, family).save_pretrained(directory)
+        build_vision_model(tokenizer, family, seed).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
 
-    spec = [VISION_VERSION, family, TEMPLATES[family], VISION_CONFIG[family], TEXT_CONFIG]
+    spec = [VISION_VERSION, family, TEMPLATES[family], VISION_CONFIG[family], TEXT_CONFIG, seed]
     fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return build_cached(f"vision-{family}-{fingerprint}", build)
 

@@ -18,13 +18,13 @@ from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..checkpoint.fingerprint import model_identity
 from ..distributed.placement import frozen_output_embedding, offloaded, place_frozen_models
 from ..distributed.sharded_loading import load_split
 from ..distributed.zero import check_whole
-from ..models.loading import disable_dropout, from_pretrained_kwargs, saved_tokenizer
+from ..models.loading import disable_dropout, from_pretrained_kwargs, policy_class, saved_tokenizer
 from ..ops import masked_mean
 from ..ops.divergence import completion_divergence
 from ..redaction import redact_secrets
@@ -116,8 +116,6 @@ class Distillation(Algorithm):
         Distillation(DistillationConfig(output_dir="out", beta=0.5), Processes(accelerator), eos, teacher, 49152)
     """
 
-    takes_images = False  # its second model's pass (the teacher's, the critic's) takes no images yet
-
     uses_rewards = False
     evaluates_loss = True  # eval_loss: the divergence of the evaluation rollout, as TRL's
 
@@ -149,7 +147,13 @@ class Distillation(Algorithm):
         args, mask = self.args, self.loss_mask(batch)  # [B, C]
         with offloaded(self.teacher, self.processes.accelerator.device, self.offload):
             divergence, entropy = completion_divergence(
-                model, batch.token_tensors, self.teacher, self.teacher_head(), args.beta, self.divergence_temperature
+                model,
+                batch.token_tensors,
+                self.teacher,
+                self.teacher_head(),
+                args.beta,
+                self.divergence_temperature,
+                batch.images,
             )  # [B, C] each
         mask = mask.to(divergence.dtype)
         loss = (divergence * mask).sum() / batch.tokens_per_micro_batch[0].clamp(min=1.0)
@@ -275,7 +279,8 @@ def load_teacher(teacher, policy: PreTrainedModel, tokenizer, args: Distillation
     Hub id read through the HF cache or the Hub)."""
     if isinstance(teacher, str):
         teacher_tokenizer = saved_tokenizer(teacher, args.trust_remote_code, args.teacher_model_revision)
-        teacher = load_split(AutoModelForCausalLM, teacher, teacher_init_kwargs(args), args, frozen=True)
+        model_class = policy_class(teacher, args)  # a vision-language teacher: AutoModelForImageTextToText
+        teacher = load_split(model_class, teacher, teacher_init_kwargs(args), args, frozen=True)
     else:
         check_loaded_teacher(teacher, policy, args)
         name = getattr(teacher.config, "_name_or_path", "")

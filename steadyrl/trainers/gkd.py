@@ -239,6 +239,8 @@ class GKD(Distillation):
     """Distillation's loss at temperature 1, as TRL's ``GKDTrainer.compute_loss`` calls ``generalized_jsd_loss``
     (its ``temperature`` samples only); the student's log-probs stay at the sampling temperature (vLLM's check)."""
 
+    takes_images = False  # its off-policy rollouts (the dataset's completions) carry no images yet
+
     divergence_temperature = 1.0
 
 

@@ -196,7 +196,7 @@ class PPO(Algorithm):
         PPO(PPOConfig(output_dir="out"), Processes(accelerator), tokenizer.eos_token_id, Critic(value_model))
     """
 
-    takes_images = False  # its second model's pass (the teacher's, the critic's) takes no images yet
+    takes_images = False  # its critic's value pass takes no images yet
 
     def __init__(self, args: PPOConfig, processes: Processes, eos_token_id: int | None, critic: Critic) -> None:
         super().__init__(args, processes, eos_token_id)

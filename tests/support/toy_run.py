@@ -174,16 +174,16 @@ def tool_task(kind: str) -> dict:
     return {**task, "tools": [add]} if kind == "tools" else {**task, "environment_factory": Calculator}
 
 
-def vision_task(family: str) -> dict:
+def vision_task(family: str, algorithm: str = "grpo") -> dict:
     """--vision FAMILY: the family's stand-in and processor on the coloured squares (steadyrl.toy.vision)."""
     from steadyrl.toy.vision import build_processor, colour_dataset, colour_letters_reward, vision_model_path
 
-    return dict(
-        model=vision_model_path(family),
-        processing_class=build_processor(family),
-        train_dataset=colour_dataset(16),
-        reward_funcs=[colour_letters_reward],
+    task = dict(
+        model=vision_model_path(family), processing_class=build_processor(family), train_dataset=colour_dataset(16)
     )
+    if algorithm in ("distillation", "gkd"):  # a teacher of the same family, initialised from another seed
+        return {**task, "teacher_model": vision_model_path(family, seed=1)}
+    return {**task, "reward_funcs": [colour_letters_reward]}
 
 
 def make_config(output_dir, algorithm="rloo", **overrides):
@@ -216,9 +216,10 @@ def make_trainer(
         from steadyrl.toy import chat_dataset, chat_model_path, untrained_chat_model_path
 
         extra = dict(peft_config=peft_config, processing_class=processing_class, tools=tools, eval_dataset=eval_dataset)
+        teacher = overrides.pop("teacher_model", None) or chat_model_path()
         return trainer_cls(
             model=model or untrained_chat_model_path(),
-            teacher_model=chat_model_path(),
+            teacher_model=teacher,
             args=make_config(output_dir, algorithm, **overrides),
             train_dataset=chat_dataset("train") if train_dataset is None else train_dataset,
             callbacks=callbacks,
@@ -432,7 +433,7 @@ def main() -> None:
     if opts.tools:
         overrides = {**tool_task(opts.tools), **overrides}
     if opts.vision:
-        overrides = {**vision_task(opts.vision), **overrides}
+        overrides = {**vision_task(opts.vision, opts.algorithm), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
     if opts.save_live_actor:
         callbacks += [SaveLiveActor(opts.save_live_actor), GatheredPeak(opts.save_live_actor)]

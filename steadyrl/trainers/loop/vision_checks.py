@@ -21,14 +21,15 @@ def check_vision_inputs(trainer, train_dataset) -> bool:
     if not trainer.algorithm_class.takes_images:
         raise ValueError(
             f"{type(trainer).__name__} does not train on prompts with images yet (train_dataset has an image "
-            "column): GRPOTrainer, RLOOTrainer, ReinforcePPTrainer and OnlineDPOTrainer do (docs/vision.md)."
+            "column): GRPOTrainer, RLOOTrainer, ReinforcePPTrainer, OnlineDPOTrainer and DistillationTrainer do "
+            "(docs/vision.md)."
         )
     return True
 
 
 def check_vision_run(trainer) -> None:
-    """Refuse, naming the setting, what does not carry images yet (docs/vision.md lists it); tell HF generate the
-    image tokens it must never sample."""
+    """Refuse, naming the setting, what does not carry images yet (docs/vision.md lists it); tell the backend the
+    image tokens it must never sample, and the processor (vLLM processes the images itself)."""
     args, name = trainer.args, type(trainer).__name__
     refused = [
         (trainer.multi_turn.active, "tools, environment_factory or rollout_func (multi-turn rollouts)"),
@@ -39,6 +40,7 @@ def check_vision_run(trainer) -> None:
         if is_set:
             raise ValueError(
                 f"{name}: {what} cannot carry a vision-language model's images yet, and train_dataset has an image "
-                "column. Train with HF generate (use_vllm=False), single-turn and max_staleness=0 (docs/vision.md)."
+                "column. Train single-turn, with max_staleness=0 and HF generate or vLLM (docs/vision.md)."
             )
     trainer.backend.suppressed = tuple(image_token_ids(trainer.processor, trainer.model))
+    trainer.backend.processor = trainer.processor

@@ -1,5 +1,6 @@
 """Vision-language models trained with images in their prompts (TRL's ``image`` column, the model's processor as
-``processing_class``): GRPO, RLOO and online DPO on the Qwen2.5-VL and LLaVA-Next stand-ins (steadyrl.toy.vision),
+``processing_class``): GRPO, RLOO, online DPO and distillation on the Qwen2.5-VL and LLaVA-Next stand-ins
+(steadyrl.toy.vision),
 on 1 and 2 processes. A run SIGKILLed after a mid-rollout checkpoint resumes to the byte-identical result, on the same
 number of processes; on another number it trains the same steps within float rounding."""
 
@@ -16,6 +17,7 @@ CASES = {
     "grpo-qwen2_5_vl": ("grpo", "qwen2_5_vl"),
     "rloo-llava_next": ("rloo", "llava_next"),
     "grpo-qwen2_5_vl-lora": ("grpo", "qwen2_5_vl", "--lora"),  # adapters on the language model, the tower frozen
+    "distillation-qwen2_5_vl": ("distillation", "qwen2_5_vl"),  # the teacher's pass reads the images too
 }
 # a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
 # scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)
@@ -80,8 +82,9 @@ def test_sigkill_after_a_mid_rollout_checkpoint_resumes_identically(runs, tmp_pa
     _, output = run_toy(tmp_path, *flags(case), "--resume")
     assert "checkpoint-6" in output
     assert_identical(reference, tmp_path, after_step=6)
-    rewards = [entry["reward"] for entry in read_logs(reference).values()]
-    assert len(set(rewards)) > 1, "the reward must depend on the completions for the run to test anything"
+    signal = "divergence" if case.startswith("distillation") else "reward"
+    values = [entry[signal] for entry in read_logs(reference).values()]
+    assert len(set(values)) > 1, f"the {signal} must depend on the completions for the run to test anything"
 
 
 def test_two_processes_train_as_one_resume_identically_and_resume_on_one(runs, tmp_path):
