@@ -2,7 +2,7 @@
 nothing a resume would accept was ever wrong and that the final actor is byte-identical to an uninterrupted run.
 
     python tests/support/crash_fuzz.py WORK_DIR [--algorithm rloo|ppo|online-dpo|grpo] [--kills 10] [--seed 0]
-                                [--set key=value ...]
+                                [--vision qwen2_5_vl|llava_next] [--set key=value ...]
 
 A driver process imports everything once and forks each training attempt, so an attempt costs its own work, not
 Python's start-up. Half the kills (chosen by the seeded RNG) land at a random moment of the run; the other half
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for supp
 
 from steadyrl.checkpoint import scan_checkpoints  # noqa: E402
 from steadyrl.generation.server_auth import RUN_ID_NAME  # noqa: E402
-from support.toy_run import make_trainer, parse_overrides  # noqa: E402
+from support.toy_run import make_trainer, parse_overrides, vision_task  # noqa: E402
 
 COMPARED = ("model.safetensors", "optimizer.pt", "scheduler.pt", "steadyrl_state.json", "rng_state_0.json")
 
@@ -189,10 +189,14 @@ def main() -> None:
     parser.add_argument("--algorithm", default="rloo")
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vision", help="a vision-language stand-in on coloured squares (toy_run.py's --vision)")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
+    overrides = parse_overrides(opts.set)
+    if opts.vision:
+        overrides = {**vision_task(opts.vision, opts.algorithm), **overrides}
     try:
-        report = fuzz(opts.work_dir, opts.algorithm, opts.kills, opts.seed, parse_overrides(opts.set))
+        report = fuzz(opts.work_dir, opts.algorithm, opts.kills, opts.seed, overrides)
     except AssertionError as err:
         print(f"FAILED: {err}", flush=True)
         sys.exit(1)

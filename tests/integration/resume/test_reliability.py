@@ -30,15 +30,18 @@ FUZZ_RUNS = {  # save every step, so kills land in checkpoint writes and rotatio
     # half the prompts get a constant reward: each rollout draws 2 or more batches of prompts, and a kill lands
     # between draws as often as anywhere else
     "grpo-dynamic-sampling": ("grpo", ["beta=0.04", "reward_funcs=half_constant", "dynamic_sampling=true"]),
+    # a vision-language stand-in: the rollout buffer's image tensors in every mid-rollout checkpoint
+    "grpo-vision": ("grpo", ["beta=0.04", "--vision", "qwen2_5_vl"]),
 }
 
 
 @pytest.mark.parametrize("name", sorted(FUZZ_RUNS))
 def test_crash_fuzzing_resumes_to_the_uninterrupted_result(tmp_path, toy_path, name):
     algorithm, overrides = FUZZ_RUNS[name]
-    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *overrides]
+    flags = overrides[overrides.index("--vision") :] if "--vision" in overrides else []
+    settings = ["save_steps=1", "save_total_limit=2", "max_steps=8", *overrides[: len(overrides) - len(flags)]]
     cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz.py"), str(tmp_path), "--algorithm", algorithm]
-    cmd += ["--kills", str(KILLS), "--seed", "0", "--set", *settings]
+    cmd += ["--kills", str(KILLS), "--seed", "0", *flags, "--set", *settings]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
