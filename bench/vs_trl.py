@@ -379,7 +379,8 @@ def worker_env(threads: int) -> dict:
     return dict(os.environ, **vllm, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
 
 
-def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path) -> dict:
+def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path, script: str = __file__) -> dict:
+    """One row, its workers running ``script --worker SPEC`` (another benchmark's script reuses this driver)."""
     algorithm, backend = ROWS[row]
     rounds = warmup + measured
     env = worker_env(opts.threads)
@@ -399,7 +400,7 @@ def bench_row(model: str, row: str, measured: int, warmup: int, opts, out: Path)
             profile=opts.profile,
         )
         log = open(out / f"{model}-{row}-{library}.log", "w")
-        command = [sys.executable, __file__, "--worker", json.dumps(spec)]
+        command = [sys.executable, script, "--worker", json.dumps(spec)]
         pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         workers[library] = subprocess.Popen(command, env=env, **pipes)
 
