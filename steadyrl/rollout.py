@@ -262,28 +262,39 @@ def engine_logprob_tensor(engine_logprobs: list[list[float]], like: torch.Tensor
     return reported
 
 
-def completion_rows(rollout: Rollout, tokenizer, reward_names: list[str], advantages: torch.Tensor | None) -> list:
+def completion_rows(
+    rollout: Rollout,
+    tokenizer,
+    reward_names: list[str],
+    advantages: torch.Tensor | None,
+    image_token_ids: tuple[int, ...] = (),
+    with_images: bool = False,
+) -> list:
     """The rollout's samples as the completion log shows them: the prompt as the model saw it (chat template
-    included), the completion as the reward functions read it, each reward, the total and the advantage."""
-    prompts = [tokenizer.decode(ids[mask.bool()]) for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)]
+    included; a run of ``image_token_ids``, an image's expanded tokens, shown as one), the completion as the reward
+    functions read it, each reward, the total and the advantage; ``with_images`` (``log_multimodal``): each sample's
+    images where the rollout still holds them (not after a resume)."""
+    prompts = [
+        tokenizer.decode(collapsed(ids[mask.bool()].tolist(), image_token_ids))
+        for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)
+    ]
     completions = tokenizer.batch_decode(
         [ids[mask.bool()] for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)],
         skip_special_tokens=True,
     )
+    sources = rollout.images.sources if with_images and rollout.images is not None else None
     rows = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         rewards = {} if rollout.reward_scores is None else dict(zip(reward_names, rollout.reward_scores[i].tolist()))
         advantage = None if advantages is None else advantages[i].item()
-        rows.append(
-            {
-                "prompt": prompt,
-                "completion": completion,
-                "rewards": rewards,
-                "reward": rollout.scores[i].item(),
-                "advantage": advantage,
-            }
-        )
+        row = {"prompt": prompt, "completion": completion, "rewards": rewards, "reward": rollout.scores[i].item()}
+        rows.append({**row, "advantage": advantage, **({"images": sources[i]} if sources is not None else {})})
     return rows
+
+
+def collapsed(ids: list[int], repeated: tuple[int, ...]) -> list[int]:
+    """``ids`` with each run of one of the ``repeated`` ids kept as a single id."""
+    return [t for i, t in enumerate(ids) if not (t in repeated and i and ids[i - 1] == t)]
 
 
 @dataclass

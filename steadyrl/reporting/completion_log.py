@@ -204,6 +204,14 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
+def wandb_images(wandb, images: list):
+    """A table cell of a row's images: one ``wandb.Image`` (stored as an image file), a list of them for several (as
+    TRL's), None for none."""
+    if not images:
+        return None
+    return wandb.Image(images[0]) if len(images) == 1 else [wandb.Image(image) for image in images]
+
+
 def log_to_wandb(step: int, rows: Sequence[dict]) -> None:
     """Every row, with its step, as a ``wandb.Table`` on the active run, keyed by ``train/global_step`` like the
     metrics ``WandbCallback`` logs. Nothing without an active run."""
@@ -213,4 +221,7 @@ def log_to_wandb(step: int, rows: Sequence[dict]) -> None:
         return
     columns, values = table(rows)
     data = [[step, *line] for line in values]
+    if any("images" in row for row in rows):  # log_multimodal: each row's images, as TRL's "image" column
+        columns = [*columns, "image"]
+        data = [[*line, wandb_images(wandb, row.get("images") or [])] for line, row in zip(data, rows)]
     wandb.run.log({TABLE_KEY: wandb.Table(columns=["step", *columns], data=data), "train/global_step": step})

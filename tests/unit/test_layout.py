@@ -21,7 +21,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "steadyrl"
 MAX_LINES = 400
 ROOT = "__init__"  # the package root's name in LAYERS
 LAYERS = [
-    {"compat", "cache", "durable", "redaction", "rng", "version", "ops", "rollout", "vision", "reward_checks", "reward_watch"},
+    {
+        "compat",
+        "cache",
+        "durable",
+        "redaction",
+        "rng",
+        "version",
+        "ops",
+        "rollout",
+        "vision",
+        "reward_checks",
+        "reward_watch",
+    },
     {"data"},
     {"reporting"},
     {"distributed"},

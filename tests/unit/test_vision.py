@@ -76,3 +76,26 @@ def test_a_rollout_with_images_round_trips_through_its_named_tensors_and_selects
     assert picked.scores.tolist() == [2.0] and picked.images.counts["pixel_values"].tolist() == [3]
     trimmed = picked.trimmed()
     assert trimmed.images.tokens["mm_token_type_ids"].shape[1] == trimmed.prompt_ids.shape[1]
+
+
+def test_the_completion_log_shows_an_images_tokens_as_one_and_carries_the_images_with_log_multimodal():
+    from steadyrl.rollout import completion_rows
+    from steadyrl.toy.vision import build_vision_tokenizer
+
+    tokenizer = build_vision_tokenizer()
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    prompt = tokenizer("look: ")["input_ids"] + [pad] * 4 + tokenizer(" ok?")["input_ids"]
+    completion = tokenizer("red")["input_ids"]
+    rollout = Rollout(
+        prompt_ids=torch.tensor([prompt]),
+        prompt_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        completion_ids=torch.tensor([completion]),
+        completion_mask=torch.ones(1, len(completion), dtype=torch.long),
+        scores=torch.tensor([1.0]),
+        images=ImageBatch.of_samples(samples()[:1], width=len(prompt), sources=[["IMAGE"]]),
+    )
+    [row] = completion_rows(rollout, tokenizer, [], None, image_token_ids=(pad,), with_images=True)
+    assert row["prompt"] == "look: <|image_pad|> ok?" and row["completion"] == "red"
+    assert row["images"] == ["IMAGE"]
+    [row] = completion_rows(rollout, tokenizer, [], None, image_token_ids=(pad,))
+    assert "images" not in row

@@ -318,7 +318,11 @@ class LoggingFields:
         default=None, metadata={"help": "How many completions log_completions prints; all if unset."}
     )
     log_multimodal: bool = field(
-        default=True, metadata={"help": "Accepted for TRL's sake; no effect (steadyrl has no multimodal data)."}
+        default=True,
+        metadata={
+            "help": "With images in the prompts, the completion table sent to wandb has each row's images (TRL's "
+            "'image' column); the other logs show an image's tokens as one."
+        },
     )
     num_generations_eval: int | None = field(
         default=None, metadata={"help": "Completions per prompt in evaluation; default n_samples_per_prompt."}

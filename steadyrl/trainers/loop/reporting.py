@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ...data.images import image_token_ids
 from ...distributed.metrics import reduce_by_name
 from ...ops import masked_mean
 from ...publish.completions import CompletionsHubPush
@@ -66,7 +67,10 @@ class ReportingMixin:
         if buffer is None or buffer.completions_logged:
             return
         names = [reward_func_name(f) for f in self.reward_funcs]
-        rows = completion_rows(buffer.rollout, self.processing_class, names, sample_advantages(buffer.rollout))
+        images = image_token_ids(self.processor, self.model) if self.processor is not None else ()
+        advantages = sample_advantages(buffer.rollout)
+        multimodal = self.args.log_multimodal
+        rows = completion_rows(buffer.rollout, self.processing_class, names, advantages, images, multimodal)
         if self.completion_log is not None:
             self.completion_log.write(self.state.global_step, rows, self.callback_handler.callbacks)
             if (hub := self.completions_hub()) is not None:  # main process only, a failure is a warning

@@ -279,9 +279,9 @@ def test_tensorboard_gets_a_markdown_table(tmp_path, capsys):
     assert "&lt;b&gt;not bold&lt;/b&gt;<br>second line" in rendered and "completion1" in rendered
 
 
-def test_wandb_offline_run_gets_a_table(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[dev]')")
-    import wandb
+def offline_wandb(tmp_path, monkeypatch):
+    """An offline wandb run begun as Trainer begins it; its callback."""
+    import wandb  # noqa: F401 - skipped above where it is not installed
     from transformers.integrations import WandbCallback
 
     for name, value in {
@@ -295,6 +295,14 @@ def test_wandb_offline_run_gets_a_table(tmp_path, monkeypatch):
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=["wandb"])
     callback = WandbCallback()
     callback.on_train_begin(args, TrainerState(), TrainerControl())  # as Trainer does: wandb.init, offline
+    return callback
+
+
+def test_wandb_offline_run_gets_a_table(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[dev]')")
+    import wandb
+
+    callback = offline_wandb(tmp_path, monkeypatch)
     try:
         run_dir = wandb.run.dir
         rows = make_rows(2)
@@ -318,6 +326,27 @@ def test_wandb_offline_run_gets_a_table(tmp_path, monkeypatch):
         [9, "prompt0", "completion0", 0.0, -0.5, -0.5, -1.5],
         [9, "prompt1", "completion1", 0.25, -0.5, -0.25, None],
     ]
+
+
+def test_log_multimodal_puts_each_rows_images_in_the_wandb_table(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is not installed (pip install -e '.[dev]')")
+    import wandb
+    from PIL import Image
+
+    callback = offline_wandb(tmp_path, monkeypatch)
+    try:
+        run_dir = wandb.run.dir
+        rows = make_rows(2)
+        rows[0]["images"], rows[1]["images"] = [Image.new("RGB", (8, 8), (255, 0, 0))], []
+        CompletionLog(tmp_path / "out").write(3, rows, [callback])
+    finally:
+        wandb.finish()
+    [table_file] = glob.glob(os.path.join(run_dir, "media", "table", "completions_*.table.json"))
+    saved = json.loads(open(table_file).read())
+    assert saved["columns"][-1] == "image"
+    # a cell holds a wandb.Image, which an offline run's table file names by its type (the file is synced later)
+    assert saved["data"][0][-1] == "Image" and saved["data"][1][-1] is None
+    assert "images" not in read_lines(tmp_path / "out" / COMPLETIONS_FILE)[0]  # completions.jsonl stays text
 
 
 def test_wandb_callback_without_a_run_is_left_alone(tmp_path):
