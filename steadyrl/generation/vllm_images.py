@@ -13,8 +13,9 @@ Without torchvision, which this project does not install, vLLM cannot load the Q
 imports ``smart_resize`` from transformers' torchvision image processor (vllm/model_executor/models/qwen2_vl.py,
 line 43), and it builds the HF processor class with its video processor, which transformers builds only with
 torchvision. ``without_torchvision`` points that import at transformers' PIL image processor module (the same
-``smart_resize``) and registers the architectures with an image-only processor (no video inputs); it does nothing
-where torchvision is installed.
+``smart_resize``) and registers the architectures, by their classes (vLLM inspects a model registered by name in a
+subprocess, without the stand-in), with an image-only processor (no video inputs); it does nothing where torchvision
+is installed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ import types
 
 from .. import compat
 
-TORCHVISION_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+# transformers' torchvision image processor that vLLM's Qwen2-VL module imports (smart_resize), and its PIL twin,
+# which defines the same functions
+QWEN2_VL = "transformers.models.qwen2_vl."
+PIL_TWINS = {QWEN2_VL + "image_processing_qwen2_vl": QWEN2_VL + "image_processing_pil_qwen2_vl"}
 NEVER = -100.0  # the lowest logit bias vLLM takes: the token's probability is ~e^-100 of the others'
 
 
@@ -79,18 +83,21 @@ def has_torchvision() -> bool:
 def without_torchvision() -> None:
     """Make vLLM's Qwen2-VL and Qwen2.5-VL loadable here (the module docstring says how); idempotent, and nothing
     where torchvision is installed. Call it before vLLM loads the model, in every process of the engine."""
-    if has_torchvision() or TORCHVISION_MODULE in sys.modules:
+    if has_torchvision() or all(name in sys.modules for name in PIL_TWINS):
         return
     compat.require_tested("vllm")
-    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
-
-    stand_in = types.ModuleType(TORCHVISION_MODULE)
-    stand_in.__doc__ = "transformers' PIL image processor for Qwen2-VL, where torchvision is not installed (steadyrl)."
-    stand_in.smart_resize = pil.smart_resize
-    stand_in.Qwen2VLImageProcessor = pil.Qwen2VLImageProcessorPil
-    stand_in.Qwen2VLImageProcessorKwargs = pil.Qwen2VLImageProcessorKwargs
-    sys.modules[TORCHVISION_MODULE] = stand_in
+    for name, twin in PIL_TWINS.items():
+        sys.modules[name] = pil_stand_in(name, importlib.import_module(twin))
     register_image_only()
+
+
+def pil_stand_in(name: str, pil: types.ModuleType) -> types.ModuleType:
+    """A module ``name`` with the contents of its PIL twin ``pil``, each ``XPil`` class also as ``X``."""
+    stand_in = types.ModuleType(name, f"{pil.__name__} under the name {name}, which needs torchvision (steadyrl).")
+    public = {key: value for key, value in vars(pil).items() if not key.startswith("__")}
+    public.update({key.removesuffix("Pil"): value for key, value in public.items() if key.endswith("Pil")})
+    vars(stand_in).update(public)
+    return stand_in
 
 
 def image_only_processor(processor_class):
