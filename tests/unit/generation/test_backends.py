@@ -52,9 +52,10 @@ def test_each_config_resolves_to_one_registered_backend(tmp_path, settings, name
 
 def test_each_backend_declares_what_the_trainer_asks_of_it():
     both = frozenset({"full", "adapter"})
-    assert HFGenerationBackend.capabilities == Capabilities(runs_training_model=True)
-    assert VLLMGenerationBackend.capabilities == Capabilities(returns_logprobs=True, weight_push=both)
-    assert VLLMServerBackend.capabilities == Capabilities(returns_logprobs=True, weight_push=both, pushes_copies=True)
+    assert HFGenerationBackend.capabilities == Capabilities(runs_training_model=True, takes_images=True)
+    vllm = dict(returns_logprobs=True, weight_push=both, takes_images=True)
+    assert VLLMGenerationBackend.capabilities == Capabilities(**vllm)
+    assert VLLMServerBackend.capabilities == Capabilities(**vllm, pushes_copies=True)
     with pytest.raises(AttributeError):  # frozen: a backend's capabilities are declared, not switched at run time
         HFGenerationBackend.capabilities.pushes_copies = True
 
