@@ -32,14 +32,27 @@ def image_column(columns) -> str | None:
 
 
 def with_images(messages: list[dict], images: list) -> list[dict]:
-    """``messages`` with ``images`` placed as TRL places them: every content a list of blocks, the images as
-    ``{"type": "image", "image": ...}`` blocks before the first user message's text."""
+    """``messages`` with ``images`` placed as TRL places them (``prepare_multimodal_messages``): every content a list
+    of blocks; the images fill the ``{"type": "image"}`` placeholders the messages have, in order, or, where they have
+    none, go as ``{"type": "image", "image": ...}`` blocks before the first user message's text."""
     placed = []
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
-        placed.append({**message, "content": list(content or [])})
+        placed.append({**message, "content": [dict(block) for block in content or []]})
+    slots = [b for m in placed for b in m["content"] if b.get("type") == "image" and b.get("image") is None]
+    if slots:
+        if len(slots) != len(images):
+            raise ValueError(
+                f"a prompt has {len(slots)} image placeholder(s) ({{'type': 'image'}} blocks) but its row has "
+                f"{len(images)} image(s): give as many images as placeholders."
+            )
+        for slot, image in zip(slots, images):
+            slot["image"] = image
+        return placed
+    if not images:
+        return placed
     for message in placed:
         if message["role"] == "user":
             message["content"] = [{"type": "image", "image": image} for image in images] + message["content"]
@@ -71,7 +84,7 @@ def prompt_images(prompt) -> list:
         for message in prompt
         if isinstance(message.get("content"), list)
         for block in message["content"]
-        if block.get("type") == "image" and "image" in block
+        if block.get("type") == "image" and block.get("image") is not None
     ]
 
 

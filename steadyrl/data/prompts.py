@@ -33,9 +33,16 @@ def _prompt_problem(prompt) -> str | None:
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or not role:
             return f"has a message {i} without a 'role'"
-        if not isinstance(content, str):
-            return f"has a message {i} whose 'content' is {type(content).__name__}, not a string"
+        if isinstance(content, list):  # content blocks, as TRL's vision-language datasets give them
+            kinds = [block.get("type") if isinstance(block, dict) else None for block in content]
+            if any(kind not in CONTENT_BLOCKS for kind in kinds):
+                return f"has a message {i} with content blocks of types {kinds}: each must be one of {CONTENT_BLOCKS}"
+        elif not isinstance(content, str):
+            return f"has a message {i} whose 'content' is {type(content).__name__}, not a string or a list of blocks"
     return None
+
+
+CONTENT_BLOCKS = ("text", "image")  # a message's content blocks steadyrl reads (TRL's multimodal messages)
 
 
 def check_prompt(prompt, where: str) -> None:

@@ -128,6 +128,7 @@ class OnlineDPOConfig(OnPolicyConfig):
         check_positive_int("max_length", self.max_length)
         if self.max_completion_length is None:
             self.max_completion_length = DEFAULT_MAX_COMPLETION_LENGTH
+        self._prompt_length_given = self.max_prompt_length is not None or self.max_length is not None
         self.max_prompt_length = resolve_max_prompt_length(
             self.max_prompt_length,
             self.max_length,

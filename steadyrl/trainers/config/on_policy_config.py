@@ -212,7 +212,10 @@ class OnPolicyConfig(
             raise ValueError(f"{name}={n} is invalid for {algorithm}: {why} at least {least} completions per prompt.")
 
     def _resolve_lengths(self, names: dict[str, str]) -> None:
-        """Default lengths; ``names``: the name given for each setting (``_resolve_synonyms``)."""
+        """Default lengths; ``names``: the name given for each setting (``_resolve_synonyms``). Whether
+        ``max_prompt_length`` was given is kept: a prompt with images is cut by no default (TRL 1.16's GRPO and RLOO
+        configs have no prompt limit)."""
+        self._prompt_length_given = self.max_prompt_length is not None
         for name, default in (
             ("max_prompt_length", DEFAULT_MAX_PROMPT_LENGTH),
             ("max_completion_length", DEFAULT_MAX_COMPLETION_LENGTH),

@@ -208,12 +208,12 @@ class SingleTurnSource(RolloutSource):
         Such a prompt is never cut: its image tokens must match its image features."""
         prompt_ids, inputs = encode_prompts(prompts, self.processor, self.args.chat_template_kwargs)
         longest, limit = max(len(ids) for ids in prompt_ids), self.args.max_prompt_length
-        if limit is not None and longest > limit:
+        if limit is not None and longest > limit and getattr(self.args, "_prompt_length_given", True):
             raise ValueError(
                 f"a prompt with images is {longest} tokens long (its image tokens included), more than "
                 f"max_prompt_length={limit}; a prompt with images is not cut, since its image tokens must match its "
-                "image features. Raise max_prompt_length (or set it to None), or give smaller images (the "
-                "processor's max_pixels)."
+                "image features. Raise max_prompt_length (or leave it unset: prompts with images are then kept "
+                "whole), or give smaller images (the processor's max_pixels)."
             )
         return prompt_ids, ImageBatch.of_samples(inputs, longest, [prompt_images(prompt) for prompt in prompts])
 

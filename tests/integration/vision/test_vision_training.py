@@ -140,3 +140,28 @@ def test_evaluation_loss_hf_generate_never_samples_an_image_token_and_the_actor_
     assert (tmp_path / "actor" / "processor_config.json").is_file()
     loaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "actor")
     assert type(loaded) is type(trainer.model)
+
+
+def test_prompts_with_images_are_kept_whole_unless_max_prompt_length_is_set(tmp_path):
+    import random
+
+    from datasets import Dataset
+
+    from steadyrl.toy.vision import square_image
+
+    rng = random.Random(0)  # two images per prompt, placed where the messages say (TRL's multi-image rows)
+    rows = {
+        "prompt": [
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "or"}, {"type": "image"}]}]
+        ]
+        * 4,
+        "images": [[square_image("red", rng), square_image("blue", rng)] for _ in range(4)],
+        "colour": ["red"] * 4,
+    }
+    task = {**vision_task("qwen2_5_vl"), "train_dataset": Dataset.from_dict(rows)}
+    trainer = make_trainer(tmp_path, algorithm="grpo", max_steps=1, save_steps=100, **task)
+    sampled = trainer.rollout_source.next(trainer.state)
+    assert len(sampled.prompt_ids[0]) > 16 and sampled.generation.images.counts["image_grid_thw"][0] == 2
+    trainer.args.max_prompt_length, trainer.args._prompt_length_given = 16, True  # as if the user had set it
+    with pytest.raises(ValueError, match="more than max_prompt_length=16"):
+        trainer.rollout_source.next(trainer.state)

@@ -37,3 +37,22 @@ def test_each_prompt_is_rendered_with_its_image_tokens_and_its_own_image_inputs(
     if family == "qwen2_5_vl":
         assert inputs[0]["mm_token_type_ids"].shape == (len(ids[0]),)  # one per prompt token
         assert int(inputs[0]["image_grid_thw"].prod()) == len(inputs[0]["pixel_values"])
+
+
+def test_image_placeholders_in_the_messages_are_filled_in_order_as_trl_does():
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]},
+    ]
+    placed = with_images(messages, ["A", "B"])
+    assert prompt_images(placed) == ["A", "B"] and placed[0]["content"][1] == {"type": "text", "text": "and"}
+    with pytest.raises(ValueError, match="2 image placeholder"):
+        with_images(messages, ["A"])
+    assert not has_images([with_images([{"role": "user", "content": "no image"}], [])])
+
+
+def test_content_blocks_are_valid_prompts_and_unknown_blocks_are_refused():
+    from steadyrl.data.prompts import check_prompt
+
+    check_prompt([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}], "row 0")
+    with pytest.raises(ValueError, match="content blocks of types \\['audio'\\]"):
+        check_prompt([{"role": "user", "content": [{"type": "audio"}]}], "row 0")
