@@ -4,6 +4,7 @@ algorithm, a rollout source and a generation backend that carry images; and the 
 from __future__ import annotations
 
 from ...data.images import image_column, image_token_ids
+from ...generation.vllm_images import VLLM_IMAGE_FAMILIES
 
 
 def check_vision_inputs(trainer, train_dataset) -> bool:
@@ -42,5 +43,12 @@ def check_vision_run(trainer) -> None:
                 f"{name}: {what} cannot carry a vision-language model's images yet, and train_dataset has an image "
                 "column. Train single-turn, with max_staleness=0 and HF generate or vLLM (docs/vision.md)."
             )
+    family = getattr(trainer.model.config, "model_type", "")
+    if not trainer.backend.capabilities.runs_training_model and family not in VLLM_IMAGE_FAMILIES:
+        raise ValueError(
+            f"{name}: vLLM with images is supported for {sorted(VLLM_IMAGE_FAMILIES)} models; this model is a "
+            f"{family} one, which vLLM 0.32 loads under other weight names than transformers 5 saves (its vision "
+            "tower's), so its weight pushes would fail. Generate with HF generate (use_vllm=False) (docs/vllm.md)."
+        )
     trainer.backend.suppressed = tuple(image_token_ids(trainer.processor, trainer.model))
     trainer.backend.processor = trainer.processor

@@ -27,6 +27,11 @@ def _(ctx):
     vision_run(ctx, rollout_func=lambda prompts, trainer: {})
 
 
+@trigger("vision-vllm-family")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="grpo", use_vllm=True, vllm_dtype="float32", **vision_task("llava_next"))
+
+
 @trigger("vision-string-prompts")
 def _(ctx):
     task = vision_task("qwen2_5_vl")
