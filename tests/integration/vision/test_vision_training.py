@@ -18,6 +18,7 @@ CASES = {
     "rloo-llava_next": ("rloo", "llava_next"),
     "grpo-qwen2_5_vl-lora": ("grpo", "qwen2_5_vl", "--lora"),  # adapters on the language model, the tower frozen
     "distillation-qwen2_5_vl": ("distillation", "qwen2_5_vl"),  # the teacher's pass reads the images too
+    "online-dpo-llava_next": ("online-dpo", "llava_next"),
 }
 # a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
 # scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)
