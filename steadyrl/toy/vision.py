@@ -68,16 +68,11 @@ def build_processor(family: str = "qwen2_5_vl", tokenizer=None):
         from transformers import Qwen2_5_VLProcessor
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):
-            def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-                super(Qwen2_5_VLProcessor, self).__init__(image_processor, tokenizer, chat_template=chat_template)
-                self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-                self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-                self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+        from ..generation.vllm_images import image_only_processor
 
         pixels = IMAGE_SIZE * IMAGE_SIZE
         images = Qwen2VLImageProcessorPil(min_pixels=pixels, max_pixels=pixels)
-        return ImageOnlyQwen2_5_VLProcessor(images, tokenizer, chat_template=tokenizer.chat_template)
+        return image_only_processor(Qwen2_5_VLProcessor)(images, tokenizer, chat_template=tokenizer.chat_template)
     from transformers import LlavaNextProcessor
     from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
