@@ -174,8 +174,8 @@ class OnPolicyTrainer(
         model, processing_class = load_policy(model, processing_class, args)
         self.processor = processing_class if is_processor(processing_class) else None  # a vision-language model's
         processing_class = text_tokenizer(processing_class)
-        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            check_image_columns(dataset, name, self.processor is not None)
+        for argument, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            check_image_columns(dataset, argument, self.processor is not None)
         self.conversational = check_prompts(train_dataset, "train_dataset", processing_class)
         self.trains_on_images = check_vision_inputs(self, train_dataset)
         if eval_dataset is not None:
