@@ -6,9 +6,10 @@ after.
 
     OMP_NUM_THREADS=2 python bench/vision_demo.py --output_dir bench-output/vision_demo
 
-The first run builds and caches the aligned model (~10 minutes on 2 cores). Prints one JSON line (accuracy before and
-after, steps, minutes, the logged reward of the first and last 3 steps, sample replies) and writes it to
-OUTPUT_DIR/result.json.
+The first run builds and caches the aligned model (about 1 minute on 2 idle cores). The defaults train the vision tower
+and projector (the language model frozen) at learning rate 3e-4 for 30 steps of 4 prompts x 8 completions. Prints
+one JSON line (accuracy before and after, steps, minutes of training (wall and CPU), the logged reward of the first
+and last 3 steps, the alignment's record, sample replies) and writes it to OUTPUT_DIR/result.json.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SETTINGS = dict(  # GRPO with TRL's names, as make demo's (steadyrl/real/demo.py
 
 
 def side_accuracy(model, processor, held_out) -> tuple[float, list[str]]:
-    replies = greedy_replies(model, processor, held_out["prompt"], held_out["image"], max_new_tokens=8)
+    replies = greedy_replies(model, processor, held_out["prompt"], held_out["image"], SETTINGS["max_completion_length"])
     return sum(correct_side(replies, held_out["side"])) / len(held_out), replies
 
 
@@ -57,7 +58,8 @@ def main() -> None:
     parser.add_argument("--format_weight", type=float, default=0.0, help="weight of the one-word-answer reward")
     parser.add_argument("--eval_size", type=int, default=128, help="held-out images")
     opts = parser.parse_args()
-    model, processor = load_vision_demo(vision_demo_path())
+    path = vision_demo_path()
+    model, processor = load_vision_demo(path)
     if opts.train == "vision":
         for param in language_model_parameters(model):
             param.requires_grad_(False)
@@ -80,9 +82,9 @@ def main() -> None:
         args=args,
         train_dataset=position_dataset(opts.max_steps * opts.prompts_per_step, seed=0),
     )
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     trainer.train()
-    minutes = (time.time() - start) / 60
+    minutes, cpu_minutes = (time.time() - start) / 60, (time.process_time() - cpu) / 60
     after, replies = side_accuracy(trainer.model, processor, held_out)
     rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
     result = {
@@ -94,8 +96,10 @@ def main() -> None:
         "accuracy_before": before,
         "accuracy_after": after,
         "training_minutes": round(minutes, 2),
+        "training_cpu_minutes": round(cpu_minutes, 2),
         "reward_first_3": sum(rewards[:3]) / 3,
         "reward_last_3": sum(rewards[-3:]) / 3,
+        "alignment": json.loads(Path(path, "alignment.json").read_text()),
         "replies": list(zip(held_out["side"][:6], replies[:6])),
     }
     print(json.dumps(result))

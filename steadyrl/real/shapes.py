@@ -17,8 +17,10 @@ COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (40, 70, 230), 
 SHAPES = ("square", "circle", "triangle")
 SIDES = ("left", "right")
 CAPTION_PROMPT = "Describe the image."
-POSITION_PROMPT = "Is the shape on the left or on the right of the image? Answer with one word: left or right."
-_FIRST_WORD = re.compile(r"[a-z]+")
+# the two sides named in either order: a language model favours the option named first, and a question that always
+# named "left" first would have GRPO sample "right" too rarely to learn from
+POSITION_PROMPT = "Is the shape on the {0} or on the {1} of the image? Answer with one word: {0} or {1}."
+_WORD = re.compile(r"[a-z]+")
 
 
 def shape_image(colour: str, shape: str, x: int, y: int, size: int = IMAGE_SIZE):
@@ -56,25 +58,26 @@ def caption(colour: str, shape: str) -> str:
 
 def position_dataset(size: int, seed: int):
     """``size`` rows ``{"prompt": [user message], "image": PIL image, "side": "left" | "right"}`` (a
-    ``datasets.Dataset``), the sides balanced and shuffled; each seed draws different images."""
+    ``datasets.Dataset``), the sides balanced and shuffled, the question naming them in a random order; each seed
+    draws different images."""
     from datasets import Dataset
 
     rng = random.Random(seed)
     sides = [SIDES[i % 2] for i in range(size)]
     rng.shuffle(sides)
     shapes = [random_shape(rng, side) for side in sides]
+    orders = [rng.sample(SIDES, 2) for _ in shapes]
     return Dataset.from_dict(
         {
-            "prompt": [[{"role": "user", "content": POSITION_PROMPT}] for _ in shapes],
+            "prompt": [[{"role": "user", "content": POSITION_PROMPT.format(*order)}] for order in orders],
             "image": [s["image"] for s in shapes],
             "side": sides,
         }
     )
 
 
-def first_word(text: str) -> str:
-    found = _FIRST_WORD.search(text.lower())
-    return found.group() if found else ""
+def sides_named(text: str) -> set[str]:
+    return {word for word in _WORD.findall(text.lower()) if word in SIDES}
 
 
 def reply_texts(completions: list) -> list[str]:
@@ -83,8 +86,9 @@ def reply_texts(completions: list) -> list[str]:
 
 
 def correct_side(completions: list, side: list[str], **kwargs) -> list[float]:
-    """1.0 for an answer whose first word is the shape's side, else 0.0 (the accuracy)."""
-    return [float(first_word(text) == answer) for text, answer in zip(reply_texts(completions), side)]
+    """1.0 for an answer that names the shape's side and not the other one, else 0.0 (the accuracy): echoing the
+    question's "left or right" scores nothing."""
+    return [float(sides_named(text) == {answer}) for text, answer in zip(reply_texts(completions), side)]
 
 
 def one_word_answer(completions: list, **kwargs) -> list[float]:
