@@ -315,7 +315,7 @@ def load_vision_demo(directory: str):
 
 
 def vision_demo_path() -> str:
-    """The directory of the aligned vision-language model (built on first use, ~10 minutes on 2 cores, then cached
+    """The directory of the aligned vision-language model (built on first use, about 1 minute on 2 cores, then cached
     under ``$STEADYRL_CACHE``); load its processor with ``AutoProcessor`` or ``vision_processor``."""
     language_model = smollm2_path()
     spec = [VISION_DEMO_VERSION, VISION_CONFIG, PRETRAINING, ALIGNMENT, CHAT_TEMPLATE, Path(language_model).name]
