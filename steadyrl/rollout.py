@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -311,9 +311,10 @@ class SampledRollout:
     metrics: dict[str, float]
     generation_time: float
     prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (older checkpoints: None)
+    images: dict[str, torch.Tensor] | None = None  # the prompts' image inputs, ``ImageBatch.flat()``; None: no images
 
     def state_dict(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_state_dict(cls, state: dict) -> SampledRollout:

@@ -4,9 +4,11 @@ A processor (``transformers.ProcessorMixin``) renders a conversational prompt wi
 image tokens expanded) and image tensors. Those come in two kinds, told apart by their shape:
 
 - **token-aligned** ([P], one value per prompt token: Qwen's ``mm_token_type_ids``, Gemma3's ``token_type_ids``): kept
-  aligned with the left-padded prompt ids, and extended with zeros over the completion;
+  aligned with the left-padded prompt ids; over the completion, 1 on image tokens (a tool reply's image) and 0
+  elsewhere, as the processors set them;
 - **image rows** ([R, ...], rows per image or per patch: ``pixel_values``, ``image_grid_thw``, ``image_sizes``): each
-  sample's rows kept in order, all samples' rows concatenated, with each sample's row count.
+  sample's rows kept in order (its prompt's images, then those of the tool replies in its completion), all samples'
+  rows concatenated, with each sample's row count.
 
 ``ImageBatch`` holds both for N samples, selects rows of samples like any [N, ...] tensor, and flattens to named
 tensors for a checkpoint (safetensors: stored exactly). Shapes: N samples, P prompt columns, C completion columns.
@@ -50,12 +52,17 @@ class ImageBatch:
         cls, samples: list[dict[str, torch.Tensor]], width: int, sources: list[list] | None = None
     ) -> ImageBatch:
         """One sample's inputs per entry (token-aligned ones [P_i] long, image rows [R_i, ...]), the token-aligned
-        ones left-padded to ``width`` columns; ``sources``: each sample's images."""
-        names = list(samples[0])
-        token_names = [name for name in names if samples[0][name].dim() == 1 and name in TOKEN_ALIGNED]
+        ones left-padded to ``width`` columns; ``sources``: each sample's images. A sample without an input another
+        has (a prompt without images) has none of its rows and zeros for its token-aligned values."""
+        first: dict[str, torch.Tensor] = {}
+        for sample in samples:
+            for name, value in sample.items():
+                first.setdefault(name, value)
+        token_names = [name for name in first if first[name].dim() == 1 and name in TOKEN_ALIGNED]
         rows, counts, tokens = {}, {}, {}
-        for name in names:
-            values = [sample[name] for sample in samples]
+        for name, example in first.items():
+            empty = example.new_zeros(0, *example.shape[1:])
+            values = [sample.get(name, empty) for sample in samples]
             if name in token_names:
                 padded = torch.zeros(len(values), width, dtype=values[0].dtype)
                 for i, value in enumerate(values):
@@ -65,6 +72,10 @@ class ImageBatch:
                 rows[name] = torch.cat(values)
                 counts[name] = torch.tensor([len(value) for value in values], dtype=torch.long)
         return cls(rows, counts, tokens, sources)
+
+    def has_images(self) -> bool:
+        """Whether any sample has an image (a micro-batch of samples whose tool replies held none has not)."""
+        return any(len(values) for values in self.rows.values())
 
     def __len__(self) -> int:
         first = next(iter(self.counts.values()), None)
@@ -105,14 +116,33 @@ class ImageBatch:
         tokens = {name: fit_left(value, width) for name, value in self.tokens.items()}
         return ImageBatch(self.rows, self.counts, tokens, self.sources)
 
-    def model_inputs(self, prompt_width: int, completion_width: int) -> dict[str, torch.Tensor]:
+    def model_inputs(
+        self, prompt_width: int, completion_width: int, completion_images: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """The model's keyword arguments for prompt + completion columns: the image rows as they are, the
-        token-aligned tensors fitted to the prompt and zero over the completion."""
+        token-aligned tensors fitted to the prompt and, over the completion, ``completion_images`` ([N, C]: 1 on an
+        image token of a tool reply) or zero."""
         inputs = dict(self.rows)
         for name, value in self.tokens.items():
             prompt = fit_left(value, prompt_width)
-            inputs[name] = torch.cat([prompt, prompt.new_zeros(len(prompt), completion_width)], dim=1)
+            completion = prompt.new_zeros(len(prompt), completion_width)
+            if completion_images is not None:
+                completion = completion_images.to(completion)
+            inputs[name] = torch.cat([prompt, completion], dim=1)
         return inputs
+
+    def samples(self, lengths: list[int]) -> list[dict[str, torch.Tensor]]:
+        """Each sample's inputs as ``of_samples`` takes them: image rows [R_i, ...], token-aligned ones cut to the
+        sample's prompt of ``lengths[i]`` tokens."""
+        starts = {name: (count.cpu().cumsum(0) - count.cpu()).tolist() for name, count in self.counts.items()}
+        out = []
+        for i, length in enumerate(lengths):
+            sample = {name: self.tokens[name][i, self.tokens[name].shape[1] - length :] for name in self.tokens}
+            for name, values in self.rows.items():
+                start = starts[name][i]
+                sample[name] = values[start : start + int(self.counts[name][i])]
+            out.append(sample)
+        return out
 
     def flat(self) -> dict[str, torch.Tensor]:
         """Named tensors (a checkpoint's), read back by ``from_flat``."""
@@ -145,6 +175,18 @@ def fit_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
     if tensor.shape[1] >= width:
         return tensor[:, tensor.shape[1] - width :]
     return torch.cat([tensor.new_zeros(len(tensor), width - tensor.shape[1]), tensor], dim=1)
+
+
+def model_image_tokens(model) -> list[int]:
+    """The ids ``model``'s config gives the tokens that stand for image features."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    ids = [getattr(config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id")]
+    return sorted({i for i in ids if isinstance(i, int) and i >= 0})
+
+
+def image_token_mask(model, ids: torch.Tensor) -> torch.Tensor:
+    """[N, C] long: 1 where ``ids`` is one of ``model``'s image tokens (a tool reply's image in a completion)."""
+    return torch.isin(ids, torch.tensor(model_image_tokens(model), dtype=ids.dtype, device=ids.device)).long()
 
 
 def computes_own_positions(model) -> bool:

@@ -18,7 +18,7 @@ def _call(name: str, arguments: dict) -> list[dict]:
     return [{"type": "function", "function": {"name": name, "arguments": arguments}}]
 
 
-def _text_free_call(name: str) -> list[dict]:
+def assistant_call_head(name: str) -> list[dict]:
     """A user turn, then an assistant turn that only calls ``name``: what a tool reply is rendered after."""
     return [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": _call(name, {})}]
 
@@ -122,16 +122,21 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], chat_template_kwargs: 
     """The ids that follow an assistant turn ending in EOS: the tool messages, then the next assistant turn's
     opening. Rendered after a stand-in turn with the same tool name and cut after its EOS, as TRL does; the append-only
     check at build time makes this equal to rendering the real conversation."""
-    head = _text_free_call(tool_messages[0]["name"])
+    head = assistant_call_head(tool_messages[0]["name"])
     before = tokenizer.apply_chat_template(head, tokenize=True, return_dict=False, **chat_template_kwargs)
     after = tokenizer.apply_chat_template(
         head + tool_messages, tokenize=True, return_dict=False, add_generation_prompt=True, **chat_template_kwargs
     )
-    eos = [i for i, token in enumerate(before) if token == tokenizer.eos_token_id]
-    before = before[: eos[-1] + 1] if eos else before
+    before = cut_after_eos(before, tokenizer.eos_token_id)
     if after[: len(before)] != before:
         raise ValueError("the chat template renders an assistant turn differently once a tool reply follows it")
     return list(after[len(before) :])
+
+
+def cut_after_eos(ids: list[int], eos_token_id: int) -> list[int]:
+    """``ids`` up to their last EOS (kept), or all of them without one."""
+    eos = [i for i, token in enumerate(ids) if token == eos_token_id]
+    return list(ids[: eos[-1] + 1]) if eos else list(ids)
 
 
 def _first_difference(before: str, after: str) -> str:
@@ -144,7 +149,7 @@ def check_append_only(tokenizer, tools: list[Callable], chat_template_kwargs: di
     which drops earlier reasoning, is one): the trained ids are the concatenation of each turn's ids, so they must
     equal the whole conversation rendered at once. Names the first turn whose rendering changed and the text."""
     name = tools[0].__name__ if tools else "lookup"
-    head = _text_free_call(name)
+    head = assistant_call_head(name)
     before = render(tokenizer, head, chat_template_kwargs, tools)
     after = render(tokenizer, head + [{"role": "tool", "name": name, "content": "5"}], chat_template_kwargs, tools)
     if not after.startswith(before.rstrip()):
@@ -154,11 +159,19 @@ def check_append_only(tokenizer, tools: list[Callable], chat_template_kwargs: di
             "so they would differ from the conversation the template renders. Use a template that keeps earlier "
             "turns as they were (e.g. TRL's trl.chat_template_utils.get_training_chat_template(tokenizer))."
         )
+    user = [{"role": "user", "content": "x"}]
+    assistant_opening = render(tokenizer, user, chat_template_kwargs, tools, generation_prompt=True)
+    # a template whose assistant opening closes an empty reasoning block (Qwen3.5's NoThink) has turns without one
+    think = (
+        ("", "")
+        if assistant_opening.rstrip().endswith("</think>")
+        else ("<think>\nadd\n</think>\n\n", "<think>\ndone\n</think>\n\n")
+    )
     turns = [
         [{"role": "user", "content": "What is 2 + 3?"}],
-        [{"role": "assistant", "content": "<think>\nadd\n</think>\n\n", "tool_calls": _call(name, {"a": 2})}],
+        [{"role": "assistant", "content": think[0], "tool_calls": _call(name, {"a": 2})}],
         [{"role": "tool", "name": name, "content": "5"}],
-        [{"role": "assistant", "content": "<think>\ndone\n</think>\n\nIt is 5."}],
+        [{"role": "assistant", "content": think[1] + "It is 5."}],
     ]
     messages, previous = [], None
     for index, turn in enumerate(turns):

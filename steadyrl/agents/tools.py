@@ -83,10 +83,10 @@ def run_tool_calls(tool_calls: list[dict], box: ToolBox) -> ToolResults:
     return ToolResults(messages, failures)
 
 
-def rendered(results: ToolResults, render: Callable[[list[dict]], list[int]]) -> tuple[ToolResults, list[int]]:
-    """``results`` and their ids as ``render`` gives them. A message the chat template cannot render (a result the
-    template cannot show, e.g. a list into a text template) becomes an error answer and counts as a failed call,
-    like a tool that raises: the same result would come back, and fail, on every resume of the step."""
+def rendered(results: ToolResults, render: Callable[[list[dict]], object]) -> tuple[ToolResults, object]:
+    """``results`` and their rendering (their ids) as ``render`` gives it. A message the chat template cannot render
+    (a result the template cannot show, e.g. a list into a text template) becomes an error answer and counts as a
+    failed call, like a tool that raises: the same result would come back, and fail, on every resume of the step."""
     try:
         return results, render(results.messages)
     except Exception:

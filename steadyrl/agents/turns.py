@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..generation import Generation
 from .tools import ToolBox, rendered, run_tool_calls
+from .turn_images import ToolReply, TurnImages
 
 GenerateTurn = Callable[[list[list[int]], list[int], int], Generation]  # (prompt ids, row indices, turn) -> ids
 ParseTurn = Callable[[int, list[int], list[int]], dict]  # (row, sampled ids, ids before them) -> assistant message
@@ -41,17 +42,20 @@ class TurnCounts:
 def run_turns(
     generate: GenerateTurn,
     parse: ParseTurn,
-    suffix_ids: Callable[[list[dict]], list[int]],
+    reply_of: Callable[[list[dict]], ToolReply],
     prompt_ids: list[list[int]],
     first: Generation,
     boxes: list[ToolBox],
     max_completion_length: int,
     max_iterations: int | None,
     context_length: int,
+    images: TurnImages | None = None,
 ) -> Trajectories:
     """Run the tools each row's last turn called and sample the next turn, until no row calls a tool, the row's
     completion budget has no room for the results, or ``max_iterations`` tool rounds ran (TRL's
-    ``max_tool_calling_iterations``; None: no limit). A round whose results would not fit ends the row as it is."""
+    ``max_tool_calling_iterations``; None: no limit). A round whose results would not fit ends the row as it is.
+    ``reply_of(tool messages)``: their ids (and images); ``images``: the rows' image inputs, to which each kept
+    reply's images are added before the turn that reads them is generated."""
     ids = [list(row) for row in first.completion_ids]
     logprobs = None if first.logprobs is None else [list(row) for row in first.logprobs]
     env_mask = [[1] * len(row) for row in ids]
@@ -62,14 +66,16 @@ def run_turns(
     while active and (max_iterations is None or iteration < max_iterations):
         rows, contexts, suffixes = [], [], []
         for i in active:
-            results, suffix = rendered(run_tool_calls(completions[i][-1]["tool_calls"], boxes[i]), suffix_ids)
+            results, reply = rendered(run_tool_calls(completions[i][-1]["tool_calls"], boxes[i]), reply_of)
             counts.tool_calls += len(results.messages)
             counts.tool_failures += results.failures
-            context = prompt_ids[i] + ids[i] + suffix
+            context = prompt_ids[i] + ids[i] + reply.ids
             if len(context) - len(prompt_ids[i]) > max_completion_length or len(context) >= context_length:
                 continue  # no room for the results: the trajectory ends with the call
             completions[i].extend(results.messages)
-            rows.append(i), contexts.append(context), suffixes.append(suffix)
+            if images is not None:
+                images.add(i, reply)
+            rows.append(i), contexts.append(context), suffixes.append(reply.ids)
         if not rows:
             break
         iteration += 1

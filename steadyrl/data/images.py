@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..vision import TOKEN_ALIGNED
+from ..vision import TOKEN_ALIGNED, model_image_tokens
 
 IMAGE_COLUMNS = ("image", "images")  # TRL's columns of a vision-language dataset
 TEXT_INPUTS = ("input_ids", "attention_mask")
@@ -93,16 +93,18 @@ def has_images(prompts: list) -> bool:
 
 
 def encode_prompts(
-    prompts: list, processor, chat_template_kwargs: dict | None
+    prompts: list, processor, chat_template_kwargs: dict | None, tools_per_row: list | None = None
 ) -> tuple[list[list[int]], list[dict[str, torch.Tensor]]]:
     """Token ids and image inputs (one dict per prompt: token-aligned [P] and image rows [R, ...]) of conversational
-    prompts with images; consecutive equal prompts (a group's samples) are processed once."""
+    prompts with images (and each row's tools, if given); consecutive equal prompts (a group's samples) are processed
+    once."""
     ids, inputs, previous = [], [], None
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
+        tools = {} if tools_per_row is None or not tools_per_row[i] else {"tools": tools_per_row[i]}
         if prompt is not previous:
             previous = prompt
             text = processor.apply_chat_template(
-                prompt, add_generation_prompt=True, tokenize=False, **(chat_template_kwargs or {})
+                prompt, add_generation_prompt=True, tokenize=False, **tools, **(chat_template_kwargs or {})
             )
             images = prompt_images(prompt)
             out = processor(text=[text], images=[images] if images else None, return_tensors="pt")
@@ -119,8 +121,7 @@ def encode_prompts(
 
 def image_token_ids(processor, model) -> list[int]:
     """The ids of the tokens that stand for image features: never sampled (a sampled one would not match them)."""
-    ids = [getattr(model.config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id")]
-    ids.append(getattr(processor, "image_token_id", None))
+    ids = [*model_image_tokens(model), getattr(processor, "image_token_id", None)]
     return sorted({i for i in ids if isinstance(i, int) and i >= 0})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from ..vision import ImageBatch
+from ..vision import ImageBatch, computes_own_positions
 from .base import Capabilities, Generation, GenerationBackend, trim_completion
 from .seeded_sampling import seeded_generation
 from .shared_prefill import generate_rows, left_pad, prefilled_cache
@@ -41,7 +41,8 @@ class HFGenerationBackend(GenerationBackend):
     ) -> Generation:
         """All rows in one ``generate`` call, left-padded to the longest prompt, each sampled from its seed; rows that
         repeat a prompt (a group's samples) share its KV cache, computed once (``shared_prefill``), except with
-        ``images`` (the rows' image inputs), which each row's prompt pass encodes."""
+        ``images`` (the rows' image inputs), which each row's prompt pass encodes, and for models whose positions come
+        from the images (Qwen's mrope keeps the last call's position offsets, which a prefilled cache would read)."""
         if not prompt_ids:
             return Generation([])
         tok, device = self.tokenizer, next(model.parameters()).device
@@ -52,8 +53,10 @@ class HFGenerationBackend(GenerationBackend):
         model.eval()
         try:
             with torch.inference_mode():  # the ids leave as Python lists: nothing here needs autograd's bookkeeping
-                if images is None:
+                if images is None and not computes_own_positions(model):
                     cache, extra = prefilled_cache(model, config, prompt_ids, tok.pad_token_id), None
+                elif images is None:  # Qwen's mrope: a prefilled cache would be read with the last call's offsets
+                    cache, extra = None, None
                 else:
                     cache, extra = None, images.to(device).model_inputs(input_ids.shape[1], 0)
                 output = generate_rows(model, input_ids, attention_mask, config, cache, seeded, extra)

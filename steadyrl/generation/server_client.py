@@ -306,6 +306,14 @@ class ServerClient:
         return self.request("POST", "/collective_rpc", {"method": method, "kwargs": kwargs}, what=f"{method}()")
 
     def reset_prefix_cache(self) -> None:
+        """After new weights: the prefix cache, and the encoder cache (a vision tower's image embeddings, which vLLM
+        would otherwise reuse for an image it saw under the old weights). A server without the encoder cache's route
+        (vLLM before 0.11) has none to reset."""
         answer = self.request("POST", "/reset_prefix_cache", {}, what="resetting its prefix cache")
         if answer is not None and not answer.get("success", True):
             raise VLLMServerError(f"the vLLM server at {self.base_url} could not reset its prefix cache: {answer}")
+        try:
+            self.request("POST", "/reset_encoder_cache", {}, what="resetting its encoder cache")
+        except VLLMServerError as err:
+            if err.status != 404:
+                raise

@@ -249,6 +249,7 @@ class VLLMGenerationBackend(GenerationBackend):
         if adapter_only:
             self.load_adapter(model, version)
         self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()  # image embeddings of the old weights' vision tower
         self._synced_version = version
 
     def load_adapter(self, model: torch.nn.Module, version: int) -> None:

@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from ..vision import ImageBatch, computes_own_positions, image_positions
+from ..vision import ImageBatch, computes_own_positions, image_positions, image_token_mask
 from .head_logprobs import chunkable_head, head_returns_logprobs, unwrapped, warn_full_logits_once
 from .logit_rows import CHUNK_HEAD_LOGITS, logprobs_from_logits, model_logits
 from .packing import (
@@ -51,8 +51,9 @@ def model_inputs(
     """``joined_inputs`` with a vision-language model's image inputs; a model whose positions come from the images
     (Qwen's mrope) computes them itself from the attention mask, so no position ids are passed to it."""
     inputs = joined_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    if images is not None:
-        inputs.update(images.model_inputs(prompt_ids.shape[1], completion_ids.shape[1]))
+    if images is not None and images.has_images():
+        in_completion = image_token_mask(model, completion_ids)  # a tool reply's images
+        inputs.update(images.model_inputs(prompt_ids.shape[1], completion_ids.shape[1], in_completion))
         if computes_own_positions(model):
             del inputs["position_ids"]
     return inputs
@@ -99,8 +100,12 @@ def completion_logprobs(
     vision-language model's ``images``, each group's images once too (its vision tower runs once per group), where a
     packed pass of the first such micro-batch equals the padded one (``images_packing_fallback``)."""
     tokens = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    images = images if images is not None and images.has_images() else None  # none in these samples: text only
     if packing and images is not None:
-        if images_packing_fallback(model, tokens, images, outputs):
+        if image_token_mask(model, completion_ids).any():  # a tool reply's image: its completion's own, not shared
+            warn_padded_tool_images_once(model)
+            packing = False
+        elif images_packing_fallback(model, tokens, images, outputs):
             packing = False
         else:
             packed = pack_shared_prompts(*tokens, images=images, positions_of=functools.partial(image_positions, model))
@@ -130,6 +135,17 @@ def completion_logprobs(
 
 
 _images_checked: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+_tool_images_warned: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def warn_padded_tool_images_once(model: torch.nn.Module) -> None:
+    inner = unwrapped(model)
+    if inner not in _tool_images_warned:
+        _tool_images_warned.add(inner)
+        logging.getLogger(__name__).warning(
+            "Micro-batches whose completions hold images (tool replies) run padded, not packed: only a prompt's "
+            "images are shared by its completions."
+        )
 
 
 @torch.no_grad()

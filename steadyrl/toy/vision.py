@@ -184,3 +184,64 @@ def colour_letters_reward(completions: list, colour: list[str], **kwargs) -> lis
     """The fraction of the answer's first 6 characters that are letters of the square's colour: a dense reward a
     random model already scores above 0 on, and that depends on the image."""
     return [sum(ch in name for ch in text[:6]) / 6 for text, name in zip(_texts(completions), colour)]
+
+
+def add(a: int, b: int) -> list:
+    """Add two integers, and show the sum as a picture (the tool fixture's ``add``, whose call the model knows).
+
+    Args:
+        a: The first number.
+        b: The second number.
+    """
+    colour = list(COLOURS)[(a + b) % len(COLOURS)]  # a tool reply with an image, as TRL's multimodal tools give
+    image = square_image(colour, random.Random(a * 1000 + b))
+    return [{"type": "image", "image": image}, {"type": "text", "text": str(a + b)}]
+
+
+def vision_tool_tokenizer():
+    """The tool fixture's tokenizer (its call format, ``response_template``) with Qwen's image tokens, and its chat
+    template extended to render image blocks (a tool reply's picture) as Qwen2.5-VL's placeholder."""
+    from .tools import TOOL_CHAT_TEMPLATE, tool_tokenizer
+
+    tokenizer = tool_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    blocks = (
+        "{% if message.content is string %}{{ message.content }}{% else %}{% for block in message.content %}"
+        "{% if block.type == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+        "{% elif block.type == 'text' %}{{ block.text }}{% endif %}{% endfor %}{% endif %}"
+    )
+    plain = "{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    assert plain in TOOL_CHAT_TEMPLATE
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE.replace(
+        plain, "{{ '<|im_start|>' + message.role + '\\n' }}" + blocks + "{{ '<|im_end|>\\n' }}"
+    )
+    return tokenizer
+
+
+def vision_tool_model_path() -> str:
+    """A Qwen2.5-VL stand-in that calls tools: the language model is the tool fixture's (taught the calculator's call
+    format), the vision tower and the image tokens' embeddings random; a tool's reply may hold a picture. Built once
+    and cached; the processor is ``build_processor("qwen2_5_vl", vision_tool_tokenizer())``."""
+    from .tools import tool_model_path
+
+    def build(directory: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        tokenizer = vision_tool_tokenizer()
+        model = build_vision_model(tokenizer, "qwen2_5_vl")
+        text = AutoModelForCausalLM.from_pretrained(tool_model_path(), dtype=torch.float32)
+        language = model.model.language_model
+        with torch.no_grad():
+            vocab = text.model.embed_tokens.weight.shape[0]
+            language.embed_tokens.weight[:vocab] = text.model.embed_tokens.weight
+            own = {k: v for k, v in text.model.state_dict().items() if not k.startswith("embed_tokens")}
+            missing, unexpected = language.load_state_dict(own, strict=False)
+            if unexpected or set(missing) != {"embed_tokens.weight"}:
+                raise RuntimeError(f"the tool model's weights do not fit: {missing}, {unexpected}")
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    spec = [VISION_VERSION, "tools", VISION_CONFIG["qwen2_5_vl"], TEXT_CONFIG, Path(tool_model_path()).name]
+    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return build_cached(f"vision-tools-{fingerprint}", build)

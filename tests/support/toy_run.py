@@ -175,8 +175,16 @@ def tool_task(kind: str) -> dict:
 
 
 def vision_task(family: str, algorithm: str = "grpo") -> dict:
-    """--vision FAMILY: the family's stand-in and processor on the coloured squares (steadyrl.toy.vision)."""
+    """--vision FAMILY: the family's stand-in and processor on the coloured squares (steadyrl.toy.vision); ``tools``:
+    the Qwen2.5-VL stand-in that calls tools, on the sums, with a tool whose reply shows the sum as a picture."""
     from steadyrl.toy.vision import build_processor, colour_dataset, colour_letters_reward, vision_model_path
+
+    if family == "tools":
+        from steadyrl.toy.vision import add, vision_tool_model_path, vision_tool_tokenizer
+
+        processor = build_processor("qwen2_5_vl", vision_tool_tokenizer())
+        task = {**tool_task("tools"), "learning_rate": 1e-4}  # 1e-3 unlearns the tool calls within 4 steps
+        return {**task, "model": vision_tool_model_path(), "processing_class": processor, "tools": [add]}
 
     task = dict(
         model=vision_model_path(family), processing_class=build_processor(family), train_dataset=colour_dataset(16)
@@ -421,7 +429,11 @@ def main() -> None:
     )
     parser.add_argument("--tools", choices=["tools", "environment"], help="multi-turn, on the tool fixture")
     parser.add_argument("--poison-grad", help="STEP[,STEP...]: a NaN gradient element on process 0 in those steps")
-    parser.add_argument("--vision", help="a vision-language stand-in: qwen2_5_vl or llava_next, on coloured squares")
+    parser.add_argument(
+        "--vision",
+        help="a vision-language stand-in: qwen2_5_vl or llava_next, on coloured squares; tools: "
+        "Qwen2.5-VL calling a tool whose reply holds an image",
+    )
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)

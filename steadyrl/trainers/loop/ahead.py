@@ -31,12 +31,14 @@ from concurrent.futures import Future
 import torch
 from transformers.utils import logging
 
-from ...data.json_columns import check_json_columns
+from ...data.images import has_images, prompt_images
+from ...data.json_columns import check_json_columns, from_state, to_state
 from ...distributed.processes import on_every_process
 from ...generation import Generation
 from ...generation.weights import whole_weights
 from ...ops.finite import refuse_nonfinite
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
+from ...vision import ImageBatch
 from .ahead_worker import AheadWorker
 from .rollout_rewards import Scorer
 from .sources import Sampled, SingleTurnSource
@@ -62,10 +64,27 @@ class Ahead:
     result: SampledRollout | None = None
     future: Future | None = None  # None: not submitted yet (a request restored from a checkpoint)
     prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (older checkpoints: None)
+    images: ImageBatch | None = None  # [N] the prompts' image inputs (a vision-language model's)
 
     def request_state(self) -> dict:
-        fields = ("prompts", "columns", "seeds", "prompt_ids", "truncated", "version", "state", "prompt_index")
-        return {name: getattr(self, name) for name in fields}
+        """The request as a checkpoint stores it: images as their pixels, image inputs as tensors (exactly)."""
+        fields = ("seeds", "prompt_ids", "truncated", "version", "state", "prompt_index")
+        request = {name: getattr(self, name) for name in fields}
+        request.update(prompts=to_state(self.prompts), columns=to_state(self.columns))
+        return {**request, "images": None if self.images is None else self.images.flat()}
+
+    @classmethod
+    def from_request(cls, request: dict, weights: dict[str, torch.Tensor]) -> Ahead:
+        prompts, images = from_state(request["prompts"]), request.get("images")
+        images = None if images is None else with_sources(ImageBatch.from_flat(images), prompts)
+        fields = {**request, "prompts": prompts, "columns": from_state(request["columns"]), "images": images}
+        return cls(**fields, weights=weights)
+
+
+def with_sources(images: ImageBatch, prompts: list) -> ImageBatch:
+    """``images`` read back from a checkpoint, with each sample's images (its prompt's) for the engine."""
+    images.sources = [prompt_images(prompt) for prompt in prompts]
+    return images
 
 
 def state_fields(state) -> dict:
@@ -77,8 +96,8 @@ class AheadSource(SingleTurnSource):
     """Single-turn rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead, by the
     backend of the source's ``generate`` from copies of its actor's weights."""
 
-    def __init__(self, scorer: Scorer, scores_on_worker: bool, *args) -> None:
-        super().__init__(*args)
+    def __init__(self, scorer: Scorer, scores_on_worker: bool, *args, processor=None) -> None:
+        super().__init__(*args, processor=processor)
         self.scorer, self.scores_on_worker = scorer, scores_on_worker
         self.ahead: list[Ahead] = []  # requested, oldest first (a checkpoint part)
         self.worker: AheadWorker | None = None
@@ -111,7 +130,8 @@ class AheadSource(SingleTurnSource):
             "async/staleness_steps": state.global_step - sampled.version,
         }
         scores = None if sampled.scores is None else scores_from_rows(sampled.scores)  # None: scored by the trainer
-        generation = Generation(sampled.completion_ids, sampled.logprobs)
+        images = None if sampled.images is None else with_sources(ImageBatch.from_flat(sampled.images), sampled.prompts)
+        generation = Generation(sampled.completion_ids, sampled.logprobs, images)
         return Sampled(
             sampled.prompts,
             sampled.columns,
@@ -128,7 +148,11 @@ class AheadSource(SingleTurnSource):
         actor's current weights."""
         prompts, columns, seeds, prompt_index = self.draw()
         check_json_columns(columns, self.args.max_staleness)  # a stream's rows: stored in checkpoints as JSON
-        prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
+        images = None
+        if self.processor is not None and has_images(prompts):
+            (prompt_ids, images), truncated = self.encode_with_images(prompts), 0
+        else:
+            prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
         version = trainer_state.global_step
         if self.snapshot_version != version:  # every rollout requested at one step shares one copy
             with whole_weights(self.generate.actor, everywhere=False, merged=True) as weights:
@@ -137,7 +161,7 @@ class AheadSource(SingleTurnSource):
             self.snapshot_version = version
         state = state_fields(trainer_state)  # what the reward functions read: this step's, whenever they run
         item = Ahead(prompts, columns, seeds, prompt_ids, truncated, version, state, self.snapshot)
-        item.prompt_index = prompt_index
+        item.prompt_index, item.images = prompt_index, images
         self.ahead.append(item)
         self.submit(item, trainer_state)
 
@@ -154,7 +178,8 @@ class AheadSource(SingleTurnSource):
         metrics = {"async/generator_wait_s": time.perf_counter() - self.worker_idle_since}
         backend.push_copy(item.weights, item.version)
         start = time.perf_counter()
-        generation = backend.generate(None, item.prompt_ids, item.seeds)
+        images = {} if item.images is None else {"images": item.images}
+        generation = backend.generate(None, item.prompt_ids, item.seeds, **images)
         generation_time = time.perf_counter() - start
         scores = None
         if self.scores_on_worker:
@@ -175,6 +200,7 @@ class AheadSource(SingleTurnSource):
             metrics,
             generation_time,
             item.prompt_index,
+            None if item.images is None else item.images.flat(),
         )
         with self.lock:
             item.result, item.weights = result, None
@@ -211,8 +237,9 @@ class AheadSource(SingleTurnSource):
         for item in self.ahead:
             with self.lock:
                 result, copied = item.result, item.weights
-            if result is not None:
-                queue.append(result.state_dict())
+            if result is not None:  # its prompts' and columns' images as their pixels
+                state = result.state_dict()
+                queue.append({**state, "prompts": to_state(state["prompts"]), "columns": to_state(state["columns"])})
             else:
                 queue.append({"request": item.request_state()})
                 weights[str(item.version)] = copied
@@ -224,7 +251,8 @@ class AheadSource(SingleTurnSource):
         for entry in state["queue"]:
             if "request" in entry:
                 request = entry["request"]
-                self.ahead.append(Ahead(**request, weights=weights[str(request["version"])]))
+                self.ahead.append(Ahead.from_request(request, weights[str(request["version"])]))
             else:
+                entry = {**entry, "prompts": from_state(entry["prompts"]), "columns": from_state(entry["columns"])}
                 sampled = SampledRollout.from_state_dict(entry)
                 self.ahead.append(Ahead([], {}, [], [], 0, sampled.version, {}, None, result=sampled))

@@ -26,7 +26,9 @@ from ...agents.chat_format import (
 from ...agents.environments import Environments
 from ...agents.rollout_func import trajectories_from
 from ...agents.tools import ToolBox
+from ...agents.turn_images import ToolReply, TurnImages, reply_with_images
 from ...agents.turns import run_turns
+from ...data.images import has_images, image_token_ids
 from ...generation import Generation
 from .sources import SingleTurnSource
 
@@ -139,8 +141,8 @@ class MultiTurnSource(SingleTurnSource):
     ``env_mask``), or come from ``rollout_func(prompts, trainer)``: TRL's API hands the trainer to it, so this source
     holds it (weakly: the trainer holds its source)."""
 
-    def __init__(self, multi_turn: MultiTurn, trainer, context_length: int, *args) -> None:
-        super().__init__(*args)
+    def __init__(self, multi_turn: MultiTurn, trainer, context_length: int, *args, processor=None) -> None:
+        super().__init__(*args, processor=processor)
         self.multi_turn, self.context_length = multi_turn, context_length
         self.rollout_func_trainer = weakref.ref(trainer)
 
@@ -162,23 +164,38 @@ class MultiTurnSource(SingleTurnSource):
             prompts = pool.reset(environments, prompts, columns)
             boxes = pool.tool_boxes(environments)
             tools_per_row = [pool.tools_of(name) for name in names]
-        prompt_ids, truncated = self.truncate_prompts(tokenize_with_tools(prompts, tok, tools_per_row, kwargs))
-        first = self.generate(prompt_ids, seeds, version, chunk=chunk)
+        prompt_images, images = None, None
+        if self.processor is not None and has_images(prompts):
+            prompt_ids, prompt_images = self.encode_with_images(prompts, tools_per_row, kwargs)
+            truncated = 0
+        else:
+            prompt_ids, truncated = self.truncate_prompts(tokenize_with_tools(prompts, tok, tools_per_row, kwargs))
+        if self.processor is not None:  # a vision-language model: tools may return images
+            images = TurnImages(prompt_images, prompt_ids, image_token_ids(self.processor, self.generate.actor))
+        first = self.generate(prompt_ids, seeds, version, chunk=chunk, images=prompt_images)
 
         def next_turn(contexts: list[list[int]], rows: list[int], turn: int) -> Generation:
-            return self.generate(contexts, [turn_seed(seeds[i], turn) for i in rows], version, chunk=chunk)
+            seeds_of_rows = [turn_seed(seeds[i], turn) for i in rows]
+            turn_images = None if images is None else images.of_rows(rows, contexts)
+            return self.generate(contexts, seeds_of_rows, version, chunk=chunk, images=turn_images)
+
+        def reply_of(messages: list[dict]) -> ToolReply:
+            with_images = None if self.processor is None else reply_with_images(self.processor, messages, kwargs)
+            return with_images or ToolReply(tool_suffix_ids(tok, messages, kwargs))
 
         trajectories = run_turns(
             next_turn,
             lambda i, ids, before: parse_turn(tok, ids, before, tools_per_row[i]),
-            lambda messages: tool_suffix_ids(tok, messages, kwargs),
+            reply_of,
             prompt_ids,
             first,
             boxes,
             args.max_completion_length,
             args.max_tool_calling_iterations,
             self.context_length,
+            images,
         )
+        trajectories.images = None if images is None else images.batch()
         if environments is not None:
             trajectories.reward_kwargs["environments"] = environments
         return prompts, prompt_ids, truncated, trajectories

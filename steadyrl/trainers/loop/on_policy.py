@@ -191,6 +191,8 @@ class OnPolicyTrainer(
             reward_funcs,
             train_dataset,
         )
+        if self.processor is not None and self.multi_turn.active and self.multi_turn.rollout_func is None:
+            self.trains_on_images = True  # tools may return images (TRL's multimodal tool replies)
         entries = reward_model_entries(reward_funcs, reward_processing_classes)
         if reward_model is not None:  # steadyrl's own keyword: a reward model scored last
             entries.append((len(reward_funcs), reward_model, reward_processing_class or reward_processing_classes))

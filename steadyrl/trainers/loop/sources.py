@@ -203,10 +203,14 @@ class SingleTurnSource(RolloutSource):
         prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
         return prompts, prompt_ids, truncated, self.generate(prompt_ids, seeds, version, chunk=chunk)
 
-    def encode_with_images(self, prompts: list) -> tuple[list[list[int]], ImageBatch]:
-        """Token ids (the image tokens expanded) and image inputs of prompts with images, through the processor.
-        Such a prompt is never cut: its image tokens must match its image features."""
-        prompt_ids, inputs = encode_prompts(prompts, self.processor, self.args.chat_template_kwargs)
+    def encode_with_images(
+        self, prompts: list, tools_per_row: list | None = None, chat_template_kwargs: dict | None = None
+    ) -> tuple[list[list[int]], ImageBatch]:
+        """Token ids (the image tokens expanded) and image inputs of prompts with images, through the processor (with
+        each row's tools described, if given). Such a prompt is never cut: its image tokens must match its image
+        features."""
+        kwargs = self.args.chat_template_kwargs if chat_template_kwargs is None else chat_template_kwargs
+        prompt_ids, inputs = encode_prompts(prompts, self.processor, kwargs, tools_per_row)
         longest, limit = max(len(ids) for ids in prompt_ids), self.args.max_prompt_length
         if limit is not None and longest > limit and getattr(self.args, "_prompt_length_given", True):
             raise ValueError(

@@ -32,10 +32,14 @@ class StageWiring:
         self.scorer = Scorer(self.rewards, tokenizer, self.conversational, args)
         source_args = (self.prompt_draw, self.generator, tokenizer, self.conversational, args)
         if self.multi_turn.active:
-            self.rollout_source = MultiTurnSource(self.multi_turn, self, self.context_length(), *source_args)
+            processor = self.processor if self.trains_on_images else None
+            self.rollout_source = MultiTurnSource(
+                self.multi_turn, self, self.context_length(), *source_args, processor=processor
+            )
         elif args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
             on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
-            self.rollout_source = AheadSource(self.scorer, on_worker, *source_args)
+            processor = self.processor if self.trains_on_images else None
+            self.rollout_source = AheadSource(self.scorer, on_worker, *source_args, processor=processor)
         else:
             self.rollout_source = SingleTurnSource(*source_args, processor=self.processor)
         self.rollout_source = self.algorithm_source(self.rollout_source)

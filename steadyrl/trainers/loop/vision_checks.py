@@ -31,17 +31,17 @@ def check_vision_inputs(trainer, train_dataset) -> bool:
 def check_vision_run(trainer) -> None:
     """Refuse, naming the setting, what does not carry images yet (docs/vision.md lists it); tell the backend the
     image tokens it must never sample, and the processor (vLLM processes the images itself)."""
-    args, name = trainer.args, type(trainer).__name__
+    name = type(trainer).__name__
     refused = [
-        (trainer.multi_turn.active, "tools, environment_factory or rollout_func (multi-turn rollouts)"),
-        (bool(args.max_staleness), f"max_staleness={args.max_staleness} (rollouts generated ahead)"),
+        (trainer.multi_turn.rollout_func is not None, "rollout_func (it returns token ids, not image inputs)"),
         (not trainer.backend.capabilities.takes_images, f"the generation backend {type(trainer.backend).__name__}"),
     ]
     for is_set, what in refused:
         if is_set:
             raise ValueError(
                 f"{name}: {what} cannot carry a vision-language model's images yet, and train_dataset has an image "
-                "column. Train single-turn, with max_staleness=0 and HF generate or vLLM (docs/vision.md)."
+                "column. Use tools or environment_factory rather than rollout_func, and HF generate or vLLM "
+                "(docs/vision.md)."
             )
     family = getattr(trainer.model.config, "model_type", "")
     if not trainer.backend.capabilities.runs_training_model and family not in VLLM_IMAGE_FAMILIES:

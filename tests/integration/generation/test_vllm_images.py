@@ -6,7 +6,8 @@ sampling excludes, are excluded from the trainer's distribution too."""
 
 import pytest
 import torch
-from conftest import step_entries
+from conftest import read_logs, run_toy, step_entries
+from safetensors.torch import load_file
 from support.toy_run import make_trainer, vision_task
 from support.vllm_serving import serving
 
@@ -140,3 +141,34 @@ def test_grpo_trains_on_images_on_a_vllm_server(tmp_path, model_dir, server):
     diffs = assert_trains(trainer, 2)
     assert max(diffs) < 0.05, diffs
     assert trainer.backend.pushes == 2
+
+
+def test_a_vision_run_generating_ahead_resumes_byte_identical(model_dir, server, tmp_path_factory):
+    """max_staleness=1 with images: the rollout generated ahead, stored in the checkpoint with its images (pixels) and
+    image inputs (tensors), trains after a SIGKILL as it did in the uninterrupted run."""
+    overrides = [
+        f"model={model_dir}",
+        "max_prompt_length=64",
+        "use_vllm=true",
+        "vllm_dtype=float32",
+        "vllm_mode=server",
+        f"vllm_server_base_url={server}",
+        "vllm_importance_sampling_correction=true",
+        "max_staleness=1",
+    ]
+    flags = ["--algorithm", "grpo", "--vision", FAMILY]
+    reference, resumed = tmp_path_factory.mktemp("ahead-reference"), tmp_path_factory.mktemp("ahead-resumed")
+    run_toy(reference, *flags, overrides=overrides)
+    run_toy(resumed, *flags, "--kill-after-save", "6", expect_kill=True, overrides=overrides)
+    stored = load_file(resumed / "checkpoint-6" / "rollouts_ahead_0.safetensors")
+    assert any("pixel_values" in name for name in stored), "the rollout generated ahead keeps its image inputs"
+    assert any("__pil_image__" in name for name in stored), "and its prompts' images, as pixels"
+    run_toy(resumed, *flags, "--resume", overrides=overrides)
+    ref = (reference / "final-actor" / "model.safetensors").read_bytes()
+    assert (resumed / "final-actor" / "model.safetensors").read_bytes() == ref, "final actor weights differ"
+    ref_logs, new_logs = read_logs(reference), read_logs(resumed)
+    assert ref_logs[9]["async/staleness_steps"] > 0, "the rollout trained at step 9 was generated ahead"
+    for step in range(7, 13):
+        for key in ref_logs[step]:
+            if not key.startswith("async/") and "per_second" not in key:
+                assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"

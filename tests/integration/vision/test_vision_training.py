@@ -19,6 +19,7 @@ CASES = {
     "grpo-qwen2_5_vl-lora": ("grpo", "qwen2_5_vl", "--lora"),  # adapters on the language model, the tower frozen
     "distillation-qwen2_5_vl": ("distillation", "qwen2_5_vl"),  # the teacher's pass reads the images too
     "online-dpo-llava_next": ("online-dpo", "llava_next"),
+    "grpo-tools": ("grpo", "tools"),  # a tool's replies hold images: each sample's own, in its completion
 }
 # a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
 # scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)

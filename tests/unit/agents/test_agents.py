@@ -8,6 +8,7 @@ import pytest
 from steadyrl.agents.chat_format import tool_suffix_ids
 from steadyrl.agents.environments import Environments
 from steadyrl.agents.tools import ToolBox, run_tool_calls
+from steadyrl.agents.turn_images import ToolReply
 from steadyrl.agents.turns import run_turns
 from steadyrl.generation import Generation
 from steadyrl.toy.tools import tool_tokenizer
@@ -91,7 +92,7 @@ def test_the_turn_loop_appends_replies_masks_them_and_keeps_the_sampled_ids():
     out = run_turns(
         scripted(turns),
         parse,
-        lambda messages: REPLY,
+        lambda messages: ToolReply(REPLY),
         [[100], [101]],
         first,
         [ToolBox([add])] * 2,
@@ -111,12 +112,13 @@ def test_the_budget_and_the_iteration_limit_end_a_trajectory():
     turns = {0: [[1, 7, 9], [2, 2, 2, 2, 7, 9], [3, 9]]}
     first = Generation([turns[0][0]], None)
     common = dict(prompt_ids=[[100]], first=first, boxes=[ToolBox([add])], context_length=512)
+    reply = lambda m: ToolReply(REPLY)  # noqa: E731
     # 3 sampled + 2 reply leaves 3 of the 6 sampled ids of turn 2; no room for the second reply
-    out = run_turns(scripted(turns), parse, lambda m: REPLY, max_completion_length=8, max_iterations=None, **common)
+    out = run_turns(scripted(turns), parse, reply, max_completion_length=8, max_iterations=None, **common)
     assert out.completion_ids[0] == [1, 7, 9, 50, 51, 2, 2, 2] and out.logprobs is None
-    out = run_turns(scripted(turns), parse, lambda m: REPLY, max_completion_length=64, max_iterations=1, **common)
+    out = run_turns(scripted(turns), parse, reply, max_completion_length=64, max_iterations=1, **common)
     assert out.completion_ids[0] == [1, 7, 9, 50, 51, 2, 2, 2, 2, 7, 9], "one round of tool calls only"
-    out = run_turns(scripted(turns), parse, lambda m: REPLY, max_completion_length=4, max_iterations=None, **common)
+    out = run_turns(scripted(turns), parse, reply, max_completion_length=4, max_iterations=None, **common)
     assert out.completion_ids[0] == [1, 7, 9] and out.completions[0][-1]["tool_calls"], "no room: the call stands"
 
 
@@ -209,7 +211,7 @@ def test_a_result_that_cannot_be_made_text_or_rendered_is_a_failed_call_not_a_cr
     out = run_turns(
         scripted(turns),
         calls,
-        lambda messages: tool_suffix_ids(tok, messages, {}),
+        lambda messages: ToolReply(tool_suffix_ids(tok, messages, {})),
         [[100]],
         Generation([turns[0][0]], None),
         [ToolBox([add, huge, pair])],
