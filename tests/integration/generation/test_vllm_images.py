@@ -143,6 +143,19 @@ def test_grpo_trains_on_images_on_a_vllm_server(tmp_path, model_dir, server):
     assert trainer.backend.pushes == 2
 
 
+@pytest.mark.parametrize("algorithm", ["rloo", "online-dpo", "distillation"])
+def test_the_other_algorithms_train_on_images_on_a_vllm_server(tmp_path, model_dir, server, algorithm):
+    """RLOO, online DPO (two completions of one image per prompt) and distillation (the teacher's pass reads the
+    images too) with the server sampling from the images."""
+    task = {**vision_task(FAMILY, algorithm), "model": model_dir}
+    settings = dict(vllm_mode="server", vllm_server_base_url=server, **VLLM, **SHORT)
+    if algorithm == "rloo":
+        settings.update(ONE_EPOCH)
+    trainer = make_trainer(tmp_path, algorithm=algorithm, max_steps=2, **task, **settings)
+    assert_trains(trainer, 2)
+    assert trainer.backend.pushes >= 1
+
+
 def test_a_vision_run_generating_ahead_resumes_byte_identical(model_dir, server, tmp_path_factory):
     """max_staleness=1 with images: the rollout generated ahead, stored in the checkpoint with its images (pixels) and
     image inputs (tensors), trains after a SIGKILL as it did in the uninterrupted run."""
