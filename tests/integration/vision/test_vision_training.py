@@ -167,3 +167,18 @@ def test_prompts_with_images_are_kept_whole_unless_max_prompt_length_is_set(tmp_
     trainer.args.max_prompt_length, trainer.args._prompt_length_given = 16, True  # as if the user had set it
     with pytest.raises(ValueError, match="more than max_prompt_length=16"):
         trainer.rollout_source.next(trainer.state)
+
+
+@pytest.mark.parametrize(
+    "algorithm, family", [("grpo", "llava_next"), ("rloo", "qwen2_5_vl"), ("distillation", "llava_next")]
+)
+def test_each_algorithm_trains_the_other_family_too(tmp_path, algorithm, family):
+    """With the SIGKILL cases above and online DPO's test, each algorithm trains both stand-ins."""
+    trainer = make_trainer(tmp_path, algorithm=algorithm, max_steps=2, save_steps=100, **vision_task(family, algorithm))
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    moved = [name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])]
+    tower = "model.visual" if family == "qwen2_5_vl" else "model.vision_tower"
+    assert any(name.startswith(tower) for name in moved), "the vision tower trains"
+    assert any("language_model" in name for name in moved)
+    assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in trainer.state.log_history if "loss" in entry)
