@@ -72,7 +72,7 @@ from .saving import SavingMixin
 from .stage_wiring import StageWiring
 from .trainer_hooks import TrainerHooks
 from .trl_attributes import TRLAttributesMixin
-from .vision_checks import check_vision_inputs, check_vision_run
+from .vision_checks import check_vision_inputs, check_vision_run, find_unused_vision_parameters
 
 logger = logging.get_logger(__name__)
 
@@ -272,6 +272,9 @@ class OnPolicyTrainer(
         self.completion_log = log if main else None
         self.metrics_log = MetricsLog(args.output_dir) if main else None
         self.build_stages(train_dataset)
+
+    def _build_accelerator_args(self, **kwargs) -> dict:
+        return find_unused_vision_parameters(super()._build_accelerator_args(**kwargs), self.args, self.processor)
 
     def context_length(self) -> int:
         """The longest sequence generation may be given: the model's, or the backend's (vLLM's ``max_model_len``)."""

@@ -52,3 +52,19 @@ def check_vision_run(trainer) -> None:
         )
     trainer.backend.suppressed = tuple(image_token_ids(trainer.processor, trainer.model))
     trainer.backend.processor = trainer.processor
+
+
+def find_unused_vision_parameters(accelerator_args: dict, args, processor) -> dict:
+    """``transformers.Trainer``'s Accelerator arguments, with DDP finding unused parameters for a vision-language
+    model: a vision tower often holds parameters the language model never reads (CLIP's ``post_layernorm``, SigLIP's
+    pooling head), and DDP fails on them otherwise. transformers turns the search off under gradient checkpointing,
+    which its reentrant form cannot take; steadyrl's default, non-reentrant, can. The user's
+    ``ddp_find_unused_parameters`` wins."""
+    if processor is None or args.ddp_find_unused_parameters is not None:
+        return accelerator_args
+    if args.gradient_checkpointing and (args.gradient_checkpointing_kwargs or {}).get("use_reentrant", False):
+        return accelerator_args
+    for handler in accelerator_args.get("kwargs_handlers", []):
+        if hasattr(handler, "find_unused_parameters"):
+            handler.find_unused_parameters = True
+    return accelerator_args

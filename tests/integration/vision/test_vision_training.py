@@ -182,3 +182,14 @@ def test_each_algorithm_trains_the_other_family_too(tmp_path, algorithm, family)
     assert any(name.startswith(tower) for name in moved), "the vision tower trains"
     assert any("language_model" in name for name in moved)
     assert all(torch.isfinite(torch.tensor(entry["loss"])) for entry in trainer.state.log_history if "loss" in entry)
+
+
+def test_ddp_finds_the_vision_towers_unused_parameters_unless_told_otherwise(tmp_path):
+    """LLaVA-Next's CLIP tower has a post_layernorm the language model never reads: under DDP with gradient
+    checkpointing (transformers then turns the search off) RLOO failed on 2 processes with 'parameters that did not
+    receive grad'. Non-reentrant checkpointing takes the search; the user's setting wins."""
+    task = vision_task("llava_next", "rloo")
+    trainer = make_trainer(tmp_path / "default", algorithm="rloo", **task)
+    assert trainer.args.gradient_checkpointing and trainer.accelerator.ddp_handler.find_unused_parameters
+    told = make_trainer(tmp_path / "told", algorithm="rloo", ddp_find_unused_parameters=False, **task)
+    assert not told.accelerator.ddp_handler.find_unused_parameters
