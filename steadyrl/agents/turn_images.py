@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data.images import TEXT_INPUTS, prompt_images
+from ..data.images import image_inputs, prompt_images
 from ..vision import TOKEN_ALIGNED, ImageBatch
 from .chat_format import assistant_call_head, cut_after_eos
 
@@ -52,12 +52,7 @@ def reply_with_images(processor, tool_messages: list[dict], chat_template_kwargs
     after = out["input_ids"][0].tolist()
     if after[: len(before)] != before:
         raise ValueError("the chat template renders an assistant turn differently once a tool reply follows it")
-    inputs = {}
-    for name, value in out.items():
-        if name in TEXT_INPUTS or not isinstance(value, torch.Tensor):
-            continue
-        aligned = name in TOKEN_ALIGNED and value.shape == out["input_ids"].shape
-        inputs[name] = value[0, len(before) :] if aligned else value
+    inputs = image_inputs(out, start=len(before))
     return ToolReply(after[len(before) :], inputs, images)
 
 

@@ -108,15 +108,22 @@ def encode_prompts(
             )
             images = prompt_images(prompt)
             out = processor(text=[text], images=[images] if images else None, return_tensors="pt")
-            row_ids = out["input_ids"][0].tolist()
-            extras = {}
-            for name, value in out.items():
-                if name in TEXT_INPUTS or not isinstance(value, torch.Tensor):
-                    continue
-                extras[name] = value[0] if name in TOKEN_ALIGNED and value.shape == out["input_ids"].shape else value
+            row_ids, extras = out["input_ids"][0].tolist(), image_inputs(out)
         ids.append(row_ids)
         inputs.append(extras)
     return ids, inputs
+
+
+def image_inputs(out, start: int = 0) -> dict[str, torch.Tensor]:
+    """One rendered sample's image inputs from the processor's output ``out`` (a batch of one): token-aligned ones
+    [P - start] (from token ``start`` on), image rows [R, ...] as they are."""
+    inputs = {}
+    for name, value in out.items():
+        if name in TEXT_INPUTS or not isinstance(value, torch.Tensor):
+            continue
+        aligned = name in TOKEN_ALIGNED and value.shape == out["input_ids"].shape
+        inputs[name] = value[0, start:] if aligned else value
+    return inputs
 
 
 def image_token_ids(processor, model) -> list[int]:
