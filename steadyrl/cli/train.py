@@ -9,10 +9,12 @@ that does not exist included, is refused before a model is loaded.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -228,4 +230,23 @@ def train(
     with refusals_as_errors(prog, (CheckpointError, OutputDirNotShared)):  # output_dir and resume checks, saves
         trainer.train()
     trainer.save_model(f"{config.output_dir}/actor")
+    end_processes(trainer)
     return trainer
+
+
+def end_processes(trainer: OnPolicyTrainer) -> None:
+    """Destroy the process group of a launched run; processes on the CPU then exit here.
+
+    On gloo a finished process rarely aborts during interpreter teardown ("terminate called without an active
+    exception": one of torch's C++ threads meets the finalizing interpreter; docs/ddp.md), and the launcher reports a
+    failed run. Everything is written by now: the exit handlers (report_to integrations, logging) run, then the
+    process exits without the teardown. vLLM's engine needs its process group at exit, so is left alone.
+    """
+    if trainer.accelerator.num_processes == 1 or trainer.args.use_vllm:
+        return
+    trainer.accelerator.end_training()
+    if trainer.accelerator.device.type == "cpu":
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
