@@ -115,6 +115,22 @@ def step_entries(log_history: list[dict]) -> list[dict]:
     return [entry for entry in log_history if "train_runtime" not in entry]
 
 
+# a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
+# scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)
+NOISE_ONLY = ("k_proj.bias", "qkv.bias")
+
+
+def assert_close_weights(ours: Path, theirs: Path, rel: float = 1e-5) -> None:
+    """The final actors of two runs agree within ``rel`` of each tensor's largest value (rounding noise aside)."""
+    from safetensors.torch import load_file
+
+    a, b = (load_file(run / "final-actor" / "model.safetensors") for run in (ours, theirs))
+    assert a.keys() == b.keys()
+    for name, tensor in b.items():
+        if not name.endswith(NOISE_ONLY):
+            assert (a[name] - tensor).abs().max() <= rel * tensor.abs().max().clamp(min=1e-12), name
+
+
 def read_logs(output_dir):
     """The step entries of OUTPUT_DIR/log_history.json by step (the end-of-training summary left out)."""
     history = json.loads((Path(output_dir) / "log_history.json").read_text())

@@ -326,11 +326,23 @@ def redacted_settings(settings: dict) -> dict:
 PER_PROCESS_DEFAULTS = ("micro_train_batch_size", "micro_rollout_batch_size")  # defaults follow the process count
 
 
-def per_process_default_hint(changed: dict, saved_processes: int | None, processes: int | None) -> str:
-    """On another number of processes, the micro-batch sizes whose defaults follow it: how to resume as before."""
+def per_process_default_hint(
+    changed: dict, saved_processes: int | None, processes: int | None, saved: dict | None = None
+) -> str:
+    """On another number of processes, the micro-batch sizes whose defaults follow it: how to resume as before, or
+    that the checkpoint's cannot be used there (``saved``: its settings, with the rollout's size)."""
     moved = {name: changed[f"args.{name}"][0] for name in PER_PROCESS_DEFAULTS if f"args.{name}" in changed}
     if not moved or saved_processes is None or saved_processes == processes:
         return ""
+    saved = saved or {}
+    prompts, samples = saved.get("args.rollout_batch_size"), saved.get("args.n_samples_per_prompt")
+    micro = moved.get("micro_rollout_batch_size")
+    if micro and isinstance(prompts, int) and isinstance(samples, int) and (prompts * samples // processes) % micro:
+        return (
+            f" The checkpoint's micro_rollout_batch_size={micro} does not divide the {prompts * samples // processes} "
+            f"samples each of {processes} processes generates per rollout, so it cannot resume on {processes}: resume "
+            f"on {saved_processes}, or set micro_rollout_batch_size to a divisor of that from the start of a run."
+        )
     given = " ".join(f"{name}={value}" for name, value in moved.items())
     follow = "follows" if len(moved) == 1 else "follow"
     return (
@@ -353,7 +365,7 @@ def check_resumable(saved: dict, current: dict, saved_free: dict, current_free: 
         raise CheckpointError(
             f"cannot resume from {directory}: {len(changed)} setting(s) that change training differ from the run that "
             f"wrote it ({details}). Resume with the same settings, or start a new run in another output_dir."
-            + per_process_default_hint(changed, saved_free.get("world_size"), current_free.get("world_size"))
+            + per_process_default_hint(changed, saved_free.get("world_size"), current_free.get("world_size"), saved)
         )
     unrecorded = sorted(set(current) - set(saved))
     if unrecorded:

@@ -151,6 +151,11 @@ class VLLMServerBackend(GenerationBackend):
             self._synced_version, self.served_name, self._base_synced = version, self.base_name, False
             self.pushed(label, version, version)
 
+    def forget_push(self) -> None:
+        """Have the next ``sync_weights`` push (every process decides alike): copies were pushed since, from the
+        worker thread of one process (generation ahead with several)."""
+        self._synced_version = None
+
     def push(self, weights: dict[str, torch.Tensor] | None, version: int, adapter: tuple | None = None) -> str:
         """Claim the server and push ``weights`` (None: the base weights it holds) and ``adapter``; return the label
         the server now knows them by. A server that goes away meanwhile is waited for and pushed to again."""

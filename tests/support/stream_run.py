@@ -53,8 +53,8 @@ def record_prompts(trainer, path: Path) -> None:
     draw = trainer.prompt_draw
     next_prompts = draw.next_prompts
 
-    def recording_next_prompts():
-        prompts, columns, first, indices = next_prompts()
+    def recording_next_prompts(*args):
+        prompts, columns, first, indices = next_prompts(*args)
         with path.open("a") as f:
             f.write(json.dumps({"first": first, "prompts": prompts}) + "\n")
         return prompts, columns, first, indices

@@ -8,7 +8,7 @@ As a script::
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
                             [--real [--live-checks N]] [--tools tools|environment] [--vision FAMILY]
-                            [--set key=value ...]
+                            [--record-trained] [--set key=value ...]
 
 ``--set reward_funcs=half_constant`` trains on a reward of ``TOY_REWARDS`` (named, so that crash_fuzz.py can pass it).
 
@@ -283,6 +283,32 @@ class KillAfterSave(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class RecordTrained(TrainerCallback):
+    """--record-trained: after each step, the rollout it trained on (every sample's prompt and completion ids, and
+    its prompt's row in the dataset), appended to OUTPUT_DIR/trained.jsonl by the main process. A resumed run appends
+    the steps it runs again; the last record of a step is what that step trained on."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.trainer = path, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        rollout = self.trainer.training_buffer.buffer.rollout
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)]
+        completions = [ids[mask.bool()].tolist() for ids, mask in zip(rollout.completion_ids, rollout.completion_mask)]
+        index = None if rollout.prompt_index is None else rollout.prompt_index.tolist()
+        entry = {"step": state.global_step, "prompt_ids": prompts, "completion_ids": completions, "prompt_index": index}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def read_trained(output_dir) -> dict[int, dict]:
+    """``--record-trained``'s records by step: each step's last."""
+    with open(os.path.join(output_dir, "trained.jsonl")) as f:
+        return {entry["step"]: entry for entry in map(json.loads, f)}
+
+
 class GatheredPeak(TrainerCallback):
     """Under ZeRO-3, the most elements of the actor's partitioned parameters (persistent small ones aside) held whole
     at once as any module's forward pass in training mode ends (``peak``), and in eval mode, generation's
@@ -434,6 +460,7 @@ def main() -> None:
         help="a vision-language stand-in: qwen2_5_vl or llava_next, on coloured squares; tools: "
         "Qwen2.5-VL calling a tool whose reply holds an image",
     )
+    parser.add_argument("--record-trained", action="store_true", help="what each step trains on: trained.jsonl")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides key=value (JSON values)")
     opts = parser.parse_args()
     overrides = parse_overrides(opts.set)
@@ -464,7 +491,11 @@ def main() -> None:
         )
     if opts.algorithm == "gkd":
         overrides.setdefault("train_dataset", gkd_dataset())
+    recorder = RecordTrained(os.path.join(opts.output_dir, "trained.jsonl")) if opts.record_trained else None
+    callbacks += [recorder] if recorder else []
     trainer = make_trainer(opts.output_dir, callbacks=callbacks, algorithm=opts.algorithm, **overrides)
+    if recorder:
+        recorder.trainer = trainer
     if opts.poison_grad:
         from poison import poison_gradient  # tests/support, this script's own folder
 

@@ -266,7 +266,7 @@ def check_sync_ref_settings(config) -> None:
 
 
 def check_staleness(config) -> None:
-    """``max_staleness`` > 0 overlaps generation with training, in one process, for GRPO and RLOO: on a backend that
+    """``max_staleness`` > 0 overlaps generation with training, for GRPO and RLOO: on a backend that
     generates from a copy of the weights taken earlier (``capabilities.pushes_copies``: the vLLM server)."""
     staleness = config.max_staleness
     if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
@@ -285,10 +285,4 @@ def check_staleness(config) -> None:
             f"max_staleness={staleness} is for GRPO and RLOO, whose losses correct for the lag "
             f"(vllm_importance_sampling_correction); {type(config).__name__} has no such correction: use "
             "max_staleness=0."
-        )
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        raise ValueError(
-            f"max_staleness={staleness} runs in one process for now, and {world} were launched (WORLD_SIZE): "
-            "use max_staleness=0, or one process."
         )

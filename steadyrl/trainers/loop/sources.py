@@ -67,21 +67,23 @@ class PromptDraw:
         self.sampler, self.dataset, self.args, self.accelerator = sampler, dataset, args, accelerator
         self.draws = 0  # batches of prompts drawn so far: part of every completion's sampling seed
 
-    def __call__(self) -> tuple[list, dict[str, list], list[int], list[int]]:
-        """This process's share of the next draw: ``(prompts, columns, seeds, prompt_index)``, one entry per sample
-        (``prompt_index``: the prompt's row in the dataset)."""
+    def __call__(self, whole: bool = False) -> tuple[list, dict[str, list], list[int], list[int]]:
+        """This process's share of the next draw (``whole``: every process's, in process order): ``(prompts, columns,
+        seeds, prompt_index)``, one entry per sample (``prompt_index``: the prompt's row in the dataset). A sample's
+        seed does not depend on the number of processes."""
         k, seed = self.args.n_samples_per_prompt, self.args.seed
-        prompts, columns, first_prompt, indices = self.next_prompts()
+        prompts, columns, first_prompt, indices = self.next_prompts(whole)
         seeds = [sampling_seed(seed, self.draws, first_prompt + i // k, i % k) for i in range(len(prompts))]
         self.draws += 1
         return prompts, columns, seeds, [index for index in indices for _ in range(k)]
 
-    def next_prompts(self) -> tuple[list, dict[str, list], int, list[int]]:
-        """This process's share of the next rollout's prompts and columns, each repeated ``n_samples_per_prompt``
-        times, the index of its first prompt in the whole rollout, and its prompts' rows in the dataset."""
+    def next_prompts(self, whole: bool = False) -> tuple[list, dict[str, list], int, list[int]]:
+        """This process's share (``whole``: all) of the next rollout's prompts and columns, each repeated
+        ``n_samples_per_prompt`` times, the index of its first prompt in the whole rollout, and its prompts' rows in
+        the dataset."""
         args = self.args
-        per_process = args.rollout_batch_size // self.accelerator.num_processes
-        first = self.accelerator.process_index * per_process
+        per_process = args.rollout_batch_size // (1 if whole else self.accelerator.num_processes)
+        first = 0 if whole else self.accelerator.process_index * per_process
         part = slice(first, first + per_process)
         rows, indices = next_rows(self.sampler, self.dataset, args.rollout_batch_size, part)
         return *repeat_rows(rows, args.n_samples_per_prompt, not args.remove_unused_columns), first, indices

@@ -195,12 +195,6 @@ def _(ctx):
     make_config(ctx.tmp_path, "ppo", use_vllm=True, vllm_mode="server", max_staleness=1)
 
 
-@trigger("staleness-processes")
-def _(ctx):
-    ctx.monkeypatch.setenv("WORLD_SIZE", "2")
-    make_config(ctx.tmp_path, "grpo", **AHEAD, max_staleness=1, use_cpu=True, micro_rollout_batch_size=4)
-
-
 @trigger("sync-ref-no-reference")
 def _(ctx):
     make_trainer(ctx.tmp_path, algorithm="grpo", beta=0.0, sync_ref_model=True)

@@ -4,13 +4,25 @@ loss corrects it with the sampling policy's own log-probs, and a run killed at a
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, read_logs, run_toy, step_entries
-from support.toy_run import make_trainer
+from conftest import (
+    CONFIGS,
+    MULTI_CPU,
+    ROOT,
+    TWO_PROCESSES,
+    ZERO,
+    assert_close_weights,
+    read_logs,
+    run_toy,
+    step_entries,
+)
+from support.stream_run import write_prompt_files
+from support.toy_run import make_trainer, read_trained
 from support.vllm_serving import async_settings, serving
 from transformers import TrainerCallback
 
@@ -140,22 +152,97 @@ def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
     assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
 
 
-def test_a_killed_async_run_resumes_byte_identical(server, tmp_path_factory):
-    overrides = [*ASYNC, f"vllm_server_base_url={server}", "max_staleness=1", "max_steps=12", "save_steps=3"]
-    flags = ["--algorithm", "grpo"]
-    reference, resumed = tmp_path_factory.mktemp("async-reference"), tmp_path_factory.mktemp("async-resumed")
-    run_toy(reference, *flags, overrides=overrides)
-    run_toy(resumed, *flags, "--kill-after-save", "6", expect_kill=True, overrides=overrides)
-    saved = json.loads((resumed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())
-    assert len(saved["queue"]) == 1 and saved["queue"][0]["version"] == 4, "the rollout generated ahead is stored"
-    run_toy(resumed, *flags, "--resume", overrides=overrides)
-    ref = (reference / "final-actor" / "model.safetensors").read_bytes()
-    assert (resumed / "final-actor" / "model.safetensors").read_bytes() == ref, "final actor weights differ"
-    ref_logs, new_logs = read_logs(reference), read_logs(resumed)
-    for step in range(7, 13):
-        for key in ref_logs[step]:
-            if not key.startswith("async/") and "per_second" not in key:
-                assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
+SETTINGS = ["max_staleness=1", "max_steps=12", "save_steps=3"]
+
+
+def run_async(out, server: str, processes: int, *flags, config=MULTI_CPU, **kw):
+    """``run_toy`` of an async GRPO run recording what it trains on, on ``processes`` processes (``config``: an
+    accelerate config), in micro-batches that 1 and 2 processes can both run (a resume across keeps them)."""
+    launch = {"accelerate_config": config} if processes == 2 else {}
+    batch = TWO_PROCESSES[1:]
+    settings = [*batch, *ASYNC, f"vllm_server_base_url={server}", *SETTINGS]
+    return run_toy(out, "--algorithm", "grpo", "--record-trained", *flags, "--set", *settings, **launch, **kw)
+
+
+@pytest.fixture(scope="module")
+def one_process(server, tmp_path_factory):
+    """The uninterrupted async run on one process."""
+    out = tmp_path_factory.mktemp("async-reference-1")
+    run_async(out, server, 1)
+    return out
+
+
+def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(server, one_process, tmp_path_factory):
+    """Generation ahead on 1 and 2 processes (the main process generates every process's share): both train on the
+    same prompts and completions at every step; SIGKILLed after a checkpoint taken with a rollout ahead, each resumes
+    to its uninterrupted run's bytes, and on the other number of processes within float32 rounding. What each step
+    trained on is compared id by id: none of the peers' async-resume bugs (prompts skipped after a restore, NeMo-RL
+    PR#3599; replayed, TRL PR#7294; a rollout in flight lost, verl PR#4199, OpenRLHF #1322)."""
+    runs = {}
+    for processes in (1, 2):
+        killed = tmp_path_factory.mktemp(f"async-killed-{processes}")
+        if processes == 1:
+            reference = one_process
+        else:
+            reference = tmp_path_factory.mktemp(f"async-reference-{processes}")
+            run_async(reference, server, processes)
+        run_async(killed, server, processes, "--kill-after-save", "6", expect_kill=True)
+        queue = json.loads((killed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())["queue"]
+        assert [(len(q["prompt_ids"]), q["version"]) for q in queue] == [(8, 4)], "the rollout ahead, whole"
+        if processes == 2:
+            assert json.loads((killed / "checkpoint-6" / "rollouts_ahead_1.json").read_text()) == {"queue_length": 1}
+        across = tmp_path_factory.mktemp(f"async-across-{processes}")
+        shutil.copytree(killed, across, dirs_exist_ok=True)
+        run_async(killed, server, processes, "--resume")
+        assert (killed / "final-actor" / "model.safetensors").read_bytes() == (
+            reference / "final-actor" / "model.safetensors"
+        ).read_bytes(), f"{processes} process(es): the resumed final weights differ"
+        assert read_trained(killed) == read_trained(reference), "a resumed step trained on other samples"
+        ref_logs, new_logs = read_logs(reference), read_logs(killed)
+        for step in range(7, 13):
+            for key in ref_logs[step]:
+                if not key.startswith("async/") and "per_second" not in key:
+                    assert new_logs[step][key] == ref_logs[step][key], f"step {step}: {key} differs"
+        runs[processes] = reference, across
+    (one, one_killed), (two, two_killed) = runs[1], runs[2]
+    trained = read_trained(one)
+    assert sorted(trained) == list(range(1, 13)) and read_trained(two) == trained, "1 and 2 processes train alike"
+    assert_close_weights(two, one, rel=1e-4)  # Adam scales small gradients' rounding noise (a q_proj bias: 1.3e-5)
+    copies = [entry["async/weight_copies_mb/max"] for entry in read_logs(two).values()]
+    assert max(copies) > 0, "the main process holds the copy of the weights for the request not generated yet"
+    for other, (out, reference) in ((2, (one_killed, one)), (1, (two_killed, two))):  # 1 -> 2, 2 -> 1 processes
+        run_async(out, server, other, "--resume")
+        assert read_trained(out) == trained, f"resumed on {other}: a step trained on other samples"
+        assert_close_weights(out, reference, rel=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["zero2", "fsdp2"])
+def test_generation_ahead_on_two_processes_under_zero2_and_fsdp2(server, one_process, tmp_path, engine):
+    """The weights of a sharded actor are gathered to the main process for its copy; the run trains on the same
+    samples as one process does."""
+    run_async(tmp_path, server, 2, config=ZERO["zero2"] if engine == "zero2" else CONFIGS / "fsdp2.yaml")
+    assert read_trained(tmp_path) == read_trained(one_process)
+    assert_close_weights(tmp_path, one_process, rel=1e-4)  # the engines sum gradients in another order
+
+
+def test_a_stream_read_ahead_resumes_at_its_next_row(server, tmp_path_factory):
+    """A streaming dataset read ahead (the rollout requested ahead drew its rows before the checkpoint) resumes at the
+    row after the last one drawn, not at the stream's first (TRL's AsyncGRPO restarts a stream from prompt 0 on
+    resume): the resumed run trains on the same rows, to the same bytes, as the uninterrupted one."""
+    data_dir = tmp_path_factory.mktemp("stream-data")
+    write_prompt_files(data_dir)
+    settings = ["algorithm=grpo", *ASYNC, f"vllm_server_base_url={server}", *SETTINGS]
+    runs = [tmp_path_factory.mktemp(f"stream-{name}") for name in ("reference", "resumed")]
+    commands = [[], ["--kill-after-save", "3"], ["--resume"]]  # after 2 draws: rows 0-3, 4-5 and 0-1 (wrapped)
+    for out, flags in zip([runs[0], runs[1], runs[1]], commands):
+        command = [sys.executable, str(ROOT / "tests" / "support" / "stream_run.py"), str(out), str(data_dir), *flags]
+        proc = subprocess.run([*command, "--set", *settings], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == (-9 if "--kill-after-save" in flags else 0), (proc.stdout + proc.stderr)[-3000:]
+    reference, resumed = ((out / "final-actor" / "model.safetensors").read_bytes() for out in runs)
+    assert resumed == reference
+    drawn = [[json.loads(line)["prompts"] for line in (out / "prompts-0.jsonl").open()] for out in runs]
+    assert drawn[1] == drawn[0] and len(drawn[0]) == 4, "the resumed run draws rows 2-5 next, as the reference does"
+    assert drawn[0][2] != drawn[0][0], "a stream restarted at its first row would draw other prompts"
 
 
 @pytest.mark.reliability

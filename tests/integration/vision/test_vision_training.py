@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MULTI_CPU, TWO_PROCESSES, read_logs, run_toy
+from conftest import MULTI_CPU, TWO_PROCESSES, assert_close_weights, read_logs, run_toy
 from safetensors.torch import load_file
 from support.toy_run import make_trainer, vision_task
 
@@ -21,9 +21,6 @@ CASES = {
     "online-dpo-llava_next": ("online-dpo", "llava_next"),
     "grpo-tools": ("grpo", "tools"),  # a tool's replies hold images: each sample's own, in its completion
 }
-# a key bias (alone, or the key part of a fused qkv bias) has a gradient of 0 but for rounding noise, which Adam
-# scales to learning-rate-sized steps: it differs between runs that reduce in another order (tests/integration/resume)
-NOISE_ONLY = ("k_proj.bias", "qkv.bias")
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +59,6 @@ def assert_identical(reference: Path, resumed: Path, after_step: int) -> None:
     for step in range(after_step + 1, 13):
         for key in set(ref[step]) - {"tokens_per_second"}:
             assert new[step][key] == ref[step][key], f"step {step}: {key} differs"
-
-
-def assert_close_weights(ours: Path, theirs: Path, rel: float = 1e-5) -> None:
-    a, b = (load_file(run / "final-actor" / "model.safetensors") for run in (ours, theirs))
-    assert a.keys() == b.keys()
-    for name, tensor in b.items():
-        if not name.endswith(NOISE_ONLY):
-            assert (a[name] - tensor).abs().max() <= rel * tensor.abs().max().clamp(min=1e-12), name
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

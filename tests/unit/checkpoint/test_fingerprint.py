@@ -166,3 +166,17 @@ def test_the_weight_digest_samples_a_real_embedding_up_to_its_last_element():
     with torch.no_grad():
         embedding.weight[-1, -1] = 1.0  # the last element is one of the sampled values
     assert weights_digest(embedding) != before
+
+
+def test_a_resume_on_more_processes_names_micro_batch_sizes_that_work_there_or_says_none_does(tmp_path):
+    saved = {"args.rollout_batch_size": 4, "args.n_samples_per_prompt": 2, "args.micro_rollout_batch_size": 8}
+    current = {**saved, "args.micro_rollout_batch_size": 4}
+    with pytest.raises(CheckpointError) as err:
+        check_resumable(saved, current, {"world_size": 1}, {"world_size": 2}, tmp_path)
+    assert "does not divide the 4 samples each of 2 processes generates" in str(err.value)
+    assert "resume on 1" in str(err.value) and "set micro_rollout_batch_size=8" not in str(err.value)
+    saved = {**saved, "args.micro_rollout_batch_size": 4}
+    with pytest.raises(CheckpointError, match="set micro_rollout_batch_size=4 to resume on 2"):
+        check_resumable(
+            saved, {**saved, "args.micro_rollout_batch_size": 2}, {"world_size": 1}, {"world_size": 2}, tmp_path
+        )
