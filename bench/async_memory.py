@@ -82,7 +82,16 @@ def worker(opts) -> None:
         disable_tqdm=True,
     )
     rss = Rss()
-    trainer = GRPOTrainer(model=path, reward_funcs=[reward], args=args, train_dataset=dataset, callbacks=[rss])
+    from real_shapes import load_tokenizer
+
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(path),
+        callbacks=[rss],
+    )
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     report = {
@@ -100,7 +109,7 @@ def worker(opts) -> None:
 
 def measure(model: str, steps: int, directory: Path) -> dict:
     path, _, _ = model_task(model)
-    server, url = start_vllm_server(path, directory / f"server-{model}.log", "--max-model-len", "512", cores="1")
+    server, url = start_vllm_server(path, directory / f"server-{model}.log", "--max-model-len", "1024", cores="1")
     results = {}
     try:
         for staleness in (0, 1):

@@ -205,7 +205,8 @@ class VLLMFields:
     max_staleness: int = field(
         default=0,
         metadata={
-            "help": "Asynchronous generation (GRPO, RLOO; vllm_mode='server', one process): the server "
+            "help": "Asynchronous generation (GRPO, RLOO; vllm_mode='server'; with several processes the main "
+            "process generates every process's rollouts): the server "
             "generates and the reward functions score up to this many rollouts ahead while the trainer trains, "
             "each sampled with weights at most this many rollouts old, corrected by "
             "vllm_importance_sampling_correction. 0: generate, then train (synchronous)."

@@ -41,6 +41,7 @@ from ...data.images import has_images, prompt_images
 from ...data.json_columns import check_json_columns, from_state, to_state
 from ...distributed.processes import on_every_process, on_main_process
 from ...generation import Generation
+from ...generation.server_weights import unshared
 from ...generation.weights import whole_weights
 from ...ops.finite import refuse_nonfinite
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
@@ -114,6 +115,18 @@ def share_of(rollout: SampledRollout, rank: int, processes: int) -> SampledRollo
         prompt_index=None if rollout.prompt_index is None else rollout.prompt_index[rows],
         images=images,
     )
+
+
+def cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A CPU copy of ``weights`` in which tensors that are one (tied embeddings) stay one: a tied 151,936-token head
+    of a 0.5B model is 0.5 GB."""
+    copies, copied = {}, {}
+    for name, tensor in weights.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
+        if key not in copied:
+            copied[key] = tensor.detach().to("cpu", copy=True)
+        copies[name] = copied[key]
+    return copies
 
 
 def state_fields(state) -> dict:
@@ -194,14 +207,17 @@ class AheadSource(SingleTurnSource):
         """The bytes of the copies of the actor's weights this process holds for requests not generated yet."""
         with self.lock:
             copies = {id(item.weights): item.weights for item in self.ahead if item.weights is not None}
-        return sum(t.nbytes for weights in copies.values() for t in weights.values())
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for w in copies.values() for t in w.values()
+        }
+        return sum(storages.values())
 
     def keep(self, weights: dict[str, torch.Tensor] | None, version: int) -> None:
         """The driver's copy of the actor's weights at ``version`` (its CPU memory: one copy per step with requests
         not generated yet)."""
         if not self.driver:
             return
-        self.snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
+        self.snapshot = cpu_copy(weights)
         refuse_nonfinite(self.snapshot.items(), f"Refused to push the actor's weights of step {version} to vLLM")
 
     def prepare(self, drawn: tuple, trainer_state) -> Ahead:
@@ -309,7 +325,7 @@ class AheadSource(SingleTurnSource):
                 queue.append({**state, "prompts": to_state(state["prompts"]), "columns": to_state(state["columns"])})
             else:
                 queue.append({"request": item.request_state()})
-                weights[str(item.version)] = copied
+                weights[str(item.version)] = unshared(copied)  # safetensors stores a tied tensor once per name
         return {"queue": queue, "weights": weights}
 
     def reshard(self, states, rank: int, processes: int) -> dict:
