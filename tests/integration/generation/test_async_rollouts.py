@@ -219,9 +219,13 @@ def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(
 @pytest.mark.parametrize("engine", ["zero2", "fsdp2"])
 def test_generation_ahead_on_two_processes_under_zero2_and_fsdp2(server, one_process, tmp_path, engine):
     """The weights of a sharded actor are gathered to the main process for its copy; the run trains on the same
-    samples as one process does."""
-    run_async(tmp_path, server, 2, config=ZERO["zero2"] if engine == "zero2" else CONFIGS / "fsdp2.yaml")
+    samples as one process does. Evaluating every 2 steps (FSDP2) pushes the current weights from every process
+    alike, although the main one's server holds a copy pushed since, and changes nothing the training samples."""
+    evaluating = ["--eval-prompts", "4"] if engine == "fsdp2" else []
+    run_async(tmp_path, server, 2, *evaluating, config=ZERO["zero2"] if engine == "zero2" else CONFIGS / "fsdp2.yaml")
     assert read_trained(tmp_path) == read_trained(one_process)
+    if evaluating:
+        assert [step for step, entry in read_logs(tmp_path).items() if "eval_reward" in entry] == [2, 4, 6, 8, 10, 12]
     assert_close_weights(tmp_path, one_process, rel=1e-4)  # the engines sum gradients in another order
 
 
