@@ -39,6 +39,25 @@ def launch(output_dir: Path, config: Path, flags: list[str], resume: bool) -> su
     )
 
 
+def kill_launch(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every training process it started: torch's launcher starts each in a session of its
+    own, which a kill of the launcher's process group leaves running (and holding its memory)."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+    psutil.wait_procs(family, timeout=30)
+
+
 def has_checkpoint(output_dir: Path) -> bool:
     return last_checkpoint(output_dir) > 0
 
@@ -84,8 +103,7 @@ def main() -> int:
         time.sleep(delay)
         status = proc.poll()
         if status is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_launch(proc)
         events.append({"resumed_from": last, "after_checkpoint": target, "delay_s": round(delay, 3)})
         events[-1]["finished_first"] = status is not None
         if status not in (None, 0):
