@@ -312,6 +312,8 @@ class SampledRollout:
     generation_time: float
     prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (older checkpoints: None)
     images: dict[str, torch.Tensor] | None = None  # the prompts' image inputs, ``ImageBatch.flat()``; None: no images
+    env_mask: list[list[int]] | None = None  # [N] the tool loop's: 1 on the tokens the policy sampled; None: one turn
+    completions: list | None = None  # [N] the tool loop's conversations, for reward models scoring later; else None
 
     def state_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

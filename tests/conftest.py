@@ -14,6 +14,14 @@ ZERO = {stage: CONFIGS / f"{stage}.yaml" for stage in ("zero2", "zero3", "zero3_
 # each process generates 2 prompts x 2 samples = 4 of the rollout's 8 samples, and accumulates gradients
 # over 2 micro-batches of 1 per step (train_batch_size 4 = 1 x 2 processes x 2)
 TWO_PROCESSES = ["--set", "micro_rollout_batch_size=4", "micro_train_batch_size=1"]
+# toy_run settings of generation ahead (max_staleness) on a vLLM server, with the correction it needs
+ASYNC = [
+    "use_vllm=true",
+    "vllm_dtype=float32",
+    "vllm_mode=server",
+    "vllm_importance_sampling_correction=true",
+    "vllm_importance_sampling_mode=token_truncate",
+]
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +108,16 @@ def run_toy(
     elif expect_kill:
         assert proc.returncode == -9, f"expected SIGKILL, got {proc.returncode}:\n{output[-3000:]}"
     else:
-        assert proc.returncode == expect_status, f"training subprocess: status {proc.returncode}:\n{output[-3000:]}"
+        assert proc.returncode == expect_status, (
+            f"training subprocess: status {proc.returncode}:\n{first_traceback(output)}{output[-3000:]}"
+        )
     return proc.returncode, output
+
+
+def first_traceback(output: str) -> str:
+    """The first traceback in a run's output (a launch's failing rank's comes before the launcher's own), or ''."""
+    start = output.find("Traceback (most recent call last)")
+    return "" if start < 0 else output[max(0, start - 500) : start + 4000] + "\n[...]\n"
 
 
 def run_entries(output_dir) -> list[str]:

@@ -240,10 +240,13 @@ def end_processes(trainer: OnPolicyTrainer) -> None:
     On gloo a finished process rarely aborts during interpreter teardown ("terminate called without an active
     exception": one of torch's C++ threads meets the finalizing interpreter; docs/ddp.md), and the launcher reports a
     failed run. Everything is written by now: the exit handlers (report_to integrations, logging) run, then the
-    process exits without the teardown. vLLM's engine needs its process group at exit, so is left alone.
+    process exits without the teardown. A colocated vLLM engine needs its process group at exit, so is left alone
+    (a vLLM server is another process).
     """
-    if trainer.accelerator.num_processes == 1 or trainer.args.use_vllm:
+    args = trainer.args
+    if trainer.accelerator.num_processes == 1 or (args.use_vllm and args.vllm_mode == "colocate"):
         return
+    trainer.accelerator.wait_for_everyone()  # none destroys the group while another is still in a collective
     trainer.accelerator.end_training()
     if trainer.accelerator.device.type == "cpu":
         atexit._run_exitfuncs()

@@ -29,14 +29,30 @@ from conftest import read_logs, toy_command  # noqa: E402
 
 
 def launch(output_dir: Path, config: Path, flags: list[str], resume: bool) -> subprocess.Popen:
+    """Start a launch; its output goes to ``output_dir``'s parent, ``<name>.log`` (the last launch's; ``failure``
+    prints its end)."""
     command = toy_command(output_dir, *flags, *(["--resume"] if resume else []), accelerate_config=config)
-    return subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the kill reaches the launcher and every worker
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    with open(log_of(output_dir), "w") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the kill reaches the launcher and every worker
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+def log_of(output_dir: Path) -> Path:
+    return output_dir.parent / f"{output_dir.name}.log"
+
+
+def failure(message: str, output_dir: Path) -> int:
+    """Say why the fuzzing stops, with the first traceback and the end of the failed launch's output; return 1."""
+    output = log_of(output_dir).read_text(errors="replace")
+    start = output.find("Traceback (most recent call last)")
+    first = "" if start < 0 else output[max(0, start - 500) : start + 4000] + "\n[...]\n"
+    print(f"{message}\n{first}{output[-3000:]}", file=sys.stderr)
+    return 1
 
 
 def kill_launch(proc: subprocess.Popen) -> None:
@@ -85,8 +101,7 @@ def main() -> int:
         time.sleep(0.05)
     startup = time.monotonic() - start  # to the first checkpoint: start-up and the first step
     if proc.wait() != 0:
-        print("the uninterrupted launch failed", file=sys.stderr)
-        return 1
+        return failure("the uninterrupted launch failed", reference)
     duration, steps = time.monotonic() - start, max(read_logs(reference))
     rng, events = random.Random(opts.seed), []
     per_step = (duration - startup) / max(steps - 1, 1)
@@ -107,15 +122,13 @@ def main() -> int:
         events.append({"resumed_from": last, "after_checkpoint": target, "delay_s": round(delay, 3)})
         events[-1]["finished_first"] = status is not None
         if status not in (None, 0):
-            print(f"a launch failed with status {status} before its kill: {events[-1]}", file=sys.stderr)
-            return 1
+            return failure(f"a launch failed with status {status} before its kill: {events[-1]}", fuzzed)
         if status == 0:
             break
     if not events or not events[-1]["finished_first"]:
         status = launch(fuzzed, opts.config, flags, resume=True).wait()
         if status != 0:
-            print(f"the final resumed launch failed with status {status}", file=sys.stderr)
-            return 1
+            return failure(f"the final resumed launch failed with status {status}: {events}", fuzzed)
     same = (fuzzed / "final-actor" / "model.safetensors").read_bytes() == (
         reference / "final-actor" / "model.safetensors"
     ).read_bytes()

@@ -7,7 +7,7 @@ As a script::
                             [--kill-after-save N] [--kill-during-save N] [--save-live-actor N] [--lora]
                             [--signal-at N [--signal TERM|INT] [--signal-again]] [--fail-save RANK:STEP]
                             [--fail-push STEP]
-                            [--real [--live-checks N]] [--tools tools|environment] [--vision FAMILY]
+                            [--real [--live-checks N]] [--tools tools|environment [--kill-in-tool N]] [--vision FAMILY]
                             [--record-trained] [--set key=value ...]
 
 ``--set reward_funcs=half_constant`` trains on a reward of ``TOY_REWARDS`` (named, so that crash_fuzz.py can pass it).
@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import json
-import logging
 import os
 import signal
 import sys
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, wh
 from transformers import TrainerCallback  # noqa: E402
 
 from steadyrl import ALGORITHMS  # noqa: E402
+from steadyrl.cli.train import end_processes  # noqa: E402
 from steadyrl.toy import letters_reward, toy_dataset, toy_model_path  # noqa: E402
 
 # 4 prompts x 2 samples = 8 samples per rollout; train_batch_size 4 -> 2 mini-batches; 2 epochs -> 4 steps.
@@ -283,6 +284,25 @@ class KillAfterSave(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def killed_in_tool_call(output_dir: str, step: int) -> type:
+    """--kill-in-tool STEP: the tool fixture's ``Calculator``, whose tool SIGKILLs its process inside the first call
+    made once checkpoint-STEP is complete (its trainer state written last): with generation ahead, on the worker
+    thread, between two turns of a trajectory."""
+    from steadyrl.toy.tools import Calculator
+
+    written = os.path.join(output_dir, f"checkpoint-{step}", "trainer_state.json")
+
+    class KilledInToolCall(Calculator):
+        @functools.wraps(Calculator.add)
+        def add(self, a: int, b: int) -> int:
+            if os.path.exists(written):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().add(a, b)
+
+    KilledInToolCall.__name__ = "Calculator"  # its reward function's name, as logged
+    return KilledInToolCall
+
+
 class RecordTrained(TrainerCallback):
     """--record-trained: after each step, the rollout it trained on (every sample's prompt and completion ids, and
     its prompt's row in the dataset), appended to OUTPUT_DIR/trained.jsonl by the main process. A resumed run appends
@@ -438,6 +458,9 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-after-save", type=int)
     parser.add_argument("--kill-during-save", type=int)
+    parser.add_argument(
+        "--kill-in-tool", type=int, help="STEP: with --tools environment, killed in a tool call after it"
+    )
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft_config)")
     parser.add_argument("--save-live-actor", type=int, help="write the live actor's weights after this step")
     parser.add_argument("--signal-at", type=int, help="send --signal to itself as the step after this one begins")
@@ -471,6 +494,8 @@ def main() -> None:
             overrides["reward_funcs"] = [recording(first, os.path.join(opts.output_dir, "reward_inputs.json")), *others]
     if opts.tools:
         overrides = {**tool_task(opts.tools), **overrides}
+    if opts.kill_in_tool:
+        overrides["environment_factory"] = killed_in_tool_call(opts.output_dir, opts.kill_in_tool)
     if opts.vision:
         overrides = {**vision_task(opts.vision, opts.algorithm), **overrides}
     callbacks = [KillAfterSave(opts.kill_after_save)] if opts.kill_after_save else []
@@ -513,16 +538,7 @@ def main() -> None:
     if trainer.is_world_process_zero():  # one writer: on several machines output_dir is shared
         with open(os.path.join(opts.output_dir, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
-    if trainer.args.use_vllm:  # vLLM's engine finalizer, at exit, needs the process group it made
-        return
-    trainer.accelerator.end_training()  # destroys the process group: left to interpreter exit, gloo may abort
-    # Everything is written. Interpreter teardown is skipped: on gloo it still rarely aborts a finished process
-    # ("terminate called without an active exception": one of torch's C++ threads meets the finalizing interpreter;
-    # in 2 of 6 full test runs here), and the launcher reports that as a failed run.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_processes(trainer)  # as `steadyrl train` ends: on gloo, interpreter teardown may abort a finished process
 
 
 if __name__ == "__main__":

@@ -206,9 +206,9 @@ class VLLMFields:
         default=0,
         metadata={
             "help": "Asynchronous generation (GRPO, RLOO; vllm_mode='server'; with several processes the main "
-            "process generates every process's rollouts): the server "
-            "generates and the reward functions score up to this many rollouts ahead while the trainer trains, "
-            "each sampled with weights at most this many rollouts old, corrected by "
+            "process generates every process's rollouts; tools and environments run their tool-call loop there "
+            "too): the server generates and the reward functions score up to this many rollouts ahead while the "
+            "trainer trains, each sampled with weights at most this many rollouts old, corrected by "
             "vllm_importance_sampling_correction. 0: generate, then train (synchronous)."
         },
     )

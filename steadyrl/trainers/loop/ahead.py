@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
-import dataclasses
 import threading
 import time
-from concurrent.futures import Future
 
 import torch
 from transformers.utils import logging
 
-from ...data.images import has_images, prompt_images
+from ...agents.turns import Trajectories
+from ...data.images import has_images
 from ...data.json_columns import check_json_columns, from_state, to_state
 from ...distributed.processes import on_every_process, on_main_process
 from ...generation import Generation
@@ -46,7 +45,9 @@ from ...generation.weights import whole_weights
 from ...ops.finite import refuse_nonfinite
 from ...rollout import SampledRollout, scores_from_rows, scores_to_rows
 from ...vision import ImageBatch
+from .ahead_request import Ahead, cpu_copy, share_of, state_fields, with_sources
 from .ahead_worker import AheadWorker
+from .multi_turn import MultiTurnSource
 from .rollout_rewards import Scorer
 from .sources import Sampled, SingleTurnSource
 
@@ -55,97 +56,22 @@ logger = logging.get_logger(__name__)
 CLOSE_TIMEOUT_S = 10.0  # how long the end of a run waits for the rollout being generated or scored
 
 
-@dataclasses.dataclass
-class Ahead:
-    """One rollout requested ahead: its request (everything its completions and scores depend on), and once the
-    worker has it, the rollout (``result``; the copy of the weights is then let go)."""
-
-    prompts: list
-    columns: dict[str, list]
-    seeds: list[int]
-    prompt_ids: list[list[int]]
-    truncated: int
-    version: int  # the global step of the weights it is sampled with
-    state: dict  # the TrainerState fields its reward functions read (``trainer_state``), as at ``version``
-    weights: dict[str, torch.Tensor] | None  # the actor's (merged) weights at ``version``
-    result: SampledRollout | None = None
-    future: Future | None = None  # None: not submitted yet (a request restored from a checkpoint)
-    prompt_index: list[int] | None = None  # [N] each sample's prompt's row in the dataset (older checkpoints: None)
-    images: ImageBatch | None = None  # [N] the prompts' image inputs (a vision-language model's)
-
-    def request_state(self) -> dict:
-        """The request as a checkpoint stores it: images as their pixels, image inputs as tensors (exactly)."""
-        fields = ("seeds", "prompt_ids", "truncated", "version", "state", "prompt_index")
-        request = {name: getattr(self, name) for name in fields}
-        request.update(prompts=to_state(self.prompts), columns=to_state(self.columns))
-        return {**request, "images": None if self.images is None else self.images.flat()}
-
-    @classmethod
-    def from_request(cls, request: dict, weights: dict[str, torch.Tensor]) -> Ahead:
-        prompts, images = from_state(request["prompts"]), request.get("images")
-        images = None if images is None else with_sources(ImageBatch.from_flat(images), prompts)
-        fields = {**request, "prompts": prompts, "columns": from_state(request["columns"]), "images": images}
-        return cls(**fields, weights=weights)
-
-
-def with_sources(images: ImageBatch, prompts: list) -> ImageBatch:
-    """``images`` read back from a checkpoint, with each sample's images (its prompt's) for the engine."""
-    images.sources = [prompt_images(prompt) for prompt in prompts]
-    return images
-
-
-def share_of(rollout: SampledRollout, rank: int, processes: int) -> SampledRollout:
-    """Process ``rank``'s share of a whole rollout (its samples in process order): as ``PromptDraw`` would have drawn
-    it for that process."""
-    if processes == 1:
-        return rollout
-    size = len(rollout.prompts) // processes
-    rows = slice(rank * size, (rank + 1) * size)
-    images = rollout.images
-    if images is not None:
-        images = ImageBatch.from_flat(images).select(rows).flat()
-    return dataclasses.replace(
-        rollout,
-        prompts=rollout.prompts[rows],
-        columns={name: values[rows] for name, values in rollout.columns.items()},
-        prompt_ids=rollout.prompt_ids[rows],
-        completion_ids=rollout.completion_ids[rows],
-        logprobs=rollout.logprobs[rows],
-        scores=None if rollout.scores is None else rollout.scores[rows],
-        prompt_index=None if rollout.prompt_index is None else rollout.prompt_index[rows],
-        images=images,
-    )
-
-
-def cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A CPU copy of ``weights`` in which tensors that are one (tied embeddings) stay one: a tied 151,936-token head
-    of a 0.5B model is 0.5 GB."""
-    copies, copied = {}, {}
-    for name, tensor in weights.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.dtype)
-        if key not in copied:
-            copied[key] = tensor.detach().to("cpu", copy=True)
-        copies[name] = copied[key]
-    return copies
-
-
-def state_fields(state) -> dict:
-    """A TrainerState's fields but its log history (which a copy shares with the live state, as it is restored)."""
-    return {f.name: copy.deepcopy(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name != "log_history"}
-
-
 class AheadSource(SingleTurnSource):
-    """Single-turn rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead, by the
-    backend of the source's ``generate`` from copies of its actor's weights."""
+    """Rollouts generated (and, without reward models, scored) ``max_staleness`` rollouts ahead, by the backend of
+    the source's ``generate`` from copies of its actor's weights: single-turn, or through ``turns``' tool-call loop
+    (tools, environments), run on the worker with its own tokenizer."""
 
-    def __init__(self, scorer: Scorer, scores_on_worker: bool, *args, processor=None) -> None:
+    def __init__(
+        self, scorer: Scorer, scores_on_worker: bool, *args, processor=None, turns: MultiTurnSource | None = None
+    ) -> None:
         super().__init__(*args, processor=processor)
-        self.scorer, self.scores_on_worker = scorer, scores_on_worker
+        self.scorer, self.scores_on_worker, self.turns = scorer, scores_on_worker, turns
         self.ahead: list[Ahead] = []  # requested, oldest first (a checkpoint part)
         self.worker: AheadWorker | None = None
         self.lock = threading.Lock()  # a rollout's result and its weights change together
         self.snapshot_version, self.snapshot = None, None
-        self.worker_tokenizer = copy.deepcopy(self.tokenizer)  # a tokenizer is not safe across threads
+        # a tokenizer is not safe across threads
+        self.worker_tokenizer = turns.tokenizer if turns is not None else copy.deepcopy(self.tokenizer)
         self.worker_idle_since = time.perf_counter()
         self.accelerator = self.draw.accelerator
         self.driver = self.accelerator.is_main_process  # generates every process's rollouts
@@ -176,7 +102,11 @@ class AheadSource(SingleTurnSource):
         }
         scores = None if sampled.scores is None else scores_from_rows(sampled.scores)  # None: scored by the trainer
         images = None if sampled.images is None else with_sources(ImageBatch.from_flat(sampled.images), sampled.prompts)
-        generation = Generation(sampled.completion_ids, sampled.logprobs, images)
+        if sampled.env_mask is None:
+            generation = Generation(sampled.completion_ids, sampled.logprobs, images)
+        else:  # the tool loop's: the environment's tokens stay out of the loss
+            ids, logprobs, completions = sampled.completion_ids, sampled.logprobs, sampled.completions
+            generation = Trajectories(ids, logprobs, images, env_mask=sampled.env_mask, completions=completions)
         return Sampled(
             sampled.prompts,
             sampled.columns,
@@ -228,7 +158,9 @@ class AheadSource(SingleTurnSource):
         if not self.driver:
             return Ahead([], {}, [], [], 0, version, {}, None)
         images = None
-        if self.processor is not None and has_images(prompts):
+        if self.turns is not None:  # tokenized by the tool loop, after the environments' reset()
+            prompt_ids, truncated = [], 0
+        elif self.processor is not None and has_images(prompts):
             (prompt_ids, images), truncated = self.encode_with_images(prompts), 0
         else:
             prompt_ids, truncated = self.truncate_prompts(self.tokenize(prompts))
@@ -250,22 +182,22 @@ class AheadSource(SingleTurnSource):
         metrics = {"async/generator_wait_s": time.perf_counter() - self.worker_idle_since}
         backend.push_copy(item.weights, item.version)
         start = time.perf_counter()
-        images = {} if item.images is None else {"images": item.images}
-        generation = backend.generate(None, item.prompt_ids, item.seeds, **images)
+        prompts, prompt_ids, truncated, generation = self.generated(item)
         generation_time = time.perf_counter() - start
         scores = None
         if self.scores_on_worker:
-            sampled = Sampled(item.prompts, item.columns, item.prompt_ids, generation, generation_time)
+            sampled = Sampled(prompts, item.columns, prompt_ids, generation, generation_time)
             scores, logged = self.scorer(sampled, state, self.worker_tokenizer)
             scores = scores_to_rows(scores)
             metrics.update(logged)
-        metrics["prompts_truncated"] = item.truncated / len(item.prompts)
+        metrics.update(getattr(generation, "metrics", {}))  # the tool loop's
+        metrics["prompts_truncated"] = truncated / len(prompts)
         self.worker_idle_since = time.perf_counter()
         result = SampledRollout(
             item.version,
-            item.prompts,
+            prompts,
             item.columns,
-            item.prompt_ids,
+            prompt_ids,
             generation.completion_ids,
             generation.logprobs,
             scores,
@@ -273,17 +205,32 @@ class AheadSource(SingleTurnSource):
             generation_time,
             item.prompt_index,
             None if item.images is None else item.images.flat(),
+            env_mask=getattr(generation, "env_mask", None),
+            # the conversations, for reward models on the trainer's thread
+            completions=getattr(generation, "completions", None) if scores is None else None,
         )
         with self.lock:
             item.result, item.weights = result, None
         return result
 
+    def generated(self, item: Ahead) -> tuple:
+        """``(prompts, prompt_ids, prompts truncated, generation)`` of a request, sampled with the copy of the weights
+        pushed for it: by the tool loop (whose pushes find that copy on the server), or in one call."""
+        if self.turns is not None:
+            return self.turns.complete(item.prompts, item.columns, item.seeds, item.version)
+        images = {} if item.images is None else {"images": item.images}
+        generation = self.generate.backend.generate(None, item.prompt_ids, item.seeds, **images)
+        return item.prompts, item.prompt_ids, item.truncated, generation
+
     def complete(self, *args, **kwargs):
         """Completions of given prompt rows (evaluation), with the actor's current weights once the rollouts in
-        flight are done: every process syncs them, since the driver's server may hold a copy pushed since."""
+        flight are done (the worker is idle: the tool loop may run here): every process syncs them, since the
+        driver's server may hold a copy pushed since."""
         self.drain()
         if self.accelerator.num_processes > 1:
             self.generate.backend.forget_push()
+        if self.turns is not None:
+            return self.turns.complete(*args, **kwargs)
         return super().complete(*args, **kwargs)
 
     def drain(self) -> None:
@@ -320,9 +267,10 @@ class AheadSource(SingleTurnSource):
         for item in self.ahead:
             with self.lock:
                 result, copied = item.result, item.weights
-            if result is not None:  # its prompts' and columns' images as their pixels
+            if result is not None:  # its prompts', columns' and conversations' images as their pixels
                 state = result.state_dict()
-                queue.append({**state, "prompts": to_state(state["prompts"]), "columns": to_state(state["columns"])})
+                as_json = {name: to_state(state[name]) for name in ("prompts", "columns", "completions")}
+                queue.append({**state, **as_json})
             else:
                 queue.append({"request": item.request_state()})
                 weights[str(item.version)] = unshared(copied)  # safetensors stores a tied tensor once per name
@@ -348,6 +296,8 @@ class AheadSource(SingleTurnSource):
                 request = entry["request"]
                 self.ahead.append(Ahead.from_request(request, weights[str(request["version"])]))
             else:
-                entry = {**entry, "prompts": from_state(entry["prompts"]), "columns": from_state(entry["columns"])}
+                names = [name for name in ("prompts", "columns", "completions") if name in entry]
+                read = {name: from_state(entry[name]) for name in names}
+                entry = {**entry, **read}
                 sampled = SampledRollout.from_state_dict(entry)
                 self.ahead.append(Ahead([], {}, [], [], 0, sampled.version, {}, None, result=sampled))

@@ -109,10 +109,11 @@ def check_multi_turn(
             "rollout_func was given with tools / environment_factory: rollout_func generates the whole rollout "
             "itself (run the tools inside it and return env_mask), so pass one or the other."
         )
-    if args.max_staleness and (rollout_func is not None or tools or environment_factory is not None):
+    if args.max_staleness and rollout_func is not None:
         raise ValueError(
-            f"max_staleness={args.max_staleness} generates single-turn rollouts ahead on the vLLM server; "
-            "tools, environment_factory and rollout_func run synchronously: use max_staleness=0 with them."
+            f"max_staleness={args.max_staleness} generates rollouts ahead on a worker thread while the trainer "
+            "trains, and rollout_func is handed the trainer and generates with its live weights, which that training "
+            "changes meanwhile: use tools or environment_factory (run ahead), or max_staleness=0 with rollout_func."
         )
     environments = Environments(environment_factory, tools) if environment_factory is not None else None
     multi_turn = MultiTurn(tools, environments, rollout_func)
@@ -134,6 +135,25 @@ def check_multi_turn(
     if added and args.reward_weights is not None and len(args.reward_weights) == len(reward_funcs):
         args.reward_weights = [*args.reward_weights, *[1.0] * len(added)]
     return multi_turn, reward_funcs + added
+
+
+def check_ahead_turns(multi_turn: MultiTurn, scores_on_worker: bool, processor) -> None:
+    """What the tool loop generating ahead (``max_staleness``) cannot take, refused with the reason."""
+    if not multi_turn.active:
+        return
+    if multi_turn.environments is not None and not scores_on_worker:
+        raise ValueError(
+            "max_staleness with environment_factory and a reward model: a reward model scores on the trainer's "
+            "thread when the rollout is trained on, after a checkpoint may have stored it, and the environments its "
+            "reward functions read are live objects a checkpoint cannot store. Use reward functions (they score on "
+            "the worker, with the environments), tools instead of environments, or max_staleness=0."
+        )
+    if processor is not None:
+        raise ValueError(
+            "max_staleness with tools or environment_factory and a vision-language model's images: the tool loop "
+            "runs ahead for text only so far (its replies' images are not stored with a rollout generated ahead). "
+            "Use max_staleness=0 (docs/vision.md)."
+        )
 
 
 class MultiTurnSource(SingleTurnSource):

@@ -63,7 +63,7 @@ from ..config.trl_calls import check_call_order, load_reference, named_load_fail
 from ..config.trl_config import as_own_config
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import whole_rollout_buffer
-from .multi_turn import check_multi_turn, environment_owned_data
+from .multi_turn import check_ahead_turns, check_multi_turn, environment_owned_data
 from .preemption import StopSignals
 from .reference_sync import check_reference_sync, mix_into_reference, sync_due
 from .reporting import ReportingMixin
@@ -210,6 +210,9 @@ class OnPolicyTrainer(
             given = tokenizer if tokenizer is not None else scorer.tokenizer
             self.reward_processing_classes[index] = given if given is not None else processing_class
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
+        if args.max_staleness:
+            scored_on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
+            check_ahead_turns(self.multi_turn, scored_on_worker, self.processor if self.trains_on_images else None)
         self.uses_reference = self.algorithm_class.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
             raise ValueError(

@@ -3,6 +3,8 @@ the models, the rewards), and registers every stateful part with the checkpointe
 
 from __future__ import annotations
 
+import copy
+
 from ...checkpoint.checkpointer import Checkpointer
 from ...models.scalar_head import RewardModelFunction
 from ...reporting.run_summary import RunMeter
@@ -31,15 +33,17 @@ class StageWiring:
         self.rewards = self.make_rewards()
         self.scorer = Scorer(self.rewards, tokenizer, self.conversational, args)
         source_args = (self.prompt_draw, self.generator, tokenizer, self.conversational, args)
+        processor = self.processor if self.trains_on_images else None
+        turns = None
         if self.multi_turn.active:
-            processor = self.processor if self.trains_on_images else None
-            self.rollout_source = MultiTurnSource(
-                self.multi_turn, self, self.context_length(), *source_args, processor=processor
-            )
-        elif args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
+            tool_loop_tokenizer = copy.deepcopy(tokenizer) if args.max_staleness else tokenizer  # the worker's own
+            turn_args = (self.prompt_draw, self.generator, tool_loop_tokenizer, self.conversational, args)
+            turns = MultiTurnSource(self.multi_turn, self, self.context_length(), *turn_args, processor=processor)
+        if args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
             on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
-            processor = self.processor if self.trains_on_images else None
-            self.rollout_source = AheadSource(self.scorer, on_worker, *source_args, processor=processor)
+            self.rollout_source = AheadSource(self.scorer, on_worker, *source_args, processor=processor, turns=turns)
+        elif turns is not None:
+            self.rollout_source = turns
         else:
             self.rollout_source = SingleTurnSource(*source_args, processor=self.processor)
         self.rollout_source = self.algorithm_source(self.rollout_source)

@@ -17,9 +17,19 @@ trigger = Triggers(__file__)
 
 @trigger("staleness-agents")
 def _(ctx):
-    from support.toy_run import tool_task
+    make_trainer(ctx.tmp_path, algorithm="grpo", **AHEAD, max_staleness=1, rollout_func=lambda prompts, trainer: {})
 
-    make_trainer(ctx.tmp_path, algorithm="grpo", **{**tool_task("tools"), **AHEAD}, max_staleness=1)
+
+@trigger("staleness-environment-reward-model")
+def _(ctx):
+    from support.toy_run import tool_task
+    from transformers import AutoModelForSequenceClassification
+
+    from steadyrl.toy.tools import tool_model_path
+
+    reward_model = AutoModelForSequenceClassification.from_pretrained(tool_model_path(), num_labels=1)
+    task = {**tool_task("environment"), "reward_model": reward_model}
+    make_trainer(ctx.tmp_path, algorithm="grpo", **{**task, **AHEAD}, max_staleness=1)
 
 
 # multi-turn

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.toy_run import make_trainer, vision_task
 
-from integration.errors.error_table import Context, Triggers
+from integration.errors.error_table import AHEAD, Context, Triggers
 from steadyrl import PPOTrainer
 
 trigger = Triggers(__file__)
@@ -25,6 +25,11 @@ def _(ctx):
 @trigger("vision-multi-turn")
 def _(ctx):
     vision_run(ctx, rollout_func=lambda prompts, trainer: {})
+
+
+@trigger("vision-tools-ahead")
+def _(ctx):
+    make_trainer(ctx.tmp_path, algorithm="grpo", **{**vision_task("tools"), **AHEAD}, max_staleness=1)
 
 
 @trigger("vision-vllm-family")

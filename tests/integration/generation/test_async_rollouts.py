@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import (
+    ASYNC,
     CONFIGS,
     MULTI_CPU,
     ROOT,
@@ -32,13 +33,6 @@ from steadyrl.toy import toy_model_path
 from steadyrl.trainers.grpo import GRPO
 
 MAX_MODEL_LEN = 256
-ASYNC = [
-    "use_vllm=true",
-    "vllm_dtype=float32",
-    "vllm_mode=server",
-    "vllm_importance_sampling_correction=true",
-    "vllm_importance_sampling_mode=token_truncate",
-]
 
 
 @pytest.fixture(scope="module")
@@ -278,21 +272,6 @@ def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
     events = json.loads((tmp_path / "report.json").read_text())["events"]
     assert sum(event["killed"] for event in events) == 10, events
     assert any(event["mode"] == "in-save" and event["killed"] for event in events), "no kill hit a checkpoint write"
-
-
-@pytest.mark.reliability
-def test_crash_fuzzing_an_async_run_on_two_processes(server, tmp_path):
-    """The whole launch (launcher and both processes) SIGKILLed at seeded random moments (generating on the server,
-    pushing weights to it, training, writing a checkpoint), resumed after each: the same final bytes and logged
-    values as the uninterrupted launch."""
-    settings = [*TWO_PROCESSES[1:], *ASYNC, f"vllm_server_base_url={server}", "max_staleness=1", "max_steps=16"]
-    cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz_launched.py"), str(tmp_path)]
-    cmd += ["--config", str(MULTI_CPU), "--kills", "4", "--seed", "0", "--", "--algorithm", "grpo"]
-    cmd += ["--set", *settings, "save_steps=1", "save_total_limit=2"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    events = json.loads((tmp_path / "report.json").read_text())["events"]
-    assert sum(not event["finished_first"] for event in events) >= 3, events
 
 
 def test_dynamic_sampling_draws_ahead(server, tmp_path):
