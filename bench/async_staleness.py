@@ -10,6 +10,10 @@ went (the trainer's wait for generation, the generator's idle time). ``curve``: 
 then the held-out greedy accuracy (128 problems) of each, so staleness 1 and 0 are compared at the same number of
 samples. ``--correction``: ``vllm_importance_sampling_mode`` (token_truncate: one truncated weight per token, the
 mode for a policy lag; TRL's default sequence_mask zeroes whole sequences the last update made likelier).
+
+A level ``1p`` in ``--staleness`` is staleness 1 with partial rollouts (``--partial`` tokens of each completion ahead,
+the rest at the hand-over). ``--reasoning``: the reasoning shape, each prompt led by a system message that asks for
+the steps (about 150-token prompts), with ``--max_completion_length 256``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from launching import start_vllm_server  # noqa: E402
 
+REASONING = (
+    "You are a careful mathematics tutor who helps students check their arithmetic. When you are given a question, "
+    "first restate the two numbers, then add the ones digits and say whether there is a carry, then add the tens "
+    "digits together with any carry, and say whether there is a carry into the hundreds. Explain each step in one "
+    "short sentence so that a student can follow the reasoning and find their own mistake. Do not skip steps, do "
+    "not use a calculator, and do not add any other commentary. When you are done, give the final sum on its own."
+)
+
+
+def with_reasoning(dataset):
+    """The reasoning shape: each prompt led by a system message asking for the steps (about 150 tokens in all)."""
+    return dataset.map(lambda row: {"prompt": [{"role": "system", "content": REASONING}, *row["prompt"]]})
+
 
 def run(
     url: str,
@@ -41,6 +58,8 @@ def run(
     correction: str,
     seed: int,
     eval_every: int,
+    partial: int = 0,
+    reasoning: bool = False,
 ) -> dict:
     import torch
     from transformers import TrainerCallback
@@ -58,12 +77,15 @@ def run(
             if evaluate and state.global_step % eval_every == 0:
                 start = time.perf_counter()
                 self.accuracy[state.global_step] = greedy_accuracy(
-                    self.trainer.model, self.trainer.processing_class, arithmetic_dataset("eval"), completion_length
+                    self.trainer.model, self.trainer.processing_class, held_out, completion_length
                 )[0]
                 self.evaluating += time.perf_counter() - start
             self.ends.append(time.perf_counter() - self.evaluating)
 
     torch.set_num_threads(1)
+    train, held_out = arithmetic_dataset("train"), arithmetic_dataset("eval")
+    if reasoning:
+        train, held_out = with_reasoning(train), with_reasoning(held_out)
     args = GRPOConfig(
         output_dir=output_dir,
         num_generations=8,
@@ -80,6 +102,7 @@ def run(
         vllm_importance_sampling_correction=True,
         vllm_importance_sampling_mode=correction,
         max_staleness=staleness,
+        partial_rollout_tokens=partial,
         max_steps=steps,
         save_strategy="no",
         logging_steps=1,
@@ -93,7 +116,7 @@ def run(
         model=smollm2_path(),
         reward_funcs=[correct_answer, answer_format],
         args=args,
-        train_dataset=arithmetic_dataset("train"),
+        train_dataset=train,
         callbacks=[times],
     )
     times.trainer = trainer
@@ -102,7 +125,9 @@ def run(
     marks = [start, *times.ends]
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     result = {
-        "staleness": staleness,
+        "staleness": f"{staleness}" + (f", partial {partial}" if partial else ""),
+        "completion_length": sum(e["completion_length"] for e in logs) / len(logs),
+        "fresh_token_share": sum(e.get("async/partial/fresh_token_share", 0.0) for e in logs) / len(logs),
         "steps_per_second": (len(marks) - 2) / (marks[-1] - marks[1]),  # steps 2..N: the first fills the pipeline
         "trainer_wait_s": sum(e.get("async/trainer_wait_s", 0.0) for e in logs[1:]) / max(len(logs) - 1, 1),
         "generator_wait_s": sum(e.get("async/generator_wait_s", 0.0) for e in logs[1:]) / max(len(logs) - 1, 1),
@@ -123,12 +148,14 @@ def main() -> None:
     parser.add_argument("--prompts_per_step", type=int, default=4, help="prompts per step, 8 completions each")
     parser.add_argument("--correction", default="token_truncate", help="vllm_importance_sampling_mode")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--partial", type=int, default=64, help="partial_rollout_tokens of the levels marked p")
+    parser.add_argument("--reasoning", action="store_true", help="about 150-token prompts asking for the steps")
     parser.add_argument(
         "--eval_every", type=int, help="curve: held-out accuracy every this many steps (default: at the end only)"
     )
     opts = parser.parse_args()
     steps = opts.steps or (8 if opts.mode == "speed" else 24)
-    levels = [int(s) for s in (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")]
+    levels = (opts.staleness or ("0,1,2" if opts.mode == "speed" else "0,1")).split(",")
     from steadyrl.real import smollm2_path
 
     os.sched_setaffinity(0, {0})  # the trainer: core 0; the server: core 1
@@ -149,7 +176,7 @@ def main() -> None:
         results = [
             run(
                 url,
-                s,
+                int(s.rstrip("p")),
                 steps,
                 str(work / f"s{s}"),
                 opts.mode == "curve",
@@ -158,6 +185,8 @@ def main() -> None:
                 opts.correction,
                 opts.seed,
                 opts.eval_every or steps,
+                opts.partial if s.endswith("p") else 0,
+                opts.reasoning,
             )
             for s in levels
         ]
@@ -166,13 +195,17 @@ def main() -> None:
         proc.wait()
     print(json.dumps(results))
     base = results[0]["steps_per_second"]
-    print("| max_staleness | steps/s | vs 0 | trainer waited (s/step) | generator idle (s/step) | held-out accuracy |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| max_staleness | steps/s | vs first | trainer waited (s/step) | generator idle (s/step) | completion tokens "
+        "| fresh tokens | held-out accuracy |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         accuracy = f"{r['held_out_accuracy']:.1%}" if "held_out_accuracy" in r else "-"
         print(
             f"| {r['staleness']} | {r['steps_per_second']:.4f} | {r['steps_per_second'] / base:.2f}x | "
-            f"{r['trainer_wait_s']:.1f} | {r['generator_wait_s']:.1f} | {accuracy} |"
+            f"{r['trainer_wait_s']:.1f} | {r['generator_wait_s']:.1f} | {r['completion_length']:.0f} | "
+            f"{r['fresh_token_share']:.0%} | {accuracy} |"
         )
 
 

@@ -314,6 +314,12 @@ class SampledRollout:
     images: dict[str, torch.Tensor] | None = None  # the prompts' image inputs, ``ImageBatch.flat()``; None: no images
     env_mask: list[list[int]] | None = None  # [N] the tool loop's: 1 on the tokens the policy sampled; None: one turn
     completions: list | None = None  # [N] the tool loop's conversations, for reward models scoring later; else None
+    # partial rollouts (``partial_rollout_tokens``): each completion's runs of tokens as [first token, the global
+    # step of the weights that sampled it from there on] (None: every token at ``version``). Until the hand-over
+    # continues the unfinished ones, ``stopped`` [N] says which ended by themselves and ``seeds`` [N] are kept.
+    versions: list[list[list[int]]] | None = None
+    stopped: list[bool] | None = None
+    seeds: list[int] | None = None
 
     def state_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -66,6 +66,7 @@ class Generation:
     completion_ids: list[list[int]]  # per prompt row, ending with EOS if one was produced, without padding
     logprobs: list[list[float]] | None = None  # the engine's log-prob of each of those tokens, if it reports them
     images: ImageBatch | None = None  # the prompt rows' image inputs (a vision-language model's), set by the source
+    stopped: list[bool] | None = None  # per row: it ended by itself (EOS, a stop), not at a limit; None: not reported
 
     @classmethod
     def concatenate(cls, parts: list[Generation]) -> Generation:

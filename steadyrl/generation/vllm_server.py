@@ -16,6 +16,7 @@ waited for, claimed again and given the run's weights again before those request
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -253,9 +254,10 @@ class VLLMServerBackend(GenerationBackend):
             settings["logit_bias"] = {str(token): bias for token, bias in suppression(self.suppressed).items()}
         return {**settings, **s.extra}  # generation_kwargs override the settings
 
-    def request_body(self, prompt: list[int], seed: int) -> dict:
+    def request_body(self, prompt: list[int], seed: int, max_tokens: int | None = None) -> dict:
         request = dict(model=self.served_name, prompt=prompt, seed=seed, logprobs=0, return_token_ids=True)
-        return {**self.sampling_settings(), **request}
+        limit = {} if max_tokens is None else {"max_tokens": max_tokens}
+        return {**self.sampling_settings(), **request, **limit}
 
     def image_request_body(self, prompt: list[int], images: list, seed: int) -> dict:
         """The body of vLLM's token-in token-out request for a prompt row with images (``vllm_images``)."""
@@ -268,29 +270,37 @@ class VLLMServerBackend(GenerationBackend):
             return_token_ids=True,
         )
 
-    def _one(self, prompt: list[int], seed: int) -> tuple[list[int], list[float]]:
-        choice = self.client.complete(self.request_body(prompt, seed))
+    def _one(self, prompt: list[int], seed: int, max_tokens: int | None = None) -> tuple[list[int], list[float], bool]:
+        """A row's completion ids, their log-probs, and whether it ended by itself (EOS or a stop), not at a limit."""
+        choice = self.client.complete(self.request_body(prompt, seed, max_tokens))
         ids = trim_completion(list(choice["token_ids"]), self.tokenizer.eos_token_id)
-        return ids, list(choice["logprobs"]["token_logprobs"][: len(ids)])
+        return ids, list(choice["logprobs"]["token_logprobs"][: len(ids)]), choice.get("finish_reason") != "length"
 
-    def _one_with_images(self, row: tuple[list[int], list], seed: int) -> tuple[list[int], list[float]]:
+    def _one_with_images(self, row: tuple[list[int], list], seed: int) -> tuple[list[int], list[float], None]:
         prompt, images = row
         answer = self.client.generate_tokens(self.image_request_body(prompt, images, seed))
         check_expanded(prompt, answer["prompt_token_ids"], f"the vLLM server at {self.server.base_url}")
         choice = answer["choices"][0]
         ids = trim_completion(list(choice["token_ids"]), self.tokenizer.eos_token_id)
-        return ids, [entry["logprob"] for entry in choice["logprobs"]["content"][: len(ids)]]
+        return ids, [entry["logprob"] for entry in choice["logprobs"]["content"][: len(ids)]], None
 
     def generate(
-        self, model: torch.nn.Module, prompt_ids: list[list[int]], seeds: list[int], images: ImageBatch | None = None
+        self,
+        model: torch.nn.Module,
+        prompt_ids: list[list[int]],
+        seeds: list[int],
+        images: ImageBatch | None = None,
+        max_new_tokens: int | None = None,
     ) -> Generation:
-        """``images``: the rows' image inputs, whose ``sources`` (the dataset's images) the server processes."""
-        rows, one = prompt_ids, self._one
+        """``images``: the rows' image inputs, whose ``sources`` (the dataset's images) the server processes;
+        ``max_new_tokens``: another limit than the settings' (a partial rollout's first segment, prompts of text)."""
+        rows, one = prompt_ids, functools.partial(self._one, max_tokens=max_new_tokens)
         if images is not None:
             rows, one = list(zip(prompt_ids, images_of(images))), self._one_with_images
         with self.stops_cleanly():
             results = complete_rows(one, rows, seeds, self.server.concurrency, self.restore)
-        return Generation([ids for ids, _ in results], [logprobs for _, logprobs in results])
+        stopped = None if images is not None else [ended for _, _, ended in results]
+        return Generation([ids for ids, _, _ in results], [logprobs for _, logprobs, _ in results], stopped=stopped)
 
     def close(self) -> None:
         """Release what the transfer holds, and the server for other runs (a later ``sync_weights`` claims it

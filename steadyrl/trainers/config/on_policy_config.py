@@ -38,6 +38,7 @@ from .trl_names import (
 from .value_checks import (
     check_evaluation,
     check_generation_and_logging,
+    check_partial_rollout_length,
     check_ranges,
     check_saving,
     check_schedule,
@@ -114,6 +115,7 @@ class OnPolicyConfig(
         names = self._resolve_synonyms()
         self._check_samples_per_prompt(names["n_samples_per_prompt"])
         self._resolve_lengths(names)
+        check_partial_rollout_length(self)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not self.use_cpu and not torch.accelerator.is_available():
             # Without use_cpu, TrainingArguments finds no backend and every process would train alone on the

@@ -268,9 +268,19 @@ def check_sync_ref_settings(config) -> None:
 def check_staleness(config) -> None:
     """``max_staleness`` > 0 overlaps generation with training, for GRPO and RLOO: on a backend that
     generates from a copy of the weights taken earlier (``capabilities.pushes_copies``: the vLLM server)."""
-    staleness = config.max_staleness
+    staleness, partial = config.max_staleness, getattr(config, "partial_rollout_tokens", 0)
     if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
         raise ValueError(f"max_staleness={staleness!r} is invalid: use 0 (synchronous) or a positive integer.")
+    if not isinstance(partial, int) or isinstance(partial, bool) or partial < 0:
+        raise ValueError(
+            f"partial_rollout_tokens={partial!r} is invalid: use 0 (no partial rollouts) or the number of tokens of "
+            "each completion generated ahead, a positive integer."
+        )
+    if partial and not staleness:
+        raise ValueError(
+            f"partial_rollout_tokens={partial} continues completions generated ahead of training, and max_staleness=0 "
+            "generates none ahead: set max_staleness=1 (or more), or partial_rollout_tokens=0."
+        )
     if not staleness:
         return
     backend = BACKENDS.get(config.generation_backend)  # None: an invalid vllm_mode, refused by check_vllm
@@ -285,4 +295,15 @@ def check_staleness(config) -> None:
             f"max_staleness={staleness} is for GRPO and RLOO, whose losses correct for the lag "
             f"(vllm_importance_sampling_correction); {type(config).__name__} has no such correction: use "
             "max_staleness=0."
+        )
+
+
+def check_partial_rollout_length(config) -> None:
+    """``partial_rollout_tokens`` below ``max_completion_length`` (resolved), or no completion is ever continued."""
+    partial = getattr(config, "partial_rollout_tokens", 0)
+    if partial and partial >= config.max_completion_length:
+        raise ValueError(
+            f"partial_rollout_tokens={partial} is not below max_completion_length={config.max_completion_length}, so "
+            "no completion would be continued with newer weights: use fewer tokens (about the usual completion's "
+            "length), or partial_rollout_tokens=0."
         )

@@ -212,6 +212,17 @@ class VLLMFields:
             "vllm_importance_sampling_correction. 0: generate, then train (synchronous)."
         },
     )
+    partial_rollout_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "Partial rollouts (in-flight weight updates: verl's partial_rollout, OpenRLHF's "
+            "partial_rollout_enable), with max_staleness > 0: each completion's first partial_rollout_tokens "
+            "tokens are generated ahead with the weights its rollout was requested with; a completion still "
+            "unfinished then is continued with the trainer's weights when its rollout is trained on, so its tokens "
+            "span 2 weight versions, each corrected by its own sampling log-prob. 0: each completion is generated "
+            "whole with one version."
+        },
+    )
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in BACKEND_FIELDS and vars(self).get(RESOLVED):

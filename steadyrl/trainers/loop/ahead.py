@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import threading
 import time
+from concurrent.futures import Future
 
 import torch
 from transformers.utils import logging
@@ -48,6 +50,7 @@ from ...vision import ImageBatch
 from .ahead_request import Ahead, cpu_copy, share_of, state_fields, with_sources
 from .ahead_worker import AheadWorker
 from .multi_turn import MultiTurnSource
+from .partial_rollouts import tail_seed, unfinished, with_tails
 from .rollout_rewards import Scorer
 from .sources import Sampled, SingleTurnSource
 
@@ -74,6 +77,7 @@ class AheadSource(SingleTurnSource):
         self.worker_tokenizer = turns.tokenizer if turns is not None else copy.deepcopy(self.tokenizer)
         self.worker_idle_since = time.perf_counter()
         self.accelerator = self.draw.accelerator
+        self.partial = getattr(self.args, "partial_rollout_tokens", 0)  # each completion's head, generated ahead
         self.driver = self.accelerator.is_main_process  # generates every process's rollouts
 
     def next(self, state) -> Sampled:
@@ -84,6 +88,10 @@ class AheadSource(SingleTurnSource):
         for item in self.ahead if self.driver else ():  # requests restored from a checkpoint: generated first
             if item.future is None and item.result is None:
                 self.submit(item, state)
+        if not self.ahead:
+            self.request(state)
+        if self.partial:  # before the requests made now, which the worker then generates after the tails
+            self.hand_over(self.ahead[0], state)
         while len(self.ahead) <= self.args.max_staleness:
             self.request(state)
         self.snapshot, self.snapshot_version = None, None  # held by the requests until generated, then let go
@@ -123,15 +131,31 @@ class AheadSource(SingleTurnSource):
         score it with a copy of the actor's current weights. A failure on the driver raises on every process."""
         drawn = self.draw(whole=True)
         version = trainer_state.global_step
-        if self.snapshot_version != version:  # every rollout requested at one step shares one copy
-            with whole_weights(self.generate.actor, everywhere=False, merged=True) as weights:  # every process
-                on_every_process(self.accelerator, "Copying the actor's weights", lambda: self.keep(weights, version))
-            self.snapshot_version = version
+        self.take_snapshot(version)
         what = f"Requesting a rollout ahead at global step {version}"
         item = on_every_process(self.accelerator, what, lambda: self.prepare(drawn, trainer_state))
         self.ahead.append(item)
         if self.driver:
             self.submit(item, trainer_state)
+
+    def take_snapshot(self, version: int) -> None:
+        """The driver's copy of the actor's weights at global step ``version``, once per step (every process takes
+        part: a sharded actor is gathered)."""
+        if self.snapshot_version != version:
+            with whole_weights(self.generate.actor, everywhere=False, merged=True) as weights:
+                on_every_process(self.accelerator, "Copying the actor's weights", lambda: self.keep(weights, version))
+            self.snapshot_version = version
+
+    def hand_over(self, item: Ahead, trainer_state) -> None:
+        """Partial rollouts: have the driver's worker continue the rollout about to be trained on, its unfinished
+        completions with the trainer's weights now, and score it (every process takes part in the copy)."""
+        version = trainer_state.global_step
+        self.take_snapshot(version)
+        if not self.driver or (item.result is not None and item.result.stopped is None):
+            return
+        what = f"continuing the rollout requested at global step {item.version} with the weights of step {version}"
+        state = self.request_trainer_state(item, trainer_state)
+        item.future = self.worker.submit(what, self.finish, item, item.future, self.snapshot, version, state)
 
     def held_weight_bytes(self) -> int:
         """The bytes of the copies of the actor's weights this process holds for requests not generated yet."""
@@ -170,10 +194,16 @@ class AheadSource(SingleTurnSource):
         return item
 
     def submit(self, item: Ahead, trainer_state) -> None:
-        state = copy.copy(trainer_state)  # shares the live log history, with this request's step and counters
-        state.__dict__.update(copy.deepcopy(item.state))
         what = f"generating and scoring the rollout requested at global step {item.version}"
-        item.future = self.worker.submit(what, self.sample, item, state)
+        item.future = self.worker.submit(what, self.sample, item, self.request_trainer_state(item, trainer_state))
+
+    @staticmethod
+    def request_trainer_state(item: Ahead, trainer_state):
+        """What the request's reward functions read as ``trainer_state``: the live log history, with the request's
+        step and counters."""
+        state = copy.copy(trainer_state)
+        state.__dict__.update(copy.deepcopy(item.state))
+        return state
 
     def sample(self, item: Ahead, state) -> SampledRollout:
         """On the worker thread: push the request's weights if the server holds others, generate, and score with the
@@ -185,7 +215,7 @@ class AheadSource(SingleTurnSource):
         prompts, prompt_ids, truncated, generation = self.generated(item)
         generation_time = time.perf_counter() - start
         scores = None
-        if self.scores_on_worker:
+        if self.scores_on_worker and not self.partial:  # partial: scored once the tails are generated
             sampled = Sampled(prompts, item.columns, prompt_ids, generation, generation_time)
             scores, logged = self.scorer(sampled, state, self.worker_tokenizer)
             scores = scores_to_rows(scores)
@@ -208,10 +238,38 @@ class AheadSource(SingleTurnSource):
             env_mask=getattr(generation, "env_mask", None),
             # the conversations, for reward models on the trainer's thread
             completions=getattr(generation, "completions", None) if scores is None else None,
+            stopped=generation.stopped if self.partial else None,
+            seeds=item.seeds if self.partial else None,
         )
         with self.lock:
             item.result, item.weights = result, None
         return result
+
+    def finish(self, item: Ahead, heads: Future | None, weights: dict, version: int, state) -> SampledRollout:
+        """On the worker thread: the tails of a rollout's unfinished completions, sampled with ``weights`` (the
+        actor's at global step ``version``), and the whole rollout scored by the reward functions."""
+        rollout = item.result if item.result is not None else heads.result()  # a head's failure raises here
+        rows = unfinished(rollout, self.partial)
+        tails = None
+        if rows:
+            backend = self.generate.backend
+            backend.push_copy(weights, version)
+            start = time.perf_counter()
+            contexts = [rollout.prompt_ids[i] + rollout.completion_ids[i] for i in rows]
+            seeds = [tail_seed(rollout.seeds[i]) for i in rows]
+            rest = self.args.max_completion_length - self.partial
+            tails = backend.generate(None, contexts, seeds, max_new_tokens=rest)
+            elapsed = rollout.generation_time + time.perf_counter() - start
+            rollout = dataclasses.replace(rollout, generation_time=elapsed)
+        rollout = with_tails(rollout, rows, tails, version)
+        if self.scores_on_worker:
+            generation = Generation(rollout.completion_ids, rollout.logprobs)
+            sampled = Sampled(rollout.prompts, rollout.columns, rollout.prompt_ids, generation, rollout.generation_time)
+            scores, logged = self.scorer(sampled, state, self.worker_tokenizer)
+            rollout = dataclasses.replace(rollout, scores=scores_to_rows(scores), metrics={**rollout.metrics, **logged})
+        with self.lock:
+            item.result = rollout
+        return rollout
 
     def generated(self, item: Ahead) -> tuple:
         """``(prompts, prompt_ids, prompts truncated, generation)`` of a request, sampled with the copy of the weights
@@ -219,7 +277,8 @@ class AheadSource(SingleTurnSource):
         if self.turns is not None:
             return self.turns.complete(item.prompts, item.columns, item.seeds, item.version)
         images = {} if item.images is None else {"images": item.images}
-        generation = self.generate.backend.generate(None, item.prompt_ids, item.seeds, **images)
+        limit = {"max_new_tokens": self.partial} if self.partial else {}  # partial: the heads
+        generation = self.generate.backend.generate(None, item.prompt_ids, item.seeds, **images, **limit)
         return item.prompts, item.prompt_ids, item.truncated, generation
 
     def complete(self, *args, **kwargs):

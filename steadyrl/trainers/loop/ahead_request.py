@@ -76,6 +76,9 @@ def share_of(rollout: SampledRollout, rank: int, processes: int) -> SampledRollo
         images=images,
         env_mask=None if rollout.env_mask is None else rollout.env_mask[rows],
         completions=None if rollout.completions is None else rollout.completions[rows],
+        versions=None if rollout.versions is None else rollout.versions[rows],
+        stopped=None if rollout.stopped is None else rollout.stopped[rows],
+        seeds=None if rollout.seeds is None else rollout.seeds[rows],
     )
 
 
@@ -94,3 +97,19 @@ def cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def state_fields(state) -> dict:
     """A TrainerState's fields but its log history (which a copy shares with the live state, as it is restored)."""
     return {f.name: copy.deepcopy(getattr(state, f.name)) for f in dataclasses.fields(state) if f.name != "log_history"}
+
+
+def check_partial_rollouts(tokens: int, multi_turn: bool, images: bool) -> None:
+    """What partial rollouts (``partial_rollout_tokens``) cannot continue yet, refused with the reason."""
+    if tokens and multi_turn:
+        raise ValueError(
+            f"partial_rollout_tokens={tokens} with tools or environment_factory: a trajectory ahead is generated turn "
+            "by turn with one weight version, and its turns are not cut into partial segments yet. Use "
+            "partial_rollout_tokens=0 (max_staleness still generates the trajectories ahead)."
+        )
+    if tokens and images:
+        raise ValueError(
+            f"partial_rollout_tokens={tokens} with a vision-language model's images: a completion with images is not "
+            "continued from its first segment yet (the server's image route takes the prompt's images, not a "
+            "completion so far). Use partial_rollout_tokens=0."
+        )

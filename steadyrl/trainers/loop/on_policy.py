@@ -61,6 +61,7 @@ from ..config.input_checks import check_image_columns, check_model_path, check_o
 from ..config.on_policy_config import OnPolicyConfig
 from ..config.trl_calls import check_call_order, load_reference, named_load_failure, refuse_unused, reward_model_entries
 from ..config.trl_config import as_own_config
+from .ahead_request import check_partial_rollouts
 from .evaluation import EvaluationMixin, check_eval_dataset
 from .loop_state import whole_rollout_buffer
 from .multi_turn import check_ahead_turns, check_multi_turn, environment_owned_data
@@ -213,6 +214,7 @@ class OnPolicyTrainer(
         if args.max_staleness:
             scored_on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
             check_ahead_turns(self.multi_turn, scored_on_worker, self.processor if self.trains_on_images else None)
+            check_partial_rollouts(args.partial_rollout_tokens, self.multi_turn.active, self.trains_on_images)
         self.uses_reference = self.algorithm_class.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
             raise ValueError(

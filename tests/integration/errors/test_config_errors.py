@@ -180,6 +180,21 @@ def _(ctx):
     make_config(ctx.tmp_path, "grpo", max_staleness=-1)
 
 
+@trigger("partial-invalid")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", **AHEAD, max_staleness=1, partial_rollout_tokens=-1)
+
+
+@trigger("partial-staleness")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", **AHEAD, partial_rollout_tokens=4)
+
+
+@trigger("partial-length")
+def _(ctx):
+    make_config(ctx.tmp_path, "grpo", **AHEAD, max_staleness=1, partial_rollout_tokens=8, max_completion_length=8)
+
+
 @trigger("staleness-server")
 def _(ctx):
     make_config(ctx.tmp_path, "grpo", use_vllm=True, max_staleness=1)

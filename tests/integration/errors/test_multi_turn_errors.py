@@ -20,6 +20,15 @@ def _(ctx):
     make_trainer(ctx.tmp_path, algorithm="grpo", **AHEAD, max_staleness=1, rollout_func=lambda prompts, trainer: {})
 
 
+@trigger("partial-agents")
+def _(ctx):
+    from support.toy_run import tool_task
+
+    make_trainer(
+        ctx.tmp_path, algorithm="grpo", **{**tool_task("tools"), **AHEAD}, max_staleness=1, partial_rollout_tokens=4
+    )
+
+
 @trigger("staleness-environment-reward-model")
 def _(ctx):
     from support.toy_run import tool_task

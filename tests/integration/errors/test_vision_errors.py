@@ -32,6 +32,11 @@ def _(ctx):
     make_trainer(ctx.tmp_path, algorithm="grpo", **{**vision_task("tools"), **AHEAD}, max_staleness=1)
 
 
+@trigger("partial-vision")
+def _(ctx):
+    vision_run(ctx, **AHEAD, max_staleness=1, partial_rollout_tokens=4)
+
+
 @trigger("vision-vllm-family")
 def _(ctx):
     make_trainer(ctx.tmp_path, algorithm="grpo", use_vllm=True, vllm_dtype="float32", **vision_task("llava_next"))

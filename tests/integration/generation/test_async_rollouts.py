@@ -149,12 +149,13 @@ def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
 SETTINGS = ["max_staleness=1", "max_steps=12", "save_steps=3"]
 
 
-def run_async(out, server: str, processes: int, *flags, config=MULTI_CPU, **kw):
+def run_async(out, server: str, processes: int, *flags, config=MULTI_CPU, extra=(), **kw):
     """``run_toy`` of an async GRPO run recording what it trains on, on ``processes`` processes (``config``: an
-    accelerate config), in micro-batches that 1 and 2 processes can both run (a resume across keeps them)."""
+    accelerate config), in micro-batches that 1 and 2 processes can both run (a resume across keeps them);
+    ``extra``: more settings."""
     launch = {"accelerate_config": config} if processes == 2 else {}
     batch = TWO_PROCESSES[1:]
-    settings = [*batch, *ASYNC, f"vllm_server_base_url={server}", *SETTINGS]
+    settings = [*batch, *ASYNC, f"vllm_server_base_url={server}", *SETTINGS, *extra]
     return run_toy(out, "--algorithm", "grpo", "--record-trained", *flags, "--set", *settings, **launch, **kw)
 
 
@@ -208,6 +209,34 @@ def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(
         run_async(out, server, other, "--resume")
         assert read_trained(out) == trained, f"resumed on {other}: a step trained on other samples"
         assert_close_weights(out, reference, rel=1e-4)
+
+
+def test_partial_rollouts_continue_with_newer_weights_resume_exactly_and_train_alike_on_two_processes(
+    server, tmp_path_factory
+):
+    """partial_rollout_tokens=3: each completion's first 3 tokens are generated ahead with the request's weights,
+    the rest at the hand-over with the trainer's. SIGKILLed after checkpoint 6, which holds the next rollout's heads
+    half-generated (their tokens, log-probs, seeds, and which ended), the resumed run continues them to the
+    uninterrupted run's bytes; 2 processes train on the same prompt and completion ids."""
+    reference, killed, two = (tmp_path_factory.mktemp(name) for name in ("partial", "partial-killed", "partial-two"))
+    partial = ["partial_rollout_tokens=3"]
+    run_async(reference, server, 1, extra=partial)
+    run_async(killed, server, 1, "--kill-after-save", "6", expect_kill=True, extra=partial)
+    (heads,) = json.loads((killed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())["queue"]
+    assert heads["version"] == 4 and heads["versions"] is None and len(heads["seeds"]) == 8
+    assert any(len(ids) == 3 and not stopped for ids, stopped in zip(heads["completion_ids"], heads["stopped"]))
+    run_async(killed, server, 1, "--resume", extra=partial)
+    assert (killed / "final-actor" / "model.safetensors").read_bytes() == (
+        reference / "final-actor" / "model.safetensors"
+    ).read_bytes(), "the resumed final weights differ"
+    trained = read_trained(reference)
+    assert read_trained(killed) == trained
+    logs = read_logs(reference)
+    assert all(0 < logs[step]["async/partial/fresh_token_share"] < 1 for step in logs), "no completion spans versions"
+    assert logs[12]["async/staleness_steps"] == 4
+    run_async(two, server, 2, extra=partial)
+    assert read_trained(two) == trained
+    assert_close_weights(two, reference, rel=1e-4)
 
 
 @pytest.mark.parametrize("engine", ["zero2", "fsdp2"])
