@@ -75,7 +75,7 @@ def test_crash_fuzzing_an_agent_run_ahead_on_two_processes(server, tmp_path):
     cmd = [sys.executable, str(ROOT / "tests" / "support" / "crash_fuzz_launched.py"), str(tmp_path)]
     cmd += ["--config", str(MULTI_CPU), "--kills", "4", "--seed", "0", "--"]
     cmd += ["--algorithm", "grpo", "--tools", "environment", "--set", *settings(server)]
-    cmd += ["max_steps=16", "save_steps=1", "save_total_limit=2"]
+    cmd += ["max_steps=12", "save_steps=1", "save_total_limit=2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     events = json.loads((tmp_path / "report.json").read_text())["events"]

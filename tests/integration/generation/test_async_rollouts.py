@@ -290,7 +290,7 @@ def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
         "--algorithm",
         algorithm,
         "--kills",
-        "10",
+        "6",
         "--seed",
         "0",
         "--set",
@@ -299,7 +299,7 @@ def test_crash_fuzzing_an_async_run(server, tmp_path, algorithm, extra):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     events = json.loads((tmp_path / "report.json").read_text())["events"]
-    assert sum(event["killed"] for event in events) == 10, events
+    assert sum(event["killed"] for event in events) == 6, events
     assert any(event["mode"] == "in-save" and event["killed"] for event in events), "no kill hit a checkpoint write"
 
 
