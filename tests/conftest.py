@@ -1,3 +1,6 @@
+import contextlib
+import ctypes
+import gc
 import json
 import os
 import subprocess
@@ -22,6 +25,17 @@ ASYNC = [
     "vllm_importance_sampling_correction=true",
     "vllm_importance_sampling_mode=token_truncate",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_memory():
+    """Hand a test module's freed memory back to the system when the module ends. A pytest worker lives for the whole
+    suite, and glibc keeps freed heap pages for reuse: at the end of a CI run the two workers held 9.1 and 4.4 GB, and
+    beside a launch and a vLLM server the OOM killer stopped one."""
+    yield
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @pytest.fixture(scope="session")
