@@ -60,6 +60,7 @@ def run(
     eval_every: int,
     partial: int = 0,
     reasoning: bool = False,
+    seed_accuracy: float | None = None,
 ) -> dict:
     import torch
     from transformers import TrainerCallback
@@ -73,13 +74,20 @@ def run(
         def __init__(self):
             self.ends, self.accuracy, self.trainer, self.evaluating = [], {}, None, 0.0
 
+        def evaluate(self, step: int) -> None:
+            start = time.perf_counter()
+            self.accuracy[step] = greedy_accuracy(
+                self.trainer.model, self.trainer.processing_class, held_out, completion_length
+            )[0]
+            self.evaluating += time.perf_counter() - start
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if evaluate and seed_accuracy is None:
+                self.evaluate(0)
+
         def on_step_end(self, args, state, control, **kwargs):
             if evaluate and state.global_step % eval_every == 0:
-                start = time.perf_counter()
-                self.accuracy[state.global_step] = greedy_accuracy(
-                    self.trainer.model, self.trainer.processing_class, held_out, completion_length
-                )[0]
-                self.evaluating += time.perf_counter() - start
+                self.evaluate(state.global_step)
             self.ends.append(time.perf_counter() - self.evaluating)
 
     torch.set_num_threads(1)
@@ -120,6 +128,8 @@ def run(
         callbacks=[times],
     )
     times.trainer = trainer
+    if seed_accuracy is not None:
+        times.accuracy[0] = seed_accuracy  # every level starts from the same weights: evaluated once
     start = time.perf_counter()
     trainer.train()
     marks = [start, *times.ends]
@@ -173,23 +183,26 @@ def main() -> None:
         env=server_env,
     )
     try:
-        results = [
-            run(
-                url,
-                int(s.rstrip("p")),
-                steps,
-                str(work / f"s{s}"),
-                opts.mode == "curve",
-                opts.max_completion_length,
-                opts.prompts_per_step,
-                opts.correction,
-                opts.seed,
-                opts.eval_every or steps,
-                opts.partial if s.endswith("p") else 0,
-                opts.reasoning,
+        results = []
+        for level in levels:
+            first_accuracy = results[0]["accuracy_by_step"][0] if results and opts.mode == "curve" else None
+            results.append(
+                run(
+                    url,
+                    int(level.rstrip("p")),
+                    steps,
+                    str(work / f"s{level}"),
+                    opts.mode == "curve",
+                    opts.max_completion_length,
+                    opts.prompts_per_step,
+                    opts.correction,
+                    opts.seed,
+                    opts.eval_every or steps,
+                    opts.partial if level.endswith("p") else 0,
+                    opts.reasoning,
+                    first_accuracy,
+                )
             )
-            for s in levels
-        ]
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()

@@ -35,16 +35,32 @@ class ServerSettings:
     weights_per_run: bool = False  # a chosen vllm_server_weights_dir, which runs may share: each its run-<id>/
 
 
+def listed(value: str | list[str] | tuple[str, ...]) -> list[str]:
+    """The entries of a comma-separated string, or of a list of them."""
+    items = value.split(",") if isinstance(value, str) else value
+    return [str(item).strip() for item in items if str(item).strip()]
+
+
+def server_urls(base_url: str | list[str] | None, host: str | list[str], port: int) -> list[str]:
+    """``vllm_server_base_url``, or ``http://host:port`` (TRL's precedence); several servers where either lists
+    several (comma-separated, or a list)."""
+    if base_url:
+        return [url.rstrip("/") for url in listed(base_url)]
+    return [f"http://{name}:{port}" for name in listed(host)]
+
+
 def server_url(base_url: str | None, host: str, port: int) -> str:
-    """``vllm_server_base_url``, or ``http://host:port`` (TRL's precedence)."""
-    return base_url.rstrip("/") if base_url else f"http://{host}:{port}"
+    """The first server's URL (``server_urls``)."""
+    return server_urls(base_url, host, port)[0]
 
 
-def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode: str) -> ServerSettings:
-    """Where the vLLM server of ``vllm_mode='server'`` is, and what it must serve."""
+def server_settings(
+    args, config, max_model_len: int, dtype: str, logprobs_mode: str, url: str | None = None
+) -> ServerSettings:
+    """Where the vLLM server of ``vllm_mode='server'`` is (``url``: one of several), and what it must serve."""
     weights_dir = args.vllm_server_weights_dir or os.path.join(args.output_dir, "vllm-server-weights")
     return ServerSettings(
-        base_url=server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
+        base_url=url or server_url(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port),
         timeout=args.vllm_server_timeout,
         weight_transfer=args.vllm_server_weight_transfer,
         weights_dir=weights_dir,
@@ -62,7 +78,7 @@ def server_settings(args, config, max_model_len: int, dtype: str, logprobs_mode:
 def group_host(base_url: str | None, host: str) -> str:
     """The trainer's address for the NCCL rendezvous, as the server's workers reach it: the loopback address for a
     server on this machine, else this machine's name."""
-    server_host = urlparse(base_url).hostname if base_url else host
+    server_host = urlparse(listed(base_url)[0]).hostname if base_url else listed(host)[0]
     return "127.0.0.1" if server_host in ("localhost", "127.0.0.1", "0.0.0.0", "::1") else socket.getfqdn()
 
 

@@ -87,6 +87,9 @@ class FileTransfer(WeightTransfer):
     def __init__(self, client: ServerClient, weights_dir: str, per_run: bool = False) -> None:
         super().__init__(client)
         self.weights_dir, self.per_run = os.path.abspath(weights_dir), per_run
+        # several servers' transfers share one (server_pool): the weights object each version was written from in
+        # the push now going on, so that every server reads the one file; None: each push writes
+        self.written: dict[str, int] | None = None
 
     def directory(self, create: bool = False) -> str | None:
         """Where the versions go (None: the run's own directory, before the run has an id and ``create`` is
@@ -102,12 +105,15 @@ class FileTransfer(WeightTransfer):
         directory = self.directory(create=True)
         os.makedirs(directory, exist_ok=True)
         final = os.path.join(directory, f"v{version}")
-        tmp = final + ".tmp"
-        for stale in (tmp, final):
-            shutil.rmtree(stale, ignore_errors=True)
-        os.makedirs(tmp)
-        save_file(unshared(weights), os.path.join(tmp, "model.safetensors"))
-        os.replace(tmp, final)
+        if self.written is None or self.written.get(final) != id(weights) or not os.path.isdir(final):
+            tmp = final + ".tmp"
+            for stale in (tmp, final):
+                shutil.rmtree(stale, ignore_errors=True)
+            os.makedirs(tmp)
+            save_file(unshared(weights), os.path.join(tmp, "model.safetensors"))
+            os.replace(tmp, final)
+            if self.written is not None:
+                self.written[final] = id(weights)
         self.load(final)
         self.remove_versions(keep=f"v{version}")
 

@@ -34,7 +34,7 @@ from .lora_sync import adapter_bytes, adapter_rank, adapter_state
 from .server_adapters import ADAPTER_PREFIX
 from .server_client import ServerClient, VLLMServerError
 from .server_recovery import MAX_RECOVERIES, OnServer, complete_rows, gave_up, put_back, recoverable
-from .server_settings import ServerSettings, check_server, served_adapter_rank, server_settings
+from .server_settings import ServerSettings, check_server, served_adapter_rank, server_settings, server_urls
 from .server_weights import FileTransfer, NCCLTransfer, WeightTransfer
 from .vllm import engine_plan, images_of
 from .vllm_images import check_expanded, data_url, engine_prompt, suppression
@@ -95,12 +95,22 @@ class VLLMServerBackend(GenerationBackend):
 
     @classmethod
     def from_config(cls, args, tokenizer, model, device, logprob_temperature):
+        """One server's backend, or a ``VLLMServerPool`` of several (``vllm_server_base_url`` lists several)."""
+        urls = server_urls(args.vllm_server_base_url, args.vllm_server_host, args.vllm_server_port)
         # the server's device is checked when it answers (served_adapter_rank)
-        plan = engine_plan(args, model, logprob_temperature, False, cls.capabilities.weight_push)
-        server = server_settings(args, plan.config, plan.max_model_len, plan.dtype, plan.logprobs_mode)
-        server.adapter_rank = adapter_rank(model) if plan.adapter_only else None
-        server.adapter_required = args.vllm_lora_sync == "adapter"
-        return cls(tokenizer, SamplingSettings.from_config(args), server)
+        weight_push = cls.capabilities.weight_push if len(urls) == 1 else frozenset({"full"})
+        plan = engine_plan(args, model, logprob_temperature, False, weight_push)
+        members = []
+        for url in urls:
+            server = server_settings(args, plan.config, plan.max_model_len, plan.dtype, plan.logprobs_mode, url)
+            server.adapter_rank = adapter_rank(model) if plan.adapter_only else None
+            server.adapter_required = args.vllm_lora_sync == "adapter"
+            members.append(cls(tokenizer, SamplingSettings.from_config(args), server))
+        if len(members) == 1:
+            return members[0]
+        from .server_pool import VLLMServerPool
+
+        return VLLMServerPool(members)
 
     @property
     def max_model_len(self) -> int:

@@ -51,6 +51,10 @@ class DistillationConfig(OnPolicyConfig):
 
     settings_group: ClassVar[str] = "Distillation"
     _default_samples_per_prompt = 1
+    trains_ahead_uncorrected: ClassVar[str | None] = (
+        "the loss has no importance ratio: at each sampled prefix the student moves towards the teacher, whichever "
+        "weights sampled it (TRL's AsyncDistillationTrainer)"
+    )
 
     teacher_model_name_or_path: str | None = field(
         default=None,

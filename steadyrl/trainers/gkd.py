@@ -58,6 +58,7 @@ class GKDConfig(DistillationConfig, TRLSFTFields):
     """
 
     settings_group: ClassVar[str] = "GKD"
+    trains_ahead_uncorrected: ClassVar[str | None] = None  # its rollouts mix the dataset's completions: synchronous
     synonyms = (*SYNONYMS, MAX_NEW_TOKENS)
     unsupported_trl_fields = {**UNSUPPORTED, **SFT_UNSUPPORTED}
 

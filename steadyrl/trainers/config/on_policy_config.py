@@ -203,6 +203,10 @@ class OnPolicyConfig(
         vars(self)[RESOLVED] = True
         return names
 
+    # generation ahead (max_staleness) without vllm_importance_sampling_correction: why the algorithm's loss takes
+    # samples of older weights as they are; None: only with that correction (PolicyLossOptions)
+    trains_ahead_uncorrected: ClassVar[str | None] = None
+
     # (the fewest completions per prompt the algorithm needs, its name, why); None: any number
     least_samples_per_prompt: ClassVar[tuple[int, str, str] | None] = None
 

@@ -11,6 +11,7 @@ import torch
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 
 from ...generation import BACKENDS
+from ...generation.server_settings import server_urls
 from .batch_hierarchy import check_positive_int
 
 
@@ -183,13 +184,31 @@ def check_vllm_server(config) -> None:
     timeout = config.vllm_server_timeout
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (finite(timeout) and timeout > 0):
         raise ValueError(f"vllm_server_timeout={timeout!r} is invalid: seconds to wait, a number > 0.")
-    url = config.vllm_server_base_url
-    if url is not None and not str(url).startswith(("http://", "https://")):
+    urls = server_urls(config.vllm_server_base_url, config.vllm_server_host, config.vllm_server_port)
+    for url in urls if config.vllm_server_base_url is not None else ():
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"vllm_server_base_url={config.vllm_server_base_url!r} is invalid: {url!r} is not a URL with its "
+                "scheme; give each server's, e.g. 'http://10.0.0.5:8000', or several comma-separated: "
+                "'http://10.0.0.5:8000,http://10.0.0.6:8000' (or set vllm_server_host and vllm_server_port instead)."
+            )
+    if not urls:
         raise ValueError(
-            f"vllm_server_base_url={url!r} is invalid: give the server's URL with its scheme, e.g. "
-            "'http://10.0.0.5:8000' (or set vllm_server_host and vllm_server_port instead)."
+            f"vllm_server_base_url={config.vllm_server_base_url!r}, vllm_server_host={config.vllm_server_host!r} "
+            "name no server: give a URL (or several, comma-separated), or a host."
+        )
+    if len(set(urls)) != len(urls):
+        raise ValueError(
+            f"vllm_server_base_url={config.vllm_server_base_url!r} names a server twice ({urls}): list each once."
         )
     transfer = config.vllm_server_weight_transfer
+    if len(urls) > 1 and (transfer == "nccl" or config.vllm_lora_sync == "adapter"):
+        setting = f"vllm_server_weight_transfer={transfer!r}" if transfer == "nccl" else "vllm_lora_sync='adapter'"
+        raise ValueError(
+            f"{setting} takes one vLLM server, and the run lists {len(urls)} ({', '.join(urls)}): with several "
+            "servers the weights go as merged safetensors files (vllm_server_weight_transfer='file', "
+            "vllm_lora_sync='auto' or 'merged'), or use one server (with data parallelism behind its address)."
+        )
     if transfer not in ("file", "nccl"):
         raise ValueError(
             f"vllm_server_weight_transfer={transfer!r} is invalid: use 'file' (safetensors in "
@@ -266,8 +285,9 @@ def check_sync_ref_settings(config) -> None:
 
 
 def check_staleness(config) -> None:
-    """``max_staleness`` > 0 overlaps generation with training, for GRPO and RLOO: on a backend that
-    generates from a copy of the weights taken earlier (``capabilities.pushes_copies``: the vLLM server)."""
+    """``max_staleness`` > 0 overlaps generation with training, for the losses that take samples of older weights,
+    on a backend that generates from a copy of the weights taken earlier (``capabilities.pushes_copies``: the vLLM
+    server)."""
     staleness, partial = config.max_staleness, getattr(config, "partial_rollout_tokens", 0)
     if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
         raise ValueError(f"max_staleness={staleness!r} is invalid: use 0 (synchronous) or a positive integer.")
@@ -290,11 +310,11 @@ def check_staleness(config) -> None:
             f"vllm_mode='server' (got use_vllm={config.use_vllm}, vllm_mode={config.vllm_mode!r}), or "
             "max_staleness=0."
         )
-    if not hasattr(config, "vllm_importance_sampling_correction"):
+    if not hasattr(config, "vllm_importance_sampling_correction") and config.trains_ahead_uncorrected is None:
         raise ValueError(
-            f"max_staleness={staleness} is for GRPO and RLOO, whose losses correct for the lag "
-            f"(vllm_importance_sampling_correction); {type(config).__name__} has no such correction: use "
-            "max_staleness=0."
+            f"max_staleness={staleness} is for GRPO, RLOO and REINFORCE++, whose losses correct for the lag "
+            "(vllm_importance_sampling_correction), and for distillation, whose loss has no importance ratio; "
+            f"{type(config).__name__} has neither: use max_staleness=0."
         )
 
 

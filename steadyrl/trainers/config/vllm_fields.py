@@ -165,11 +165,15 @@ class VLLMFields:
     vllm_server_base_url: str | None = field(
         default=None,
         metadata={
-            "help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000'; replaces "
+            "help": "vllm_mode='server': the server's URL, e.g. 'http://10.0.0.5:8000', or several servers' "
+            "comma-separated (each samples a share of every rollout's rows, and gets every weight update); replaces "
             "vllm_server_host and vllm_server_port."
         },
     )
-    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "vllm_mode='server': the server's host."})
+    vllm_server_host: str = field(
+        default="0.0.0.0",
+        metadata={"help": "vllm_mode='server': the server's host, or several comma-separated (each at the port)."},
+    )
     vllm_server_port: int = field(default=8000, metadata={"help": "vllm_mode='server': the server's port."})
     vllm_server_timeout: float = field(
         default=240.0,
@@ -218,9 +222,9 @@ class VLLMFields:
             "help": "Partial rollouts (in-flight weight updates: verl's partial_rollout, OpenRLHF's "
             "partial_rollout_enable), with max_staleness > 0: each completion's first partial_rollout_tokens "
             "tokens are generated ahead with the weights its rollout was requested with; a completion still "
-            "unfinished then is continued with the trainer's weights when its rollout is trained on, so its tokens "
-            "span 2 weight versions, each corrected by its own sampling log-prob. 0: each completion is generated "
-            "whole with one version."
+            "unfinished then is continued by as many tokens with the trainer's weights at each later hand-over, and "
+            "to its end when its rollout is trained on, so its tokens span up to max_staleness + 1 weight versions, "
+            "each corrected by its own sampling log-prob. 0: each completion is generated whole with one version."
         },
     )
 

@@ -50,7 +50,7 @@ from ...vision import ImageBatch
 from .ahead_request import Ahead, cpu_copy, share_of, state_fields, with_sources
 from .ahead_worker import AheadWorker
 from .multi_turn import MultiTurnSource
-from .partial_rollouts import tail_seed, unfinished, with_tails
+from .partial_rollouts import head_versions, runs_of, tail_seed, unfinished, with_segment, with_tails
 from .rollout_rewards import Scorer
 from .sources import Sampled, SingleTurnSource
 
@@ -90,12 +90,14 @@ class AheadSource(SingleTurnSource):
                 self.submit(item, state)
         if not self.ahead:
             self.request(state)
-        if self.partial:  # before the requests made now, which the worker then generates after the tails
+        if self.partial:  # before the requests made now, which the worker then generates after these segments
             self.hand_over(self.ahead[0], state)
+            for item in self.ahead[1:]:
+                self.continue_ahead(item, state)
         while len(self.ahead) <= self.args.max_staleness:
             self.request(state)
-        self.snapshot, self.snapshot_version = None, None  # held by the requests until generated, then let go
         held_mb = self.held_weight_bytes() / 2**20
+        self.snapshot, self.snapshot_version = None, None  # held by the requests until generated, then let go
         start = time.perf_counter()
         item = self.ahead.pop(0)
         # the driver's rollout, handed to every process; its failure raises here on every process (none waits for it
@@ -157,10 +159,22 @@ class AheadSource(SingleTurnSource):
         state = self.request_trainer_state(item, trainer_state)
         item.future = self.worker.submit(what, self.finish, item, item.future, self.snapshot, version, state)
 
+    def continue_ahead(self, item: Ahead, trainer_state) -> None:
+        """Partial rollouts: have the driver's worker generate the next segment of a rollout still ahead, its
+        unfinished completions continued by ``partial_rollout_tokens`` with the trainer's weights now."""
+        if not self.driver:
+            return
+        what = f"continuing the rollout requested at global step {item.version} with the weights of step "
+        version = trainer_state.global_step
+        item.future = self.worker.submit(what + str(version), self.extend, item, item.future, self.snapshot, version)
+
     def held_weight_bytes(self) -> int:
-        """The bytes of the copies of the actor's weights this process holds for requests not generated yet."""
+        """The bytes of the copies of the actor's weights this process holds for requests not generated yet, and
+        for the hand-over's tails (partial rollouts)."""
         with self.lock:
             copies = {id(item.weights): item.weights for item in self.ahead if item.weights is not None}
+        if self.snapshot is not None:
+            copies[id(self.snapshot)] = self.snapshot
         storages = {
             t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for w in copies.values() for t in w.values()
         }
@@ -238,6 +252,7 @@ class AheadSource(SingleTurnSource):
             env_mask=getattr(generation, "env_mask", None),
             # the conversations, for reward models on the trainer's thread
             completions=getattr(generation, "completions", None) if scores is None else None,
+            versions=head_versions(len(prompts), item.version) if self.partial else None,
             stopped=generation.stopped if self.partial else None,
             seeds=item.seeds if self.partial else None,
         )
@@ -245,22 +260,40 @@ class AheadSource(SingleTurnSource):
             item.result, item.weights = result, None
         return result
 
-    def finish(self, item: Ahead, heads: Future | None, weights: dict, version: int, state) -> SampledRollout:
+    def extend(self, item: Ahead, before: Future | None, weights: dict, version: int) -> SampledRollout:
+        """On the worker thread: a middle segment of the rollout's unfinished completions, sampled with ``weights``
+        (the actor's at global step ``version``)."""
+        rollout = item.result if before is None else before.result()  # the last segment's; its failure raises here
+        rows = unfinished(rollout, self.partial, self.args.max_completion_length)
+        if rows:
+            segment = len(runs_of(rollout)[rows[0]])
+            rollout, part = self.continued(rollout, rows, weights, version, self.partial, segment)
+            rollout = with_segment(rollout, rows, part, version)
+        with self.lock:
+            item.result = rollout
+        return rollout
+
+    def continued(self, rollout, rows: list[int], weights: dict, version: int, tokens: int, segment: int | None):
+        """``rows``' completions continued by at most ``tokens`` with ``weights`` (the actor's at global step
+        ``version``; ``segment``: the middle segment's number, None: the tail), and the rollout's generation time."""
+        backend = self.generate.backend
+        backend.push_copy(weights, version)
+        start = time.perf_counter()
+        contexts = [rollout.prompt_ids[i] + rollout.completion_ids[i] for i in rows]
+        seeds = [tail_seed(rollout.seeds[i], segment) for i in rows]
+        limit = min(tokens, self.args.max_completion_length - len(rollout.completion_ids[rows[0]]))
+        part = backend.generate(None, contexts, seeds, max_new_tokens=limit)
+        elapsed = rollout.generation_time + time.perf_counter() - start
+        return dataclasses.replace(rollout, generation_time=elapsed), part
+
+    def finish(self, item: Ahead, before: Future | None, weights: dict, version: int, state) -> SampledRollout:
         """On the worker thread: the tails of a rollout's unfinished completions, sampled with ``weights`` (the
         actor's at global step ``version``), and the whole rollout scored by the reward functions."""
-        rollout = item.result if item.result is not None else heads.result()  # a head's failure raises here
-        rows = unfinished(rollout, self.partial)
-        tails = None
+        rollout = item.result if before is None else before.result()  # the last segment's; its failure raises here
+        limit = self.args.max_completion_length
+        rows, tails = unfinished(rollout, self.partial, limit), None
         if rows:
-            backend = self.generate.backend
-            backend.push_copy(weights, version)
-            start = time.perf_counter()
-            contexts = [rollout.prompt_ids[i] + rollout.completion_ids[i] for i in rows]
-            seeds = [tail_seed(rollout.seeds[i]) for i in rows]
-            rest = self.args.max_completion_length - self.partial
-            tails = backend.generate(None, contexts, seeds, max_new_tokens=rest)
-            elapsed = rollout.generation_time + time.perf_counter() - start
-            rollout = dataclasses.replace(rollout, generation_time=elapsed)
+            rollout, tails = self.continued(rollout, rows, weights, version, limit, None)
         rollout = with_tails(rollout, rows, tails, version)
         if self.scores_on_worker:
             generation = Generation(rollout.completion_ids, rollout.logprobs)

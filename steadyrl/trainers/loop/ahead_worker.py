@@ -46,8 +46,15 @@ class AheadWorker:
                 self.doing = None
 
     def stop(self, timeout: float) -> str | None:
-        """Let the running job end (the caller cancelled the others), waiting at most ``timeout`` seconds; None if it
+        """Cancel the jobs not started and let the running one end, waiting at most ``timeout`` seconds; None if it
         ended, else what it is doing and where (its thread's stack), and the thread is left behind."""
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
         self.jobs.put(None)
         self.thread.join(timeout)
         if not self.thread.is_alive():

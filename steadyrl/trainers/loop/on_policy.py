@@ -212,8 +212,7 @@ class OnPolicyTrainer(
             self.reward_processing_classes[index] = given if given is not None else processing_class
         self.reward_funcs, self.reward_weights = self.checked_rewards(reward_funcs, args, train_dataset)
         if args.max_staleness:
-            scored_on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
-            check_ahead_turns(self.multi_turn, scored_on_worker, self.processor if self.trains_on_images else None)
+            check_ahead_turns(self.multi_turn, self.scored_on_worker, self.processor if self.trains_on_images else None)
             check_partial_rollouts(args.partial_rollout_tokens, self.multi_turn.active, self.trains_on_images)
         self.uses_reference = self.algorithm_class.needs_reference(args)
         if ref_model is not None and not self.uses_reference:
@@ -285,6 +284,12 @@ class OnPolicyTrainer(
         """The longest sequence generation may be given: the model's, or the backend's (vLLM's ``max_model_len``)."""
         limits = [getattr(self.model.config, "max_position_embeddings", None), self.backend.max_model_len]
         return min(limit for limit in limits if limit) if any(limits) else 2**31
+
+    @property
+    def scored_on_worker(self) -> bool:
+        """Generation ahead: the worker thread scores with the reward functions; reward models (on the trainer's
+        device, in its collectives) score on the trainer's thread."""
+        return not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
 
     @property
     def reference_module(self) -> PreTrainedModel | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 
 from ...checkpoint.checkpointer import Checkpointer
-from ...models.scalar_head import RewardModelFunction
 from ...reporting.run_summary import RunMeter
 from ..config.dynamic_sampling import DynamicSamplingOptions
 from .ahead import AheadSource
@@ -40,7 +39,7 @@ class StageWiring:
             turn_args = (self.prompt_draw, self.generator, tool_loop_tokenizer, self.conversational, args)
             turns = MultiTurnSource(self.multi_turn, self, self.context_length(), *turn_args, processor=processor)
         if args.max_staleness:  # reward models score on the trainer's thread, reward functions on the worker's
-            on_worker = not any(isinstance(func, RewardModelFunction) for func in self.reward_funcs)
+            on_worker = self.scored_on_worker
             self.rollout_source = AheadSource(self.scorer, on_worker, *source_args, processor=processor, turns=turns)
         elif turns is not None:
             self.rollout_source = turns

@@ -21,6 +21,10 @@ config_error("vllm-server-use-vllm", vllm_mode="server")
 config_error("vllm-server-port", **SERVER, vllm_server_port=0)
 config_error("vllm-server-timeout", **SERVER, vllm_server_timeout=0)
 config_error("vllm-server-url", **SERVER, vllm_server_base_url="localhost:8000")
+config_error("vllm-server-twice", **SERVER, vllm_server_base_url="http://a:8000,http://a:8000")
+config_error(
+    "vllm-servers-adapter", **SERVER, vllm_server_base_url="http://a:8000,http://b:8000", vllm_lora_sync="adapter"
+)
 config_error("vllm-server-transfer", **SERVER, vllm_server_weight_transfer="shm")
 config_error("vllm-server-nccl-cpu", **SERVER, vllm_server_weight_transfer="nccl")
 

@@ -136,14 +136,62 @@ def test_a_rollout_trained_once_is_corrected_by_its_own_training_pass(server, tm
         torch.testing.assert_close(param, separate.model.get_parameter(name), atol=2e-6, rtol=1e-5)
 
 
-def test_rloo_trains_ahead_with_a_token_level_loss(server, tmp_path):
+@pytest.mark.parametrize("algorithm", ["rloo", "reinforce-pp"])
+def test_rloo_and_reinforce_pp_train_ahead_with_a_token_level_loss(server, tmp_path, algorithm):
     trainer = make_trainer(
-        tmp_path, algorithm="rloo", loss_type="dapo", max_steps=8, save_steps=100, **async_settings(server, 1)
+        tmp_path, algorithm=algorithm, loss_type="dapo", max_steps=8, save_steps=100, **async_settings(server, 1)
     )
     trainer.train()
     lags = [e["async/staleness_steps"] for e in trainer.state.log_history if "async/staleness_steps" in e]
     assert lags[0] == 0 and lags[-1] == 4
     assert all(math.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+class StopAfter(TrainerCallback):
+    """Ends training after global step ``step`` (its checkpoint written), as a run stopped there."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+def test_distillation_trains_ahead_and_resumes_exactly(server, tmp_path):
+    """Distillation's loss has no importance ratio (at each sampled prefix the student moves towards the teacher, as
+    in TRL's AsyncDistillationTrainer): it generates ahead with max_staleness, uncorrected. A run stopped after
+    checkpoint 4, which holds the rollout ahead, resumes to the uninterrupted run's weights."""
+    from steadyrl.toy.task import build_model, build_tokenizer, toy_dataset
+
+    teacher = tmp_path / "teacher"
+    build_model(build_tokenizer(), seed=1).save_pretrained(teacher)
+    build_tokenizer().save_pretrained(teacher)
+    settings = dict(
+        algorithm="distillation",
+        model=toy_model_path(),
+        teacher_model=str(teacher),
+        train_dataset=toy_dataset(),
+        use_vllm=True,
+        vllm_dtype="float32",
+        vllm_mode="server",
+        vllm_server_base_url=server,
+        max_staleness=1,
+        max_steps=8,
+        save_steps=4,
+    )
+    reference = make_trainer(tmp_path / "reference", **settings)
+    reference.train()
+    lags = [e["async/staleness_steps"] for e in reference.state.log_history if "async/staleness_steps" in e]
+    assert lags[0] == 0 and max(lags) > 0, lags
+    stopped = make_trainer(tmp_path / "resumed", callbacks=[StopAfter(4)], **settings)
+    stopped.train()
+    queue = json.loads((tmp_path / "resumed" / "checkpoint-4" / "rollouts_ahead_0.json").read_text())["queue"]
+    assert len(queue) == 1, "the checkpoint holds the rollout requested ahead"
+    resumed = make_trainer(tmp_path / "resumed", **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-4"))
+    for name, param in resumed.model.named_parameters():
+        assert torch.equal(param, reference.model.get_parameter(name)), name
+    assert step_entries(resumed.state.log_history)[-1]["loss"] == step_entries(reference.state.log_history)[-1]["loss"]
 
 
 SETTINGS = ["max_staleness=1", "max_steps=12", "save_steps=3"]
@@ -211,20 +259,22 @@ def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(
         assert_close_weights(out, reference, rel=1e-4)
 
 
-def test_partial_rollouts_continue_with_newer_weights_resume_exactly_and_train_alike_on_two_processes(
+def test_partial_rollouts_span_three_weight_versions_resume_exactly_and_train_alike_on_two_processes(
     server, tmp_path_factory
 ):
-    """partial_rollout_tokens=3: each completion's first 3 tokens are generated ahead with the request's weights,
-    the rest at the hand-over with the trainer's. SIGKILLed after checkpoint 6, which holds the next rollout's heads
-    half-generated (their tokens, log-probs, seeds, and which ended), the resumed run continues them to the
-    uninterrupted run's bytes; 2 processes train on the same prompt and completion ids."""
+    """partial_rollout_tokens=3 with max_staleness=2: each completion's first 3 tokens are generated ahead with the
+    request's weights, 3 more at the next hand-over with the trainer's weights then, the rest at its own hand-over
+    with the newest. SIGKILLed after checkpoint 6, which holds the rollouts ahead half-generated (their tokens,
+    log-probs, seeds, versions, and which ended), the resumed run continues them to the uninterrupted run's bytes;
+    2 processes train on the same prompt and completion ids."""
     reference, killed, two = (tmp_path_factory.mktemp(name) for name in ("partial", "partial-killed", "partial-two"))
-    partial = ["partial_rollout_tokens=3"]
+    partial = ["max_staleness=2", "partial_rollout_tokens=3"]
     run_async(reference, server, 1, extra=partial)
     run_async(killed, server, 1, "--kill-after-save", "6", expect_kill=True, extra=partial)
-    (heads,) = json.loads((killed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())["queue"]
-    assert heads["version"] == 4 and heads["versions"] is None and len(heads["seeds"]) == 8
-    assert any(len(ids) == 3 and not stopped for ids, stopped in zip(heads["completion_ids"], heads["stopped"]))
+    middle, heads = json.loads((killed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())["queue"]
+    assert (middle["version"], heads["version"]) == (0, 4) and len(heads["seeds"]) == 8
+    assert any(len(ids) == 3 and not ended for ids, ended in zip(heads["completion_ids"], heads["stopped"]))
+    assert [[0, 0], [3, 4]] in middle["versions"], "no completion was continued at the hand-over after its request"
     run_async(killed, server, 1, "--resume", extra=partial)
     assert (killed / "final-actor" / "model.safetensors").read_bytes() == (
         reference / "final-actor" / "model.safetensors"
@@ -233,7 +283,7 @@ def test_partial_rollouts_continue_with_newer_weights_resume_exactly_and_train_a
     assert read_trained(killed) == trained
     logs = read_logs(reference)
     assert all(0 < logs[step]["async/partial/fresh_token_share"] < 1 for step in logs), "no completion spans versions"
-    assert logs[12]["async/staleness_steps"] == 4
+    assert logs[12]["async/staleness_steps"] == 8 and logs[12]["async/partial/versions_max"] == 3
     run_async(two, server, 2, extra=partial)
     assert read_trained(two) == trained
     assert_close_weights(two, reference, rel=1e-4)
@@ -250,6 +300,25 @@ def test_generation_ahead_on_two_processes_under_zero2_and_fsdp2(server, one_pro
     if evaluating:
         assert [step for step, entry in read_logs(tmp_path).items() if "eval_reward" in entry] == [2, 4, 6, 8, 10, 12]
     assert_close_weights(tmp_path, one_process, rel=1e-4)  # the engines sum gradients in another order
+
+
+def test_two_servers_sample_what_one_does_and_a_run_killed_on_two_resumes_on_one(server, one_process, tmp_path):
+    """vllm_server_base_url lists 2 servers: each samples every other row of a rollout, and every update (the
+    weights ahead, and the evaluation's sync every 2 steps) reaches both. The run trains on the same
+    ids as on one server; SIGKILLed after checkpoint 6 and resumed on one server, it ends with the one-server run's
+    bytes."""
+    from steadyrl.generation.server_client import ServerClient
+
+    with serving(toy_model_path(), MAX_MODEL_LEN) as second:
+        run_async(tmp_path, f"{server},{second}", 1, "--kill-after-save", "6", "--eval-prompts", "4", expect_kill=True)
+        holds = ServerClient(second, 30).claim_state()
+    assert holds.get("weights"), f"the second server holds no weights of the run: {holds}"
+    run_async(tmp_path, server, 1, "--resume", "--eval-prompts", "4")
+    assert [step for step, entry in read_logs(tmp_path).items() if "eval_reward" in entry] == [2, 4, 6, 8, 10, 12]
+    assert read_trained(tmp_path) == read_trained(one_process)
+    assert (tmp_path / "final-actor" / "model.safetensors").read_bytes() == (
+        one_process / "final-actor" / "model.safetensors"
+    ).read_bytes()
 
 
 def test_a_stream_read_ahead_resumes_at_its_next_row(server, tmp_path_factory):
@@ -276,7 +345,9 @@ def test_a_stream_read_ahead_resumes_at_its_next_row(server, tmp_path_factory):
 @pytest.mark.parametrize(
     "algorithm, extra",
     [
-        ("grpo", ["max_staleness=1"]),  # 4 steps a rollout: a separate pass for the sampling policy's log-probs
+        # 4 steps a rollout: a separate pass for the sampling policy's log-probs; partial rollouts (heads of 3 tokens
+        # ahead, tails at the hand-over): kills also land with completions half-generated
+        ("grpo", ["max_staleness=1", "partial_rollout_tokens=3"]),
         # one step a rollout, two ahead: the training pass corrects with its own log-probs
         ("rloo", ["max_staleness=2", "loss_type=dapo", "beta=0.0", "train_batch_size=8", "num_ppo_epochs=1"]),
     ],
