@@ -90,10 +90,15 @@ def start_vllm_server(
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
+    return proc, answering(proc, url, log)
+
+
+def answering(proc: subprocess.Popen, url: str, log: Path) -> str:
+    """``url`` once the server ``proc`` answers ``/health`` (within 5 minutes; its output is in ``log``)."""
     for _ in range(600):
         try:
             urllib.request.urlopen(url + "/health", timeout=2).close()
-            return proc, url
+            return url
         except OSError:
             assert proc.poll() is None, f"the server exited; see {log}"
             time.sleep(0.5)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from async_staleness import with_reasoning  # noqa: E402
-from launching import start_vllm_server  # noqa: E402
+from launching import answering, start_vllm_server  # noqa: E402
 
 
 def weighted_reward(completions, answer, **kwargs) -> list[float]:
@@ -106,15 +106,7 @@ def start_plain_vllm(model: str, log: Path, max_model_len: int) -> tuple[subproc
         "OMP_NUM_THREADS": "1",
     }
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).close()
-            return proc, url
-        except OSError:
-            assert proc.poll() is None, f"the server exited; see {log}"
-            time.sleep(0.5)
-    raise RuntimeError(f"the server did not start; see {log}")
+    return proc, answering(proc, f"http://127.0.0.1:{port}", log)
 
 
 def trl_run(url: str, out: Path, steps: int, completion_length: int, reasoning: bool, resume: bool = False) -> dict:
