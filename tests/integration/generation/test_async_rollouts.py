@@ -28,6 +28,7 @@ from support.vllm_serving import async_settings, serving
 from transformers import TrainerCallback
 
 from steadyrl import GRPOTrainer
+from steadyrl.generation.server_client import ServerClient
 from steadyrl.ops import completion_logprobs
 from steadyrl.toy import toy_model_path
 from steadyrl.trainers.grpo import GRPO
@@ -39,6 +40,13 @@ MAX_MODEL_LEN = 256
 def server():
     with serving(toy_model_path(), MAX_MODEL_LEN) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def two_servers(server):
+    """``server`` and a second one, as a run lists them (``vllm_server_base_url``): each samples every other row."""
+    with serving(toy_model_path(), MAX_MODEL_LEN) as second:
+        yield f"{server},{second}"
 
 
 class Recorder(TrainerCallback):
@@ -215,28 +223,33 @@ def one_process(server, tmp_path_factory):
     return out
 
 
-def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(server, one_process, tmp_path_factory):
-    """Generation ahead on 1 and 2 processes (the main process generates every process's share): both train on the
-    same prompts and completions at every step; SIGKILLed after a checkpoint taken with a rollout ahead, each resumes
-    to its uninterrupted run's bytes, and on the other number of processes within float32 rounding. What each step
-    trained on is compared id by id: none of the peers' async-resume bugs (prompts skipped after a restore, NeMo-RL
-    PR#3599; replayed, TRL PR#7294; a rollout in flight lost, verl PR#4199, OpenRLHF #1322)."""
-    runs = {}
+def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(
+    server, two_servers, one_process, tmp_path_factory
+):
+    """Generation ahead on 1 process with 1 server and on 2 processes with 2 servers (the main process generates
+    every process's share, each server every other row): both train on the same prompts and completions at every
+    step; SIGKILLed after a checkpoint taken with a rollout ahead, each resumes to its uninterrupted run's bytes, and on
+    the other number of processes and servers within float32 rounding. What each step trained on is compared id by
+    id: none of the peers' async-resume bugs (prompts skipped after a restore, NeMo-RL PR#3599; replayed, TRL PR#7294;
+    a rollout in flight lost, verl PR#4199, OpenRLHF #1322)."""
+    runs, servers = {}, {1: server, 2: two_servers}
     for processes in (1, 2):
         killed = tmp_path_factory.mktemp(f"async-killed-{processes}")
         if processes == 1:
             reference = one_process
         else:
             reference = tmp_path_factory.mktemp(f"async-reference-{processes}")
-            run_async(reference, server, processes)
-        run_async(killed, server, processes, "--kill-after-save", "6", expect_kill=True)
+            run_async(reference, servers[processes], processes)
+        run_async(killed, servers[processes], processes, "--kill-after-save", "6", expect_kill=True)
         queue = json.loads((killed / "checkpoint-6" / "rollouts_ahead_0.json").read_text())["queue"]
         assert [(len(q["prompt_ids"]), q["version"]) for q in queue] == [(8, 4)], "the rollout ahead, whole"
         if processes == 2:
             assert json.loads((killed / "checkpoint-6" / "rollouts_ahead_1.json").read_text()) == {"queue_length": 1}
+            second = ServerClient(two_servers.split(",")[1], 30).claim_state()  # the killed run's claim is left
+            assert second.get("weights"), f"the second server holds no weights of the run: {second}"
         across = tmp_path_factory.mktemp(f"async-across-{processes}")
         shutil.copytree(killed, across, dirs_exist_ok=True)
-        run_async(killed, server, processes, "--resume")
+        run_async(killed, servers[processes], processes, "--resume")
         assert (killed / "final-actor" / "model.safetensors").read_bytes() == (
             reference / "final-actor" / "model.safetensors"
         ).read_bytes(), f"{processes} process(es): the resumed final weights differ"
@@ -254,7 +267,7 @@ def test_a_killed_async_run_resumes_exactly_on_one_and_two_processes_and_across(
     copies = [entry["async/weight_copies_mb/max"] for entry in read_logs(two).values()]
     assert max(copies) > 0, "the main process holds the copy of the weights for the request not generated yet"
     for other, (out, reference) in ((2, (one_killed, one)), (1, (two_killed, two))):  # 1 -> 2, 2 -> 1 processes
-        run_async(out, server, other, "--resume")
+        run_async(out, servers[other], other, "--resume")
         assert read_trained(out) == trained, f"resumed on {other}: a step trained on other samples"
         assert_close_weights(out, reference, rel=1e-4)
 
@@ -290,35 +303,18 @@ def test_partial_rollouts_span_three_weight_versions_resume_exactly_and_train_al
 
 
 @pytest.mark.parametrize("engine", ["zero2", "fsdp2"])
-def test_generation_ahead_on_two_processes_under_zero2_and_fsdp2(server, one_process, tmp_path, engine):
+def test_generation_ahead_on_two_processes_under_zero2_and_fsdp2(server, two_servers, one_process, tmp_path, engine):
     """The weights of a sharded actor are gathered to the main process for its copy; the run trains on the same
-    samples as one process does. Evaluating every 2 steps (FSDP2) pushes the current weights from every process
-    alike, although the main one's server holds a copy pushed since, and changes nothing the training samples."""
+    samples as one process does. Evaluating every 2 steps (FSDP2, on 2 servers) pushes the current weights to both
+    servers from every process alike, although they hold a copy pushed since, and changes nothing the training
+    samples."""
     evaluating = ["--eval-prompts", "4"] if engine == "fsdp2" else []
-    run_async(tmp_path, server, 2, *evaluating, config=ZERO["zero2"] if engine == "zero2" else CONFIGS / "fsdp2.yaml")
+    config, url = (ZERO["zero2"], server) if engine == "zero2" else (CONFIGS / "fsdp2.yaml", two_servers)
+    run_async(tmp_path, url, 2, *evaluating, config=config)
     assert read_trained(tmp_path) == read_trained(one_process)
     if evaluating:
         assert [step for step, entry in read_logs(tmp_path).items() if "eval_reward" in entry] == [2, 4, 6, 8, 10, 12]
     assert_close_weights(tmp_path, one_process, rel=1e-4)  # the engines sum gradients in another order
-
-
-def test_two_servers_sample_what_one_does_and_a_run_killed_on_two_resumes_on_one(server, one_process, tmp_path):
-    """vllm_server_base_url lists 2 servers: each samples every other row of a rollout, and every update (the
-    weights ahead, and the evaluation's sync every 2 steps) reaches both. The run trains on the same
-    ids as on one server; SIGKILLed after checkpoint 6 and resumed on one server, it ends with the one-server run's
-    bytes."""
-    from steadyrl.generation.server_client import ServerClient
-
-    with serving(toy_model_path(), MAX_MODEL_LEN) as second:
-        run_async(tmp_path, f"{server},{second}", 1, "--kill-after-save", "6", "--eval-prompts", "4", expect_kill=True)
-        holds = ServerClient(second, 30).claim_state()
-    assert holds.get("weights"), f"the second server holds no weights of the run: {holds}"
-    run_async(tmp_path, server, 1, "--resume", "--eval-prompts", "4")
-    assert [step for step, entry in read_logs(tmp_path).items() if "eval_reward" in entry] == [2, 4, 6, 8, 10, 12]
-    assert read_trained(tmp_path) == read_trained(one_process)
-    assert (tmp_path / "final-actor" / "model.safetensors").read_bytes() == (
-        one_process / "final-actor" / "model.safetensors"
-    ).read_bytes()
 
 
 def test_a_stream_read_ahead_resumes_at_its_next_row(server, tmp_path_factory):
